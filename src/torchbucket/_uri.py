@@ -1,0 +1,97 @@
+"""Parsing of the URIs torchbucket accepts, in one place.
+
+``gs://bucket/key``, ``memory://name/key`` and ``file:///abs/path``. A
+``file://`` URI has the filesystem root ``/`` as its bucket and the absolute path,
+less its leading ``/``, as its key, so that prefixes behave as they do on a bucket:
+``file:///data/train/img_`` is every file under ``/data/train`` whose name starts
+with ``img_``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from torchbucket.errors import InvalidURIError
+
+__all__ = ["SCHEMES", "ObjectURI", "join_key", "parse_uri"]
+
+SCHEMES = ("gs", "memory", "file")
+
+# GCS bucket names: 3-63 characters (222 with dots), lowercase letters, digits,
+# dashes, underscores and dots, starting and ending with a letter or digit.
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectURI:
+    """A parsed URI: scheme, bucket (or local root) and key.
+
+    Attributes:
+        scheme: ``"gs"``, ``"memory"`` or ``"file"``.
+        bucket: Bucket name; ``"/"`` for ``file``.
+        key: Object name or prefix inside the bucket; may be empty.
+    """
+
+    scheme: str
+    bucket: str
+    key: str
+
+    def __str__(self) -> str:
+        if self.scheme == "file":
+            return f"file:///{self.key}"
+        return f"{self.scheme}://{self.bucket}/{self.key}"
+
+    def with_key(self, key: str) -> ObjectURI:
+        """Return the same bucket with another key."""
+        return ObjectURI(self.scheme, self.bucket, key)
+
+
+def parse_uri(uri: str) -> ObjectURI:
+    """Parse a ``gs://``, ``memory://`` or ``file://`` URI.
+
+    Args:
+        uri: The URI. A ``file://`` URI must hold an absolute path.
+
+    Returns:
+        The scheme, bucket and key. For ``file://`` the bucket is ``"/"`` and the
+        key the path without its leading ``/``.
+
+    Raises:
+        InvalidURIError: The URI is not a string, has no or an unknown scheme, has
+            no bucket, or names a bucket GCS would not accept.
+    """
+    if not isinstance(uri, str):
+        raise InvalidURIError(f"expected a URI string, got {type(uri).__name__}: {uri!r}")
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        raise InvalidURIError(
+            f"{uri!r} is not a URI: expected gs://bucket/key, memory://name/key or file:///path"
+        )
+    if scheme not in SCHEMES:
+        raise InvalidURIError(
+            f"{uri!r} has unsupported scheme {scheme!r}; expected one of "
+            + ", ".join(f"{s}://" for s in SCHEMES)
+        )
+    if scheme == "file":
+        if not rest.startswith("/"):
+            raise InvalidURIError(f"{uri!r}: a file:// URI needs an absolute path (file:///dir)")
+        return ObjectURI("file", "/", rest.lstrip("/"))
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise InvalidURIError(f"{uri!r} names no bucket")
+    if scheme == "gs" and not _BUCKET_RE.match(bucket):
+        raise InvalidURIError(
+            f"{uri!r}: {bucket!r} is not a valid GCS bucket name "
+            "(3-63 lowercase letters, digits, '-', '_' or '.')"
+        )
+    if "\n" in key or "\r" in key:
+        raise InvalidURIError(f"{uri!r}: object names may not contain newlines")
+    return ObjectURI(scheme, bucket, key)
+
+
+def join_key(prefix: str, name: str) -> str:
+    """Join a prefix and a relative name with exactly one ``/`` between them."""
+    if not prefix:
+        return name
+    return prefix.rstrip("/") + "/" + name.lstrip("/")

@@ -1,0 +1,97 @@
+"""Configuration shared by every store: retries, throttling and timeouts.
+
+All configs are frozen, keyword-only dataclasses validated on construction, so a
+bad value fails where it is written, not deep inside a DataLoader worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchbucket.errors import ConfigError
+
+__all__ = ["ConcurrencyConfig", "RetryConfig"]
+
+
+def _positive(name: str, value: float, *, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{name} must be {bound}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RetryConfig:
+    """How failed requests are retried.
+
+    Backoff is exponential with full jitter: attempt ``n`` sleeps a random time in
+    ``[0, min(max_backoff, initial_backoff * multiplier**n)]``, or what the server
+    asked for in ``Retry-After`` when that is longer.
+
+    Attributes:
+        initial_backoff: Upper bound of the first sleep, seconds. Default 0.1.
+        max_backoff: Cap on one sleep, seconds. Default 16.
+        multiplier: Growth of the bound per attempt. Default 2.
+        deadline: Total time one operation may take, all attempts and sleeps
+            included, seconds. Default 300 (five minutes): long enough to ride out
+            a throttling episode, short enough that a dead bucket is reported
+            while someone is still watching.
+        max_attempts: Cap on attempts, or ``None`` for no cap but the deadline.
+            Default ``None``.
+        attempt_timeout: Time one attempt may take before it counts as a
+            transient failure (a stalled server), seconds. Default 120.
+        read_timeout: Longest silence while reading a response body before the
+            attempt counts as stalled, seconds. Default 30.
+    """
+
+    initial_backoff: float = 0.1
+    max_backoff: float = 16.0
+    multiplier: float = 2.0
+    deadline: float = 300.0
+    max_attempts: int | None = None
+    attempt_timeout: float = 120.0
+    read_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        _positive("RetryConfig.initial_backoff", self.initial_backoff, allow_zero=True)
+        _positive("RetryConfig.max_backoff", self.max_backoff, allow_zero=True)
+        if self.multiplier < 1:
+            raise ConfigError(f"RetryConfig.multiplier must be >= 1, got {self.multiplier!r}")
+        _positive("RetryConfig.deadline", self.deadline)
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise ConfigError(f"RetryConfig.max_attempts must be >= 1, got {self.max_attempts!r}")
+        _positive("RetryConfig.attempt_timeout", self.attempt_timeout)
+        _positive("RetryConfig.read_timeout", self.read_timeout)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ConcurrencyConfig:
+    """Requests in flight per process, adapted to the service (AIMD).
+
+    The limit starts at ``initial``, grows by one for each ``limit`` successful
+    requests, and halves (not below ``minimum``) when the service answers 429 or
+    503, at most once per ``decrease_interval`` seconds so that one burst of
+    rejections counts once.
+
+    Attributes:
+        initial: Starting limit. Default 128.
+        minimum: Floor. Default 4.
+        maximum: Ceiling. Default 512.
+        decrease_interval: Seconds between two halvings. Default 0.5.
+        adaptive: When ``False`` the limit stays at ``initial``. Default ``True``.
+    """
+
+    initial: int = 128
+    minimum: int = 4
+    maximum: int = 512
+    decrease_interval: float = 0.5
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        if self.minimum < 1:
+            raise ConfigError(f"ConcurrencyConfig.minimum must be >= 1, got {self.minimum!r}")
+        if not self.minimum <= self.initial <= self.maximum:
+            raise ConfigError(
+                "ConcurrencyConfig needs minimum <= initial <= maximum, got "
+                f"{self.minimum} <= {self.initial} <= {self.maximum}"
+            )
+        _positive("ConcurrencyConfig.decrease_interval", self.decrease_interval, allow_zero=True)

@@ -1,0 +1,139 @@
+"""The one exception tree of torchbucket.
+
+Every error raised by torchbucket derives from :class:`TorchBucketError`. Where a
+builtin exception already means the same thing, the torchbucket error also derives
+from it, so code that catches ``FileNotFoundError`` or ``PermissionError`` keeps
+working::
+
+    TorchBucketError
+    ├── InvalidURIError            (also ValueError)   malformed gs://, file://, memory:// URI
+    ├── ConfigError                (also ValueError)   a bad option value
+    └── StorageError                                   an operation on a store failed
+        ├── NotFoundError          (also FileNotFoundError)  object or bucket missing (404)
+        │   └── BucketNotFoundError
+        ├── PermissionDeniedError  (also PermissionError)    401 / 403
+        ├── PreconditionFailedError                    412: a generation did not match
+        ├── IntegrityError                             checksum or size mismatch
+        ├── RetryableError                             worth another attempt
+        │   ├── ThrottledError                         429 (and 503 "slow down")
+        │   └── TransientError                         5xx, reset, timeout, truncated body
+        └── DeadlineExceededError  (also TimeoutError) retries ran past the deadline
+
+Backends translate vendor errors (HTTP statuses, ``OSError``) into this tree in one
+place each and re-raise ``from`` the original. Every :class:`StorageError` carries
+the operation (``"get"``, ``"list"``, ...) and the URI it was about, and both appear
+in its message. Retry decisions are made on the type, never on the message text.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BucketNotFoundError",
+    "ConfigError",
+    "DeadlineExceededError",
+    "IntegrityError",
+    "InvalidURIError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "PreconditionFailedError",
+    "RetryableError",
+    "StorageError",
+    "ThrottledError",
+    "TorchBucketError",
+    "TransientError",
+]
+
+
+class TorchBucketError(Exception):
+    """Root of every error torchbucket raises."""
+
+
+class InvalidURIError(TorchBucketError, ValueError):
+    """A URI could not be parsed, or names an unsupported scheme."""
+
+
+class ConfigError(TorchBucketError, ValueError):
+    """A configuration value is out of range or inconsistent."""
+
+
+class StorageError(TorchBucketError):
+    """An operation on an object store failed.
+
+    Args:
+        message: What went wrong, in words.
+        operation: The store operation, for example ``"get"`` or ``"compose"``.
+        uri: The object, prefix or bucket URI the operation was about.
+        status: The HTTP status, when there was one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        operation: str = "",
+        uri: str = "",
+        status: int | None = None,
+    ) -> None:
+        self.message = message
+        self.operation = operation
+        self.uri = uri
+        self.status = status
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        where = " ".join(part for part in (self.operation, self.uri) if part)
+        status = f" (HTTP {self.status})" if self.status is not None else ""
+        return f"{where}: {self.message}{status}" if where else f"{self.message}{status}"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keyword-only arguments do not survive the default exception pickling,
+        # and errors cross process boundaries (DataLoader workers, torchrun).
+        return (_rebuild, (type(self), self.message, self.operation, self.uri, self.status))
+
+
+def _rebuild(
+    cls: type[StorageError], message: str, operation: str, uri: str, status: int | None
+) -> StorageError:
+    return cls(message, operation=operation, uri=uri, status=status)
+
+
+class NotFoundError(StorageError, FileNotFoundError):
+    """The object (or bucket) does not exist."""
+
+
+class BucketNotFoundError(NotFoundError):
+    """The bucket itself does not exist."""
+
+
+class PermissionDeniedError(StorageError, PermissionError):
+    """The credentials may not perform the operation (HTTP 401 or 403)."""
+
+
+class PreconditionFailedError(StorageError):
+    """A generation precondition did not hold (HTTP 412)."""
+
+
+class IntegrityError(StorageError):
+    """The bytes received do not match the object's checksum or size."""
+
+
+class RetryableError(StorageError):
+    """A failure that another attempt may not meet."""
+
+
+class ThrottledError(RetryableError):
+    """The service asked the client to slow down (HTTP 429, or 503).
+
+    Attributes:
+        retry_after: Seconds the server asked to wait, if it said.
+    """
+
+    retry_after: float | None = None
+
+
+class TransientError(RetryableError):
+    """A server error, a reset connection, a timeout or a truncated body."""
+
+
+class DeadlineExceededError(StorageError, TimeoutError):
+    """Retries did not succeed before the retry deadline."""

@@ -1,0 +1,273 @@
+"""Retries with backoff and jitter, and adaptive concurrency per process.
+
+``call(fn, ...)`` runs one store request under the process's
+:class:`AdaptiveLimiter`, retrying what :func:`is_retryable` accepts, with
+exponential backoff and full jitter, ``Retry-After`` honoured, until the
+operation's deadline. Errors are told apart by type, never by message.
+
+Logging: every attempt is logged at DEBUG; a WARNING is written once per episode
+of failures (the first failure after a quiet minute), not once per attempt, so a
+throttled epoch does not flood the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from torchbucket.config import ConcurrencyConfig, RetryConfig
+from torchbucket.errors import (
+    DeadlineExceededError,
+    IntegrityError,
+    RetryableError,
+    StorageError,
+    ThrottledError,
+    TransientError,
+)
+
+__all__ = ["AdaptiveLimiter", "backoff_delay", "call", "get_limiter", "is_retryable"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_EPISODE_QUIET_S = 60.0
+
+
+def is_retryable(exc: BaseException, *, idempotent: bool) -> bool:
+    """Whether another attempt may succeed and is safe.
+
+    Throttling, server errors, resets, timeouts and truncated bodies are worth
+    retrying; so is a corrupted body on a read. A request that is not idempotent
+    (a write without a precondition) is never retried, since the first attempt
+    may have taken effect.
+    """
+    if not idempotent:
+        return False
+    return isinstance(exc, (RetryableError, IntegrityError))
+
+
+def backoff_delay(attempt: int, config: RetryConfig, rng: random.Random | None = None) -> float:
+    """Full-jitter backoff: a uniform draw below the attempt's exponential bound.
+
+    Args:
+        attempt: 0 for the sleep after the first failure.
+        config: Bounds and growth.
+        rng: Source of randomness (tests pass a seeded one).
+    """
+    bound = min(config.max_backoff, config.initial_backoff * config.multiplier**attempt)
+    return (rng or random).uniform(0.0, bound)
+
+
+class _EpisodeLog:
+    """Writes a WARNING for the first failure of a kind after a quiet period."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+
+    def note(self, kind: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        last = self._last.get(kind)
+        self._last[kind] = now
+        if last is None or now - last > _EPISODE_QUIET_S:
+            logger.warning(message + " (further retries of this kind are logged at DEBUG)", *args)
+        else:
+            logger.debug(message, *args)
+
+
+_episodes = _EpisodeLog()
+
+
+class AdaptiveLimiter:
+    """AIMD limit on requests in flight.
+
+    Additive increase: the limit grows by one after ``limit`` consecutive
+    successes. Multiplicative decrease: it halves on 429/503, at most once per
+    ``decrease_interval`` so one burst of rejections counts once.
+
+    Must be used on one event loop only; :func:`get_limiter` gives each process
+    (and each loop) its own.
+    """
+
+    def __init__(self, config: ConcurrencyConfig | None = None) -> None:
+        self.config = config or ConcurrencyConfig()
+        self._limit = float(self.config.initial)
+        self._in_flight = 0
+        self._successes = 0
+        self._last_decrease = -float("inf")
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.throttle_events = 0
+
+    @property
+    def limit(self) -> int:
+        """The current number of requests allowed in flight."""
+        return int(self._limit)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests now in flight."""
+        return self._in_flight
+
+    async def acquire(self) -> None:
+        """Wait for a slot."""
+        if self._in_flight < self.limit and not self._waiters:
+            self._in_flight += 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                # The slot was handed over just as we were cancelled: pass it on.
+                self._in_flight -= 1
+                self._wake()
+            else:
+                try:
+                    self._waiters.remove(waiter)
+                except ValueError:
+                    pass
+            raise
+
+    def release(self) -> None:
+        """Give a slot back."""
+        self._in_flight -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self._in_flight < self.limit:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self._in_flight += 1
+                waiter.set_result(None)
+
+    def on_success(self) -> None:
+        """Record a request that was not throttled."""
+        if not self.config.adaptive:
+            return
+        self._successes += 1
+        if self._successes >= self._limit:
+            self._successes = 0
+            if self._limit < self.config.maximum:
+                self._limit += 1
+                self._wake()
+
+    def on_throttle(self) -> None:
+        """Record a 429/503: halve the limit unless it was just halved."""
+        self.throttle_events += 1
+        if not self.config.adaptive:
+            return
+        now = time.monotonic()
+        if now - self._last_decrease < self.config.decrease_interval:
+            return
+        self._last_decrease = now
+        self._successes = 0
+        self._limit = max(float(self.config.minimum), self._limit / 2)
+        logger.debug("throttled: concurrency limit now %d", self.limit)
+
+
+_limiters: dict[tuple[int, int, str], AdaptiveLimiter] = {}
+
+
+def get_limiter(name: str, config: ConcurrencyConfig | None = None) -> AdaptiveLimiter:
+    """The limiter for ``name`` (an endpoint) in this process and loop."""
+    loop = asyncio.get_running_loop()
+    key = (os.getpid(), id(loop), name)
+    limiter = _limiters.get(key)
+    if limiter is None:
+        # Drop limiters of dead loops (after fork, or a loop that was replaced).
+        for stale in [k for k in _limiters if k[0] != key[0]]:
+            del _limiters[stale]
+        limiter = _limiters[key] = AdaptiveLimiter(config)
+    return limiter
+
+
+async def call(
+    fn: Callable[[], Awaitable[T]],
+    *,
+    config: RetryConfig,
+    operation: str,
+    uri: str,
+    idempotent: bool = True,
+    limiter: AdaptiveLimiter | None = None,
+    rng: random.Random | None = None,
+) -> T:
+    """Run ``fn`` (one request) with retries, under ``limiter``.
+
+    Args:
+        fn: Makes one attempt; raises :mod:`torchbucket.errors` types.
+        config: Backoff, deadline and per-attempt timeout.
+        operation: Named in errors and logs.
+        uri: Named in errors and logs.
+        idempotent: Whether a repeat is safe (see :func:`is_retryable`).
+        limiter: Concurrency limit to hold a slot of during each attempt.
+        rng: Randomness for jitter.
+
+    Raises:
+        DeadlineExceededError: Still failing when the deadline came, or when the
+            attempt cap was reached; chained from the last error.
+        StorageError: A failure that is not retryable, as raised by ``fn``.
+    """
+    start = time.monotonic()
+    deadline = start + config.deadline
+    attempt = 0
+    while True:
+        remaining = deadline - time.monotonic()
+        timeout = min(config.attempt_timeout, max(remaining, 0.001))
+        if limiter is not None:
+            await limiter.acquire()
+        try:
+            result = await asyncio.wait_for(fn(), timeout)
+        except asyncio.TimeoutError:
+            error: StorageError = TransientError(
+                f"no answer within {timeout:.1f} s", operation=operation, uri=uri
+            )
+        except StorageError as exc:
+            error = exc
+        else:
+            if limiter is not None:
+                limiter.on_success()
+            return result
+        finally:
+            if limiter is not None:
+                limiter.release()
+
+        if isinstance(error, ThrottledError) and limiter is not None:
+            limiter.on_throttle()
+        if not is_retryable(error, idempotent=idempotent):
+            raise error
+        attempt += 1
+        delay = backoff_delay(attempt - 1, config, rng)
+        retry_after = getattr(error, "retry_after", None)
+        if retry_after is not None:
+            delay = max(delay, retry_after)
+        now = time.monotonic()
+        out_of_attempts = config.max_attempts is not None and attempt >= config.max_attempts
+        if out_of_attempts or now + delay >= deadline:
+            why = (
+                f"{attempt} attempts"
+                if out_of_attempts
+                else f"the {config.deadline:g} s retry deadline"
+            )
+            raise DeadlineExceededError(
+                f"gave up after {why} ({now - start:.1f} s); last error: {error}",
+                operation=operation,
+                uri=uri,
+                status=error.status,
+            ) from error
+        _episodes.note(
+            type(error).__name__,
+            "%s %s failed (%s: %s); retrying in %.2f s",
+            operation,
+            uri,
+            type(error).__name__,
+            error.message,
+            delay,
+        )
+        await asyncio.sleep(delay)

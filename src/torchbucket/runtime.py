@@ -1,0 +1,153 @@
+"""One background event loop per process, and a synchronous facade over it.
+
+Datasets, checkpoint streams and the CLI are synchronous; the stores are async.
+``run(coro)`` hands a coroutine to the process's loop thread and blocks until it
+is done, re-raising its exception with the original traceback.
+
+Fork-safe: a DataLoader worker forked after the parent used a store finds no loop
+thread (threads do not survive ``fork``); the first ``run`` in the child starts a
+fresh loop, and stores notice the new loop and open fresh sessions. Spawn-safe:
+stores pickle as their configuration and nothing here is pickled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import logging
+import os
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+__all__ = ["at_shutdown", "get_loop", "in_loop_thread", "run", "shutdown", "submit"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+_thread: threading.Thread | None = None
+_pid: int | None = None
+# (priority, callback): lower priorities run first at shutdown.
+_shutdown_hooks: list[tuple[int, Callable[[], Awaitable[None]]]] = []
+_SHUTDOWN_TIMEOUT = 30.0
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        return uvloop.new_event_loop()  # type: ignore[no-any-return]
+    except ImportError:
+        return asyncio.new_event_loop()
+
+
+def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
+    asyncio.set_event_loop(loop)
+    loop.call_soon(ready.set)
+    loop.run_forever()
+
+
+def get_loop() -> asyncio.AbstractEventLoop:
+    """The process's background loop, started on first use (again after fork)."""
+    global _loop, _thread, _pid
+    pid = os.getpid()
+    if _loop is not None and _pid == pid and _thread is not None and _thread.is_alive():
+        return _loop
+    with _lock:
+        if _loop is None or _pid != pid or _thread is None or not _thread.is_alive():
+            loop = _new_loop()
+            ready = threading.Event()
+            thread = threading.Thread(
+                target=_serve, args=(loop, ready), name="torchbucket-loop", daemon=True
+            )
+            thread.start()
+            ready.wait()
+            _loop, _thread, _pid = loop, thread, pid
+        return _loop
+
+
+def in_loop_thread() -> bool:
+    """Whether the caller runs on the background loop's own thread."""
+    return _thread is not None and threading.current_thread() is _thread and _pid == os.getpid()
+
+
+def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    """Schedule ``coro`` on the background loop and return a future for it."""
+    return asyncio.run_coroutine_threadsafe(coro, get_loop())
+
+
+def run(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    """Run ``coro`` on the background loop and wait for its result.
+
+    Args:
+        coro: The coroutine.
+        timeout: Seconds to wait, or ``None``. On timeout the coroutine is
+            cancelled and ``TimeoutError`` raised.
+
+    Raises:
+        RuntimeError: Called from the loop thread itself (it would deadlock).
+    """
+    if in_loop_thread():
+        coro.close()
+        raise RuntimeError("torchbucket.runtime.run() called from its own event loop thread")
+    future = submit(coro)
+    try:
+        return future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise TimeoutError(f"operation did not finish within {timeout} s") from None
+    except KeyboardInterrupt:
+        future.cancel()
+        raise
+
+
+def at_shutdown(callback: Callable[[], Awaitable[None]], *, priority: int = 100) -> None:
+    """Run ``callback`` on the loop when the process exits normally.
+
+    Lower priorities run first: cleanup that needs the network (deleting
+    composed objects) registers below the stores' own ``close`` (priority 100).
+    """
+    _shutdown_hooks.append((priority, callback))
+
+
+def _forget(callback: Callable[[], Awaitable[None]]) -> None:
+    _shutdown_hooks[:] = [(p, cb) for p, cb in _shutdown_hooks if cb is not callback]
+
+
+async def _run_hooks() -> None:
+    for _, callback in sorted(_shutdown_hooks, key=lambda item: item[0]):
+        try:
+            await callback()
+        except Exception:  # a failing hook must not stop the others
+            logger.warning("torchbucket shutdown hook %r failed", callback, exc_info=True)
+
+
+def shutdown() -> None:
+    """Run the shutdown hooks and stop the loop. Called at interpreter exit."""
+    global _loop, _thread, _pid
+    if _loop is None or _pid != os.getpid() or _thread is None or not _thread.is_alive():
+        return
+    loop, thread = _loop, _thread
+    if _shutdown_hooks:
+        try:
+            asyncio.run_coroutine_threadsafe(_run_hooks(), loop).result(_SHUTDOWN_TIMEOUT)
+        except Exception:
+            logger.warning("torchbucket shutdown hooks did not finish", exc_info=True)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=5)
+    _loop = _thread = _pid = None
+
+
+def _after_fork_in_child() -> None:
+    # The loop thread did not survive the fork; its loop object must not be used.
+    global _loop, _thread, _pid, _lock
+    _loop = _thread = _pid = None
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(shutdown)

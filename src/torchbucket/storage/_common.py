@@ -1,0 +1,62 @@
+"""Small helpers shared by the backends: checksums, ranges, argument checks."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+
+import google_crc32c
+
+from torchbucket.storage.base import COMPOSE_MAX_SOURCES, MULTIPART_MAX_PARTS, ObjectInfo
+
+__all__ = [
+    "check_compose_sources",
+    "check_part_number",
+    "crc32c_b64",
+    "crc32c_combine_bytes",
+    "resolve_range",
+]
+
+
+def crc32c_b64(data: bytes | bytearray | memoryview) -> str:
+    """CRC32C of ``data`` as GCS reports it: base64 of the big-endian 4 bytes."""
+    value = google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data)
+    return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
+
+
+def crc32c_combine_bytes(chunks: Sequence[bytes | bytearray | memoryview]) -> str:
+    """CRC32C of the concatenation of ``chunks``, without joining them."""
+    checksum = google_crc32c.Checksum()
+    for chunk in chunks:
+        checksum.update(bytes(chunk) if isinstance(chunk, memoryview) else chunk)
+    return base64.b64encode(checksum.digest()).decode("ascii")
+
+
+def resolve_range(size: int, start: int, end: int | None) -> tuple[int, int]:
+    """Clamp ``[start, end)`` to an object of ``size`` bytes.
+
+    Raises:
+        ValueError: A negative start, or an end before the start.
+    """
+    if start < 0:
+        raise ValueError(f"range start must be >= 0, got {start}")
+    if end is not None and end < start:
+        raise ValueError(f"range end {end} is before start {start}")
+    stop = size if end is None else min(end, size)
+    return min(start, size), max(min(start, size), stop)
+
+
+def check_compose_sources(sources: Sequence[ObjectInfo]) -> None:
+    """Reject an empty or oversized compose request before it reaches a server."""
+    if not sources:
+        raise ValueError("compose needs at least one source object")
+    if len(sources) > COMPOSE_MAX_SOURCES:
+        raise ValueError(
+            f"compose takes at most {COMPOSE_MAX_SOURCES} sources, got {len(sources)}"
+        )
+
+
+def check_part_number(number: int) -> None:
+    """Reject a part number outside 1..10,000."""
+    if not 1 <= number <= MULTIPART_MAX_PARTS:
+        raise ValueError(f"part number must be in 1..{MULTIPART_MAX_PARTS}, got {number}")
