@@ -1,0 +1,183 @@
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+import pytest
+
+from torchbucket import retry
+from torchbucket.config import ConcurrencyConfig, RetryConfig
+from torchbucket.errors import (
+    ConfigError,
+    DeadlineExceededError,
+    IntegrityError,
+    NotFoundError,
+    ThrottledError,
+    TransientError,
+)
+
+FAST = RetryConfig(initial_backoff=0.001, max_backoff=0.002, deadline=5.0)
+
+
+def _flaky(failures: list[Exception], result: str = "ok") -> tuple[list[int], object]:
+    calls: list[int] = []
+
+    async def fn() -> str:
+        calls.append(1)
+        if failures:
+            raise failures.pop(0)
+        return result
+
+    return calls, fn
+
+
+def test_retries_transient_errors_until_success() -> None:
+    calls, fn = _flaky([TransientError("503"), ThrottledError("429"), IntegrityError("crc")])
+    out = asyncio.run(retry.call(fn, config=FAST, operation="get", uri="gs://b/k"))  # type: ignore[arg-type]
+    assert out == "ok"
+    assert len(calls) == 4
+
+
+def test_does_not_retry_not_found() -> None:
+    calls, fn = _flaky([NotFoundError("gone", operation="get", uri="gs://b/k")])
+    with pytest.raises(NotFoundError):
+        asyncio.run(retry.call(fn, config=FAST, operation="get", uri="gs://b/k"))  # type: ignore[arg-type]
+    assert len(calls) == 1
+
+
+def test_never_retries_a_non_idempotent_write() -> None:
+    calls, fn = _flaky([TransientError("reset")])
+    with pytest.raises(TransientError):
+        asyncio.run(
+            retry.call(fn, config=FAST, operation="put", uri="gs://b/k", idempotent=False)  # type: ignore[arg-type]
+        )
+    assert len(calls) == 1
+
+
+def test_gives_up_after_max_attempts_with_the_last_error_chained() -> None:
+    config = RetryConfig(initial_backoff=0.001, max_attempts=3, deadline=5.0)
+    calls, fn = _flaky([TransientError(str(i)) for i in range(10)])
+    with pytest.raises(DeadlineExceededError, match="3 attempts") as info:
+        asyncio.run(retry.call(fn, config=config, operation="get", uri="gs://b/k"))  # type: ignore[arg-type]
+    assert len(calls) == 3
+    assert isinstance(info.value.__cause__, TransientError)
+    assert "gs://b/k" in str(info.value)
+    assert isinstance(info.value, TimeoutError)
+
+
+def test_a_stalled_attempt_times_out_and_the_deadline_ends_the_operation() -> None:
+    config = RetryConfig(initial_backoff=0.001, attempt_timeout=0.05, deadline=0.3)
+
+    async def stall() -> str:
+        await asyncio.sleep(60)
+        return "never"
+
+    with pytest.raises(DeadlineExceededError, match="deadline") as info:
+        asyncio.run(retry.call(stall, config=config, operation="get", uri="gs://b/slow"))
+    assert "gs://b/slow" in str(info.value)
+
+
+def test_retry_after_is_honoured() -> None:
+    err = ThrottledError("429")
+    err.retry_after = 0.2
+    calls, fn = _flaky([err])
+    config = RetryConfig(initial_backoff=0.0, deadline=0.1)
+    # Waiting 0.2 s would pass the 0.1 s deadline, so the call gives up at once.
+    with pytest.raises(DeadlineExceededError):
+        asyncio.run(retry.call(fn, config=config, operation="get", uri="gs://b/k"))  # type: ignore[arg-type]
+    assert len(calls) == 1
+
+
+def test_backoff_is_full_jitter_below_an_exponential_bound() -> None:
+    config = RetryConfig(initial_backoff=0.1, multiplier=2, max_backoff=1.0)
+    rng = random.Random(0)
+    for attempt, bound in [(0, 0.1), (1, 0.2), (2, 0.4), (5, 1.0)]:
+        draws = [retry.backoff_delay(attempt, config, rng) for _ in range(200)]
+        assert all(0 <= d <= bound for d in draws)
+        assert max(draws) > bound * 0.8
+
+
+def test_one_warning_per_episode(caplog: pytest.LogCaptureFixture) -> None:
+    retry._episodes._last.clear()
+    calls, fn = _flaky([TransientError("a"), TransientError("b"), TransientError("c")])
+    with caplog.at_level(logging.DEBUG, logger="torchbucket.retry"):
+        asyncio.run(retry.call(fn, config=FAST, operation="get", uri="gs://b/k"))  # type: ignore[arg-type]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "gs://b/k" in warnings[0].getMessage()
+
+
+def test_limiter_halves_on_throttle_and_grows_back() -> None:
+    limiter = retry.AdaptiveLimiter(
+        ConcurrencyConfig(initial=64, minimum=4, maximum=128, decrease_interval=0.0)
+    )
+    limiter.on_throttle()
+    assert limiter.limit == 32
+    for _ in range(5):
+        limiter.on_throttle()
+    assert limiter.limit == 4
+    for _ in range(4 + 5 + 6):
+        limiter.on_success()
+    assert limiter.limit == 7
+
+
+def test_limiter_counts_one_burst_once() -> None:
+    limiter = retry.AdaptiveLimiter(ConcurrencyConfig(initial=64, decrease_interval=60.0))
+    for _ in range(50):
+        limiter.on_throttle()
+    assert limiter.limit == 32
+    assert limiter.throttle_events == 50
+
+
+def test_limiter_bounds_requests_in_flight() -> None:
+    limiter = retry.AdaptiveLimiter(ConcurrencyConfig(initial=4, minimum=1, maximum=4))
+    peak = 0
+
+    async def one() -> None:
+        nonlocal peak
+        await limiter.acquire()
+        try:
+            peak = max(peak, limiter.in_flight)
+            await asyncio.sleep(0.001)
+        finally:
+            limiter.release()
+
+    async def main() -> None:
+        await asyncio.gather(*(one() for _ in range(50)))
+
+    asyncio.run(main())
+    assert peak == 4
+    assert limiter.in_flight == 0
+
+
+def test_limiter_survives_cancelled_waiters() -> None:
+    limiter = retry.AdaptiveLimiter(ConcurrencyConfig(initial=1, minimum=1, maximum=1))
+
+    async def main() -> None:
+        await limiter.acquire()
+        waiter = asyncio.ensure_future(limiter.acquire())
+        await asyncio.sleep(0)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        limiter.release()
+        await asyncio.wait_for(limiter.acquire(), 1)
+        limiter.release()
+
+    asyncio.run(main())
+    assert limiter.in_flight == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"deadline": 0}, {"multiplier": 0.5}, {"max_attempts": 0}, {"initial_backoff": -1}],
+)
+def test_retry_config_validates(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ConfigError):
+        RetryConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_concurrency_config_validates() -> None:
+    with pytest.raises(ConfigError, match="minimum <= initial <= maximum"):
+        ConcurrencyConfig(initial=2, minimum=4)
