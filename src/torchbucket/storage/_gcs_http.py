@@ -1,0 +1,322 @@
+"""HTTP plumbing of the GCS backend: sessions, credentials and the error mapping.
+
+One :class:`aiohttp.ClientSession` per (process, event loop, endpoint settings),
+shared by every :class:`~torchbucket.storage.gcs.GCSStore` that uses it and
+closed at process exit through :func:`torchbucket.runtime.at_shutdown`. A session
+is never touched from another loop or another process: after ``fork`` the
+parent's sessions are set aside without closing them (their sockets and the
+epoll set still belong to the parent) and the child opens its own.
+
+:func:`error_for_response` is the one place where HTTP statuses and bodies become
+:mod:`torchbucket.errors` types; :func:`error_for_exception` does the same for
+``aiohttp`` and timeout exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import platform
+import socket
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import aiohttp
+
+from torchbucket import __version__, runtime
+from torchbucket.errors import (
+    BucketNotFoundError,
+    NotFoundError,
+    PermissionDeniedError,
+    PreconditionFailedError,
+    StorageError,
+    ThrottledError,
+    TransientError,
+)
+
+__all__ = [
+    "READ_WRITE_SCOPE",
+    "Credentials",
+    "SessionKey",
+    "error_code",
+    "error_for_exception",
+    "error_for_response",
+    "get_session",
+    "user_agent",
+]
+
+logger = logging.getLogger(__name__)
+
+READ_WRITE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
+_MESSAGE_LIMIT = 300
+
+
+def user_agent() -> str:
+    """``torchbucket/<version> python/<version> aiohttp/<version>``."""
+    return (
+        f"torchbucket/{__version__} python/{platform.python_version()} "
+        f"aiohttp/{aiohttp.__version__}"
+    )
+
+
+# ---------------------------------------------------------------- sessions
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKey:
+    """What makes two stores able to share one session."""
+
+    limit: int
+    read_timeout: float
+    connect_timeout: float
+
+
+_sessions: dict[
+    tuple[int, SessionKey], tuple[asyncio.AbstractEventLoop, aiohttp.ClientSession]
+] = {}
+# Sessions inherited over fork: kept referenced and marked closed, never closed,
+# because closing them would unregister the parent's sockets from the epoll set
+# that parent and child share.
+_abandoned: list[aiohttp.ClientSession] = []
+
+
+def _keepalive_socket_factory(addr_info: Any) -> socket.socket:
+    family, type_, proto, _, _ = addr_info
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def get_session(key: SessionKey) -> aiohttp.ClientSession:
+    """The session for ``key`` on the running loop, created on first use."""
+    loop = asyncio.get_running_loop()
+    entry = _sessions.get((id(loop), key))
+    if entry is not None and entry[0] is loop and not entry[1].closed:
+        return entry[1]
+    connector = aiohttp.TCPConnector(
+        limit=key.limit,
+        limit_per_host=key.limit,
+        ttl_dns_cache=300,
+        use_dns_cache=True,
+        keepalive_timeout=30.0,
+        socket_factory=_keepalive_socket_factory,
+    )
+    session = aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(
+            total=None, sock_read=key.read_timeout, sock_connect=key.connect_timeout
+        ),
+        headers={"User-Agent": user_agent()},
+        auto_decompress=False,  # stored bytes, so that they match the stored CRC32C
+        skip_auto_headers=("Content-Type",),
+    )
+    _sessions[(id(loop), key)] = (loop, session)
+    return session
+
+
+async def close_sessions() -> None:
+    """Close this process's sessions that belong to the running loop."""
+    loop = asyncio.get_running_loop()
+    for map_key, (owner, session) in list(_sessions.items()):
+        if owner is loop:
+            del _sessions[map_key]
+            await session.close()
+
+
+def _after_fork_in_child() -> None:
+    for _, session in _sessions.values():
+        connector = session.connector
+        if connector is not None:
+            connector._closed = True  # the parent owns its connections
+        session._connector = None
+        _abandoned.append(session)
+    _sessions.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+runtime.at_shutdown(close_sessions)
+
+
+# ---------------------------------------------------------------- credentials
+
+
+class Credentials:
+    """Google application default credentials, refreshed off the event loop.
+
+    The ``Authorization`` header is built here and nowhere else; the token never
+    reaches a log line or an error message.
+
+    Args:
+        anonymous: Send no credentials at all (emulators, public buckets).
+    """
+
+    def __init__(self, *, anonymous: bool) -> None:
+        self.anonymous = anonymous
+        self._credentials: Any = None
+        self._headers: dict[str, str] = {}
+        self._token: str | None = None
+        self._lock: asyncio.Lock | None = None
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        return f"Credentials(anonymous={self.anonymous})"
+
+    def _load_and_refresh(self) -> None:
+        import google.auth
+        import google.auth.transport.requests
+
+        if self._credentials is None:
+            self._credentials, _ = google.auth.default(scopes=[READ_WRITE_SCOPE])
+        if not self._credentials.valid:
+            self._credentials.refresh(google.auth.transport.requests.Request())
+
+    async def headers(self) -> Mapping[str, str]:
+        """Headers that authorise a request: empty when anonymous.
+
+        Raises:
+            PermissionDeniedError: No credentials could be found or refreshed.
+        """
+        if self.anonymous:
+            return self._headers
+        creds = self._credentials
+        if creds is not None and creds.valid and creds.token == self._token:
+            return self._headers
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock_loop is not loop:
+            self._lock, self._lock_loop = asyncio.Lock(), loop
+        async with self._lock:
+            creds = self._credentials
+            if creds is None or not creds.valid:
+                try:
+                    await loop.run_in_executor(None, self._load_and_refresh)
+                except Exception as exc:
+                    # google-auth messages name files and accounts, never tokens.
+                    raise PermissionDeniedError(
+                        f"could not obtain Google credentials: {type(exc).__name__}",
+                        operation="authenticate",
+                    ) from exc
+            token = self._credentials.token
+            if token != self._token:
+                self._token = token
+                self._headers = {"Authorization": f"Bearer {token}"}
+        return self._headers
+
+
+# ---------------------------------------------------------------- errors
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    value = headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    import time
+
+    return max(0.0, when.timestamp() - time.time())
+
+
+def error_code(body: bytes) -> tuple[str, str]:
+    """The machine-readable reason and the message of a GCS error body.
+
+    Understands the JSON API's ``{"error": {"errors": [{"reason": ...}]}}`` and
+    the XML API's ``<Error><Code>...</Code><Message>...</Message></Error>``.
+    """
+    text = body[:4096]
+    stripped = text.lstrip()
+    if stripped.startswith(b"{"):
+        try:
+            err = json.loads(body).get("error", {})
+        except (ValueError, AttributeError):
+            return "", text.decode("utf-8", "replace")
+        if not isinstance(err, dict):
+            return "", str(err)
+        errors = err.get("errors") or [{}]
+        reason = errors[0].get("reason", "") if isinstance(errors[0], dict) else ""
+        return str(reason), str(err.get("message", ""))
+    if stripped.startswith(b"<"):
+        try:
+            root = ET.fromstring(body)
+        except ET.ParseError:
+            return "", text.decode("utf-8", "replace")
+        code = message = ""
+        for child in root.iter():
+            tag = child.tag.rsplit("}", 1)[-1]
+            if tag == "Code" and not code:
+                code = child.text or ""
+            elif tag == "Message" and not message:
+                message = child.text or ""
+        return code, message
+    return "", text.decode("utf-8", "replace")
+
+
+def error_for_response(
+    status: int,
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    operation: str,
+    uri: str,
+    bucket_op: bool = False,
+) -> StorageError:
+    """Translate an HTTP error response into a :mod:`torchbucket.errors` type.
+
+    Args:
+        status: The HTTP status (>= 300).
+        headers: Response headers (for ``Retry-After``).
+        body: Response body (a JSON or XML error document, or text).
+        operation: Named in the error.
+        uri: Named in the error.
+        bucket_op: The request addressed the bucket itself (a listing), so a 404
+            means the bucket is missing.
+    """
+    reason, message = error_code(body)
+    message = (message or reason or "request failed").strip()[:_MESSAGE_LIMIT]
+    kw: dict[str, Any] = {"operation": operation, "uri": uri, "status": status}
+    if status == 404:
+        if bucket_op or reason == "NoSuchBucket":
+            return BucketNotFoundError(f"bucket does not exist ({message})", **kw)
+        return NotFoundError(message, **kw)
+    if status in (401, 403):
+        return PermissionDeniedError(message, **kw)
+    if status == 412:
+        return PreconditionFailedError(message, **kw)
+    if status in (429, 503):
+        error = ThrottledError(message, **kw)
+        error.retry_after = _retry_after(headers)
+        return error
+    if status == 408 or status >= 500:
+        return TransientError(message, **kw)
+    return StorageError(message, **kw)
+
+
+def error_for_exception(exc: BaseException, *, operation: str, uri: str) -> StorageError | None:
+    """Translate a transport exception, or ``None`` if it is not one."""
+    if isinstance(exc, (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError)):
+        return TransientError(
+            f"connection lost mid-response ({type(exc).__name__})", operation=operation, uri=uri
+        )
+    if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
+        return TransientError("timed out waiting for the server", operation=operation, uri=uri)
+    if isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ClientResponseError)):
+        return TransientError(
+            f"connection failed ({type(exc).__name__})", operation=operation, uri=uri
+        )
+    if isinstance(exc, ConnectionError):
+        return TransientError(
+            f"connection failed ({type(exc).__name__})", operation=operation, uri=uri
+        )
+    return None
