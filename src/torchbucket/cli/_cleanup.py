@@ -1,0 +1,163 @@
+"""``torchbucket cleanup``: remove what a crashed job left in a bucket.
+
+Two kinds of leftovers cost money and confuse listings: composed objects under
+``dataflux-composed-objects/`` (a dataset's coalesced reads; normally deleted at
+once, left behind only when a process is killed) and incomplete multipart
+uploads (a checkpoint save that died). Their parts are billed but invisible to a
+listing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+
+from torchbucket import runtime
+from torchbucket.cli._common import Target, human_bytes, open_target, plural
+from torchbucket.storage import HIDDEN_PREFIXES, MultipartUpload, ObjectInfo, ObjectStore
+
+__all__ = ["add_cleanup", "find_leftovers", "parse_duration"]
+
+_COMPOSED_PREFIX = HIDDEN_PREFIXES[0]
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """``"90"``, ``"90s"``, ``"10m"``, ``"2h"``, ``"1d"`` -> seconds.
+
+    Raises:
+        argparse.ArgumentTypeError: Not a duration.
+    """
+    match = _DURATION_RE.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 30, 10m, 2h, 1d)")
+    return float(match.group(1)) * _SECONDS[match.group(2)]
+
+
+async def _list_hidden(store: ObjectStore, prefix: str) -> list[ObjectInfo]:
+    # The ordinary listing hides composed objects; here they are the point.
+    out: list[ObjectInfo] = []
+    token: str | None = None
+    while True:
+        page = await store.list_page(prefix, page_token=token)
+        out.extend(page.objects)
+        token = page.next_page_token
+        if token is None:
+            return out
+
+
+async def find_leftovers(
+    store: ObjectStore, prefix: str, *, older_than: float = 0.0, now: float | None = None
+) -> tuple[list[ObjectInfo], list[MultipartUpload]]:
+    """The composed objects in the bucket and the incomplete uploads under ``prefix``.
+
+    Args:
+        store: The bucket.
+        prefix: Uploads whose object names start with this count.
+        older_than: Only uploads begun at least this many seconds ago.
+        now: The current time (seconds since the epoch); the clock when ``None``.
+
+    Returns:
+        Composed objects and incomplete uploads, each sorted by name.
+    """
+    import time
+
+    composed = await _list_hidden(store, _COMPOSED_PREFIX)
+    uploads = await store.multipart_list(prefix)
+    cutoff = (time.time() if now is None else now) - older_than
+    if older_than > 0:
+        uploads = [u for u in uploads if u.initiated is None or u.initiated <= cutoff]
+    return composed, uploads
+
+
+async def _remove(store: ObjectStore, prefix: str, older_than: float) -> tuple[int, int]:
+    from torchbucket.checkpoint import abort_incomplete_uploads
+    from torchbucket.compose import cleanup_composites
+
+    composites = await cleanup_composites(store)
+    uploads = await abort_incomplete_uploads(store, prefix, older_than=older_than)
+    return composites, uploads
+
+
+def _when(upload: MultipartUpload) -> str:
+    if upload.initiated is None:
+        return "start time unknown"
+    stamp = datetime.datetime.fromtimestamp(upload.initiated, tz=datetime.timezone.utc)
+    return f"started {stamp:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def add_cleanup(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """Register ``torchbucket cleanup``."""
+    parser = sub.add_parser(
+        "cleanup",
+        parents=[common],
+        help="remove leftover composed objects and incomplete multipart uploads",
+        description=(
+            "Remove what crashed jobs leave behind: every composed object under "
+            f"{_COMPOSED_PREFIX} in URI's bucket (torchbucket and gcs-torch-dataflux write "
+            "them while coalescing small reads; a killed process can leave some), and every "
+            "incomplete multipart upload whose object name starts with URI's key (a "
+            "checkpoint save that died; its parts are billed but invisible). Prints each "
+            "thing found, then a total. Stop jobs that read or write the bucket first, or "
+            "use --older-than so a save still running is left alone. Finding nothing is "
+            "not an error."
+        ),
+        epilog=(
+            "examples:\n"
+            "  torchbucket cleanup --dry-run gs://my-bucket/\n"
+            "  torchbucket cleanup --older-than 1h gs://my-bucket/checkpoints/"
+        ),
+    )
+    parser.add_argument("uri", metavar="URI", help="gs://bucket/ or gs://bucket/prefix")
+    parser.add_argument(
+        "-n", "--dry-run", action="store_true", help="print what would be removed; remove nothing"
+    )
+    parser.add_argument(
+        "--older-than",
+        type=parse_duration,
+        default=0.0,
+        metavar="AGE",
+        help="only abort uploads begun at least this long ago: 90, 90s, 10m, 2h, 1d "
+        "(default: 0, every upload)",
+    )
+    parser.set_defaults(func=_cleanup)
+
+
+def _cleanup(args: argparse.Namespace) -> int:
+    target: Target = open_target(args.uri, args)
+    store = target.store
+    try:
+        composed, uploads = runtime.run(
+            find_leftovers(store, target.key, older_than=args.older_than)
+        )
+        verb = "would remove" if args.dry_run else "removing"
+        for obj in composed:
+            print(f"{verb} composed object {target.uri_of(obj.name)} ({human_bytes(obj.size)})")
+        verb = "would abort" if args.dry_run else "aborting"
+        for upload in uploads:
+            print(
+                f"{verb} incomplete upload to {target.uri_of(upload.key)} "
+                f"(upload id {upload.upload_id}, {_when(upload)})"
+            )
+        if args.dry_run:
+            print(
+                f"dry run: {plural(len(composed), 'composed object')} and "
+                f"{plural(len(uploads), 'incomplete upload')} would be removed from {target.uri}"
+            )
+            return 0
+        if not composed and not uploads:
+            print(f"nothing to clean up in {target.uri}")
+            return 0
+        removed, aborted = runtime.run(_remove(store, target.key, args.older_than))
+        print(
+            f"removed {plural(removed, 'composed object')} and aborted "
+            f"{plural(aborted, 'incomplete upload')} in {target.uri}"
+        )
+        return 0
+    finally:
+        runtime.run(store.close())

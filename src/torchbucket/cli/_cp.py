@@ -1,0 +1,388 @@
+"""``torchbucket cp``: put a local folder into a bucket, or a prefix into a folder.
+
+Each side is a local path or a bucket prefix; objects are copied many at a time
+on the background loop. Files at or above the streaming threshold go through
+the store's streaming read and upload, so memory stays bounded by
+``jobs x threshold``. A local file appears only when complete (written to a
+temporary name, then renamed), as an object does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import mimetypes
+import os
+import posixpath
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from tqdm import tqdm
+
+from torchbucket import runtime
+from torchbucket.cli._common import (
+    EXIT_NOT_FOUND,
+    CommandError,
+    Target,
+    human_bytes,
+    is_remote,
+    local_path,
+    open_target,
+    parse_size,
+    plural,
+    positive_int,
+    progress_bar,
+)
+from torchbucket.errors import NotFoundError
+from torchbucket.listing import alist_objects
+
+__all__ = ["CopyStats", "add_cp", "copy"]
+
+_CHUNK = 8 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class CopyStats:
+    """What a copy moved.
+
+    Attributes:
+        objects: Files or objects copied.
+        bytes: Their total size.
+        seconds: Wall time of the copy, listing included.
+    """
+
+    objects: int
+    bytes: int
+    seconds: float
+
+    @property
+    def mb_per_s(self) -> float:
+        """Throughput in decimal megabytes per second."""
+        return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+
+class _Local:
+    """A folder (or one file) on this machine."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.path
+
+    def child(self, rel: str) -> str:
+        parts = rel.split("/")
+        if rel.startswith("/") or any(p in ("..", ".") for p in parts):
+            raise CommandError(
+                f"refusing to write {rel!r} outside {self.path}: the name has '..' or '.' parts"
+            )
+        return os.path.join(self.path, *[p for p in parts if p])
+
+    def describe(self, rel: str) -> str:
+        return self.child(rel) if rel else self.path
+
+    async def items(self) -> list[tuple[str, int]]:
+        return await asyncio.to_thread(self._walk)
+
+    def _walk(self) -> list[tuple[str, int]]:
+        out: list[tuple[str, int]] = []
+        for root, dirs, files in os.walk(self.path, onerror=_raise):
+            dirs.sort()
+            for name in files:
+                full = os.path.join(root, name)
+                rel = os.path.relpath(full, self.path).replace(os.sep, "/")
+                out.append((rel, os.stat(full).st_size))
+        out.sort()
+        return out
+
+    async def read(self, rel: str) -> bytes:
+        with open(self.describe(rel), "rb") as f:  # small files: cheaper than a thread hop
+            return f.read()
+
+    async def stream(self, rel: str) -> AsyncIterator[bytes]:
+        f = await asyncio.to_thread(open, self.describe(rel), "rb")
+        try:
+            while chunk := await asyncio.to_thread(f.read, _CHUNK):
+                yield chunk
+        finally:
+            f.close()
+
+    async def write(self, rel: str, data: bytes) -> None:
+        await asyncio.to_thread(self._write, self.describe(rel), data)
+
+    def _write(self, path: str, data: bytes) -> None:
+        tmp = self._tmp(path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            _unlink(tmp)
+            raise
+
+    async def write_stream(self, rel: str, chunks: AsyncIterator[bytes]) -> None:
+        path = self.describe(rel)
+        tmp = await asyncio.to_thread(self._tmp, path)
+        try:
+            f = await asyncio.to_thread(open, tmp, "wb")
+            with f:
+                async for chunk in chunks:
+                    await asyncio.to_thread(f.write, chunk)
+            await asyncio.to_thread(os.replace, tmp, path)
+        except BaseException:
+            _unlink(tmp)
+            raise
+
+    @staticmethod
+    def _tmp(path: str) -> str:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        return f"{path}.tbpart-{uuid.uuid4().hex[:8]}"
+
+    async def close(self) -> None:
+        return None
+
+
+def _raise(exc: OSError) -> None:
+    raise exc
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class _Remote:
+    """A prefix (or one object) in a store."""
+
+    def __init__(self, target: Target, prefix: str) -> None:
+        self.target = target
+        self.prefix = prefix
+
+    def __str__(self) -> str:
+        return self.target.uri_of(self.prefix)
+
+    def key(self, rel: str) -> str:
+        return self.prefix + rel
+
+    def describe(self, rel: str) -> str:
+        return self.target.uri_of(self.key(rel))
+
+    async def items(self) -> list[tuple[str, int]]:
+        objects = await alist_objects(self.target.store, self.prefix)
+        return [(o.name[len(self.prefix) :], o.size) for o in objects]
+
+    async def read(self, rel: str) -> bytes:
+        return await self.target.store.get(self.key(rel))
+
+    def stream(self, rel: str) -> AsyncIterator[bytes]:
+        return self.target.store.stream(self.key(rel), chunk_size=_CHUNK)
+
+    async def write(self, rel: str, data: bytes) -> None:
+        await self.target.store.put(self.key(rel), data, content_type=_content_type(rel))
+
+    async def write_stream(self, rel: str, chunks: AsyncIterator[bytes]) -> None:
+        await self.target.store.put_stream(self.key(rel), chunks, content_type=_content_type(rel))
+
+    async def close(self) -> None:
+        await self.target.store.close()
+
+
+_Side = _Local | _Remote
+
+
+def _content_type(name: str) -> str | None:
+    return mimetypes.guess_type(name)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    src: str  # name relative to the source folder or prefix
+    dst: str  # name relative to the destination folder or prefix
+    size: int
+
+
+def _parent(key: str) -> str:
+    """``"a/b/c.png"`` -> ``"a/b/"``; ``"c.png"`` -> ``""``."""
+    head, sep, _ = key.rpartition("/")
+    return head + sep
+
+
+async def _resolve(
+    src_text: str, dst_text: str, args: argparse.Namespace
+) -> tuple[_Side, _Side, list[_Item]]:
+    """The two sides and what to copy: one file/object, or all under a folder/prefix.
+
+    A source that names one file (or one object: a key without a trailing ``/``
+    that exists) is copied alone; anything else is a folder (prefix) whose
+    contents are copied under the destination.
+    """
+    single: tuple[str, int] | None = None  # (name, size) when copying one file/object
+    src: _Side
+    if is_remote(src_text):
+        target = open_target(src_text, args)
+        key = target.key
+        info = None
+        if key and not key.endswith("/"):
+            try:
+                info = await target.store.head(key)
+            except NotFoundError:
+                info = None
+        if info is not None:
+            src = _Remote(target, _parent(key))
+            single = (posixpath.basename(key), info.size)
+        else:
+            src = _Remote(target, key if not key or key.endswith("/") else key + "/")
+    else:
+        path = local_path(src_text)
+        if os.path.isfile(path):
+            src = _Local(os.path.dirname(path))
+            single = (os.path.basename(path), os.path.getsize(path))
+        elif os.path.isdir(path):
+            src = _Local(path)
+        else:
+            raise CommandError(f"no such file or directory: {path}", exit_code=EXIT_NOT_FOUND)
+
+    # A single source copied to a name that is not a folder takes that name.
+    dst: _Side
+    rename: str | None = None
+    if is_remote(dst_text):
+        target = open_target(dst_text, args)
+        key = target.key
+        if single is not None and key and not key.endswith("/"):
+            dst, rename = _Remote(target, _parent(key)), posixpath.basename(key)
+        else:
+            dst = _Remote(target, key if not key or key.endswith("/") else key + "/")
+    else:
+        path = local_path(dst_text)
+        if single is not None and not dst_text.endswith("/") and not os.path.isdir(path):
+            dst, rename = _Local(os.path.dirname(path)), os.path.basename(path)
+        else:
+            dst = _Local(path)
+
+    if single is not None:
+        return src, dst, [_Item(single[0], rename or single[0], single[1])]
+    items = [_Item(rel, rel, size) for rel, size in await src.items()]
+    if not items:
+        raise CommandError(f"nothing to copy: no objects match {src}", exit_code=EXIT_NOT_FOUND)
+    return src, dst, items
+
+
+async def _copy_all(
+    src: _Side, dst: _Side, items: list[_Item], *, jobs: int, stream_threshold: int, bar: tqdm[Any]
+) -> None:
+    gate = asyncio.Semaphore(jobs)
+
+    async def one(item: _Item) -> None:
+        async with gate:
+            if item.size >= stream_threshold:
+                await dst.write_stream(item.dst, src.stream(item.src))
+            else:
+                await dst.write(item.dst, await src.read(item.src))
+        bar.update(item.size)
+
+    tasks = [asyncio.create_task(one(item)) for item in items]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    finally:
+        await asyncio.gather(src.close(), dst.close(), return_exceptions=True)
+
+
+def copy(
+    src: str,
+    dst: str,
+    args: argparse.Namespace,
+    *,
+    jobs: int = 64,
+    stream_threshold: int = 32 << 20,
+    desc: str = "copying",
+) -> CopyStats:
+    """Copy a file, folder, object or prefix to a folder or prefix.
+
+    Args:
+        src: Local path or URI to copy from.
+        dst: Local path or URI to copy to.
+        args: The parsed global options (``--endpoint``).
+        jobs: Objects copied at once.
+        stream_threshold: Objects at least this big are streamed.
+        desc: The progress bar's label.
+
+    Returns:
+        What was copied and how long it took.
+
+    Raises:
+        CommandError: Nothing to copy, or a name that would escape the destination.
+        StorageError: A read or write failed.
+    """
+    started = time.perf_counter()
+    source, dest, items = runtime.run(_resolve(src, dst, args))
+    for item in items:
+        if isinstance(dest, _Local):
+            dest.child(item.dst)  # refuse '..' before anything is written
+    total = sum(item.size for item in items)
+    with progress_bar(desc=desc, total=total, unit="B", unit_scale=True, unit_divisor=1024) as bar:
+        runtime.run(
+            _copy_all(source, dest, items, jobs=jobs, stream_threshold=stream_threshold, bar=bar)
+        )
+    return CopyStats(objects=len(items), bytes=total, seconds=time.perf_counter() - started)
+
+
+def add_cp(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """Register ``torchbucket cp``."""
+    parser = sub.add_parser(
+        "cp",
+        parents=[common],
+        help="copy a local folder to a bucket prefix, or a prefix to a local folder",
+        description=(
+            "Copy SRC to DST, many objects at a time. SRC and DST are each a local path "
+            "(or file:///path) or a bucket URI (gs://bucket/prefix/). A folder or prefix is "
+            "copied by its contents: SRC/a/b.png lands at DST/a/b.png. A single file or "
+            "object is copied to DST/<its name> when DST ends with '/' or is an existing "
+            "local folder, else to DST itself. Local files appear only when complete. "
+            "Prints one line at the end: objects, bytes, seconds and MB/s; a progress bar "
+            "shows on a terminal. Nothing to copy is an error (exit 3)."
+        ),
+        epilog=(
+            "examples:\n"
+            "  torchbucket cp ./images gs://my-bucket/train/     # upload a folder\n"
+            "  torchbucket cp gs://my-bucket/train/ ./images     # download a prefix\n"
+            "  torchbucket cp model.pt gs://my-bucket/ckpt/      # one file"
+        ),
+    )
+    parser.add_argument("src", metavar="SRC", help="local path or URI to copy from")
+    parser.add_argument("dst", metavar="DST", help="local path or URI to copy to")
+    parser.add_argument(
+        "-j",
+        "--jobs",
+        type=positive_int,
+        default=64,
+        help="objects copied at once (default: 64)",
+    )
+    parser.add_argument(
+        "--stream-threshold",
+        type=parse_size,
+        default=32 << 20,
+        metavar="SIZE",
+        help="stream objects at least this big instead of holding them in memory (default: 32MiB)",
+    )
+    parser.set_defaults(func=_cp)
+
+
+def _cp(args: argparse.Namespace) -> int:
+    stats = copy(args.src, args.dst, args, jobs=args.jobs, stream_threshold=args.stream_threshold)
+    print(
+        f"copied {plural(stats.objects, 'object')}, {stats.bytes} bytes ({human_bytes(stats.bytes)}) "
+        f"in {stats.seconds:.2f} s, {stats.mb_per_s:.1f} MB/s"
+    )
+    return 0
