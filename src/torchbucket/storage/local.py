@@ -1,0 +1,519 @@
+"""A local directory tree as an object store: ``file:///path``.
+
+The bucket is the filesystem root ``"/"`` and a key is an absolute path without
+its leading ``/``, so ``file:///data/train/img_`` is a prefix like any other.
+
+Writes are atomic: bytes go to a hidden temporary file in the destination's
+directory, which is then renamed over the destination, so a reader sees the old
+object or the new one, never half of one. An object's generation is its
+modification time in nanoseconds, kept strictly increasing per object, so
+generation pins and ``if_generation_match`` behave as on GCS within one host
+(the check and the rename are not one atomic step across processes).
+
+Multipart uploads stage their parts in a hidden sibling directory
+``.<name>.tbupload-<id>/``; listings skip it, ``multipart_abort`` removes it.
+CRC32C is reported for what ``put`` wrote, not by ``head`` or listings (it would
+mean reading every file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import errno
+import functools
+import os
+import shutil
+import stat
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import TypeVar
+
+from torchbucket.errors import (
+    NotFoundError,
+    PermissionDeniedError,
+    PreconditionFailedError,
+    StorageError,
+)
+from torchbucket.storage._common import (
+    check_compose_sources,
+    check_part_number,
+    crc32c_b64,
+    resolve_range,
+)
+from torchbucket.storage.base import ListPage, MultipartUpload, ObjectInfo, Part
+
+__all__ = ["LocalStore"]
+
+T = TypeVar("T")
+
+_UPLOAD_MARK = ".tbupload-"
+_TEMP_MARK = ".tbtmp-"
+# Below this, file I/O runs on the loop: a thread hop costs more than the read.
+_INLINE_BYTES = 256 * 1024
+_LISTING_CACHE_S = 10.0
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith(".") and (_UPLOAD_MARK in name or _TEMP_MARK in name)
+
+
+def _os_error(exc: OSError, operation: str, uri: str) -> StorageError:
+    """The one translation of ``OSError`` into :mod:`torchbucket.errors`."""
+    what = exc.strerror or type(exc).__name__
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError)):
+        return NotFoundError("object does not exist", operation=operation, uri=uri)
+    if isinstance(exc, PermissionError):
+        return PermissionDeniedError(what, operation=operation, uri=uri)
+    if exc.errno == errno.ENAMETOOLONG:
+        return StorageError("name too long for the filesystem", operation=operation, uri=uri)
+    return StorageError(what, operation=operation, uri=uri)
+
+
+class LocalStore:
+    """An :class:`~torchbucket.storage.base.ObjectStore` over the local filesystem."""
+
+    def __init__(self) -> None:
+        # prefix -> (time listed, sorted names, infos): later pages reuse one walk.
+        self._listings: dict[str, tuple[float, list[str], dict[str, ObjectInfo]]] = {}
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (LocalStore, ())
+
+    def __repr__(self) -> str:
+        return "LocalStore()"
+
+    @property
+    def bucket(self) -> str:
+        return "/"
+
+    def uri(self, key: str = "") -> str:
+        return f"file:///{key}"
+
+    @staticmethod
+    def _path(key: str) -> str:
+        return "/" + key
+
+    async def _io(self, size: int, fn: Callable[[], T]) -> T:
+        if size <= _INLINE_BYTES:
+            return fn()
+        return await asyncio.to_thread(fn)
+
+    # ------------------------------------------------------------ metadata
+
+    def _info(self, key: str, st: os.stat_result, crc32c: str | None = None) -> ObjectInfo:
+        return ObjectInfo(key, st.st_size, st.st_mtime_ns, crc32c, "STANDARD")
+
+    def _stat(self, key: str, operation: str) -> os.stat_result:
+        try:
+            st = os.stat(self._path(key))
+        except OSError as exc:
+            raise _os_error(exc, operation, self.uri(key)) from exc
+        if not stat.S_ISREG(st.st_mode):
+            raise NotFoundError("object does not exist", operation=operation, uri=self.uri(key))
+        return st
+
+    def _current_generation(self, path: str) -> int:
+        try:
+            return os.stat(path).st_mtime_ns
+        except FileNotFoundError:
+            return 0
+
+    async def head(self, key: str) -> ObjectInfo:
+        return self._info(key, self._stat(key, "head"))
+
+    # ------------------------------------------------------------ listing
+
+    def _walk(self, prefix: str) -> dict[str, ObjectInfo]:
+        directory, _, _ = prefix.rpartition("/")
+        found: dict[str, ObjectInfo] = {}
+        stack = ["/" + directory]
+        while stack:
+            path = stack.pop()
+            try:
+                entries = list(os.scandir(path))
+            except (FileNotFoundError, NotADirectoryError, PermissionError):
+                continue
+            for entry in entries:
+                if _hidden(entry.name):
+                    continue
+                key = entry.path[1:]
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        # Descend only where names can still start with the prefix.
+                        if (key + "/").startswith(prefix) or prefix.startswith(key + "/"):
+                            stack.append(entry.path)
+                    elif key.startswith(prefix) and entry.is_file():
+                        found[key] = self._info(key, entry.stat())
+                except FileNotFoundError:  # removed while we walked
+                    continue
+        return found
+
+    async def list_page(
+        self,
+        prefix: str = "",
+        *,
+        start_offset: str | None = None,
+        end_offset: str | None = None,
+        page_token: str | None = None,
+        page_size: int = 1000,
+    ) -> ListPage:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        cached = self._listings.get(prefix)
+        if page_token is not None and cached and time.monotonic() - cached[0] < _LISTING_CACHE_S:
+            _, names, infos = cached
+        else:
+            infos = await asyncio.to_thread(self._walk, prefix)
+            names = sorted(infos)
+            self._listings[prefix] = (time.monotonic(), names, infos)
+        i = bisect.bisect_left(names, max(prefix, start_offset or ""))
+        if page_token is not None:
+            i = max(i, bisect.bisect_right(names, page_token))
+        stop = len(names) if end_offset is None else bisect.bisect_left(names, end_offset)
+        page = names[i : min(stop, i + page_size)]
+        more = i + page_size < stop
+        if not more:
+            self._listings.pop(prefix, None)
+        return ListPage([infos[n] for n in page], page[-1] if more and page else None)
+
+    # ------------------------------------------------------------ reads
+
+    def _read(self, key: str, start: int, end: int | None, generation: int | None) -> bytes:
+        uri = self.uri(key)
+        try:
+            with open(self._path(key), "rb") as f:
+                st = os.fstat(f.fileno())
+                self._check_generation(st, generation, "get", uri)
+                lo, hi = resolve_range(st.st_size, start, end)
+                return os.pread(f.fileno(), hi - lo, lo) if hi > lo else b""
+        except OSError as exc:
+            raise _os_error(exc, "get", uri) from exc
+
+    @staticmethod
+    def _check_generation(
+        st: os.stat_result, generation: int | None, operation: str, uri: str
+    ) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            raise NotFoundError("object does not exist", operation=operation, uri=uri)
+        if generation is not None and st.st_mtime_ns != generation:
+            raise NotFoundError(f"generation {generation} is gone", operation=operation, uri=uri)
+
+    async def get(
+        self, key: str, *, start: int = 0, end: int | None = None, generation: int | None = None
+    ) -> bytes:
+        resolve_range(0, start, end)  # argument checks
+        size = (end - start) if end is not None else self._stat(key, "get").st_size - start
+        return await self._io(size, lambda: self._read(key, start, end, generation))
+
+    def _read_into(self, key: str, buffer: memoryview, start: int, generation: int | None) -> int:
+        uri = self.uri(key)
+        try:
+            with open(self._path(key), "rb") as f:
+                self._check_generation(os.fstat(f.fileno()), generation, "get", uri)
+                total = 0
+                while total < len(buffer):
+                    n = os.preadv(f.fileno(), [buffer[total:]], start + total)
+                    if n == 0:
+                        break
+                    total += n
+                return total
+        except OSError as exc:
+            raise _os_error(exc, "get", uri) from exc
+
+    async def get_into(
+        self, key: str, buffer: memoryview, *, start: int = 0, generation: int | None = None
+    ) -> int:
+        if start < 0:
+            raise ValueError(f"range start must be >= 0, got {start}")
+        return await self._io(len(buffer), lambda: self._read_into(key, buffer, start, generation))
+
+    async def stream(
+        self, key: str, *, start: int = 0, end: int | None = None, chunk_size: int = 1 << 20
+    ) -> AsyncIterator[bytes]:
+        uri = self.uri(key)
+        resolve_range(0, start, end)
+        try:
+            f = open(self._path(key), "rb")  # noqa: SIM115 - closed in finally
+        except OSError as exc:
+            raise _os_error(exc, "stream", uri) from exc
+        try:
+            st = os.fstat(f.fileno())
+            self._check_generation(st, None, "stream", uri)
+            pos, stop = resolve_range(st.st_size, start, end)
+            while pos < stop:
+                n = min(chunk_size, stop - pos)
+                chunk = await self._io(n, functools.partial(os.pread, f.fileno(), n, pos))
+                if not chunk:
+                    break
+                pos += len(chunk)
+                yield chunk
+        except OSError as exc:
+            raise _os_error(exc, "stream", uri) from exc
+        finally:
+            f.close()
+
+    # ------------------------------------------------------------ writes
+
+    def _commit(
+        self,
+        key: str,
+        write: Callable[[int], None],
+        operation: str,
+        if_generation_match: int | None = None,
+    ) -> ObjectInfo:
+        """Write a temporary sibling with ``write(fd)``, then rename it into place."""
+        uri = self.uri(key)
+        path = self._path(key)
+        if not key or key.endswith("/"):
+            raise StorageError("not an object name", operation=operation, uri=uri)
+        directory, _, name = path.rpartition("/")
+        tmp = f"{directory}/.{name[:150]}{_TEMP_MARK}{uuid.uuid4().hex[:12]}"
+        try:
+            os.makedirs(directory or "/", exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            committed = False
+            try:
+                try:
+                    write(fd)
+                finally:
+                    os.close(fd)
+                current = self._current_generation(path)
+                if if_generation_match is not None and current != if_generation_match:
+                    raise PreconditionFailedError(
+                        f"generation is {current}, expected {if_generation_match}",
+                        operation=operation,
+                        uri=uri,
+                        status=412,
+                    )
+                # Generations must grow even when writes land in one clock tick.
+                generation = max(time.time_ns(), current + 1)
+                os.utime(tmp, ns=(generation, generation))
+                os.replace(tmp, path)
+                committed = True
+            finally:
+                if not committed:
+                    try:
+                        os.unlink(tmp)
+                    except FileNotFoundError:
+                        pass
+            return self._info(key, os.stat(path))
+        except OSError as exc:
+            raise _os_error(exc, operation, uri) from exc
+
+    @staticmethod
+    def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            view = view[os.write(fd, view) :]
+
+    async def put(
+        self,
+        key: str,
+        data: bytes | bytearray | memoryview,
+        *,
+        if_generation_match: int | None = None,
+        content_type: str | None = None,
+    ) -> ObjectInfo:
+        info = await self._io(
+            len(data),
+            lambda: self._commit(
+                key, lambda fd: self._write_all(fd, data), "put", if_generation_match
+            ),
+        )
+        return ObjectInfo(info.name, info.size, info.generation, crc32c_b64(data), "STANDARD")
+
+    async def put_stream(
+        self, key: str, chunks: AsyncIterator[bytes], *, content_type: str | None = None
+    ) -> ObjectInfo:
+        # Spool to a temporary file as chunks arrive, so memory stays at one chunk.
+        uri = self.uri(key)
+        directory = self._path(key).rpartition("/")[0] or "/"
+        try:
+            os.makedirs(directory, exist_ok=True)
+            spool = open(  # noqa: SIM115 - closed in finally
+                f"{directory}/.spool{_TEMP_MARK}{uuid.uuid4().hex[:12]}", "w+b"
+            )
+        except OSError as exc:
+            raise _os_error(exc, "put", uri) from exc
+        try:
+            async for chunk in chunks:
+                await self._io(len(chunk), functools.partial(spool.write, chunk))
+            spool.flush()
+            return await asyncio.to_thread(self._commit, key, self._copier(spool.name), "put")
+        finally:
+            spool.close()
+            try:
+                os.unlink(spool.name)
+            except FileNotFoundError:
+                pass
+
+    @staticmethod
+    def _copier(*paths: str) -> Callable[[int], None]:
+        """A ``write(fd)`` that appends the files at ``paths`` in order."""
+
+        def write(fd: int) -> None:
+            for path in paths:
+                with open(path, "rb") as src:
+                    size = os.fstat(src.fileno()).st_size
+                    offset = 0
+                    while offset < size:
+                        sent = os.sendfile(fd, src.fileno(), offset, size - offset)
+                        if sent == 0:
+                            break
+                        offset += sent
+
+        return write
+
+    async def compose(
+        self,
+        destination: str,
+        sources: Sequence[ObjectInfo],
+        *,
+        if_generation_match: int | None = None,
+    ) -> ObjectInfo:
+        check_compose_sources(sources)
+
+        def write(fd: int) -> None:
+            for source in sources:
+                uri = self.uri(source.name)
+                with open(self._path(source.name), "rb") as src:
+                    st = os.fstat(src.fileno())
+                    self._check_generation(st, source.generation, "compose", uri)
+                    offset = 0
+                    while offset < st.st_size:
+                        sent = os.sendfile(fd, src.fileno(), offset, st.st_size - offset)
+                        if sent == 0:
+                            break
+                        offset += sent
+
+        return await asyncio.to_thread(
+            self._commit, destination, write, "compose", if_generation_match
+        )
+
+    async def delete(self, key: str, *, generation: int | None = None) -> None:
+        uri = self.uri(key)
+        try:
+            if generation is not None:
+                self._check_generation(os.stat(self._path(key)), generation, "delete", uri)
+            else:
+                self._stat(key, "delete")
+            os.unlink(self._path(key))
+        except OSError as exc:
+            raise _os_error(exc, "delete", uri) from exc
+
+    async def copy(self, source: str, destination: str) -> ObjectInfo:
+        self._stat(source, "copy")
+        return await asyncio.to_thread(
+            self._commit, destination, self._copier(self._path(source)), "copy"
+        )
+
+    # ------------------------------------------------------------ multipart
+
+    def _staging(self, key: str, upload_id: str) -> str:
+        directory, _, name = self._path(key).rpartition("/")
+        return f"{directory}/.{name}{_UPLOAD_MARK}{upload_id}"
+
+    async def multipart_initiate(self, key: str, *, content_type: str | None = None) -> str:
+        if not key or key.endswith("/"):
+            raise StorageError(
+                "not an object name", operation="multipart initiate", uri=self.uri(key)
+            )
+        upload_id = uuid.uuid4().hex[:16]
+        try:
+            os.makedirs(self._staging(key, upload_id))
+        except OSError as exc:
+            raise _os_error(exc, "multipart initiate", self.uri(key)) from exc
+        return upload_id
+
+    def _existing_staging(self, key: str, upload_id: str, operation: str) -> str:
+        path = self._staging(key, upload_id)
+        if "/" in upload_id or not os.path.isdir(path):
+            raise NotFoundError(
+                f"no multipart upload {upload_id!r}", operation=operation, uri=self.uri(key)
+            )
+        return path
+
+    async def multipart_upload_part(
+        self, key: str, upload_id: str, number: int, data: bytes | bytearray | memoryview
+    ) -> Part:
+        check_part_number(number)
+        staging = self._existing_staging(key, upload_id, "multipart upload part")
+        part_key = f"{staging[1:]}/part-{number:05d}"
+        await self._io(
+            len(data),
+            lambda: self._commit(
+                part_key, lambda fd: self._write_all(fd, data), "multipart upload part"
+            ),
+        )
+        return Part(number, crc32c_b64(data))
+
+    async def multipart_complete(
+        self, key: str, upload_id: str, parts: Sequence[Part]
+    ) -> ObjectInfo:
+        operation = "multipart complete"
+        uri = self.uri(key)
+        staging = self._existing_staging(key, upload_id, operation)
+        numbers = [p.number for p in parts]
+        if not numbers or numbers != sorted(set(numbers)):
+            raise StorageError(
+                "parts must be given in ascending order of number, without repeats",
+                operation=operation,
+                uri=uri,
+                status=400,
+            )
+        paths = [f"{staging}/part-{p.number:05d}" for p in parts]
+
+        def check_and_commit() -> ObjectInfo:
+            for part, path in zip(parts, paths):
+                try:
+                    with open(path, "rb") as f:
+                        etag = crc32c_b64(f.read())
+                except FileNotFoundError:
+                    etag = None
+                if etag != part.etag:
+                    raise StorageError(
+                        f"part {part.number} was not uploaded or its etag differs",
+                        operation=operation,
+                        uri=uri,
+                        status=400,
+                    )
+            info = self._commit(key, self._copier(*paths), operation)
+            shutil.rmtree(staging, ignore_errors=True)
+            return info
+
+        return await asyncio.to_thread(check_and_commit)
+
+    async def multipart_abort(self, key: str, upload_id: str) -> None:
+        staging = self._existing_staging(key, upload_id, "multipart abort")
+        await asyncio.to_thread(shutil.rmtree, staging)
+
+    def _walk_uploads(self, prefix: str) -> Iterator[MultipartUpload]:
+        directory, _, _ = prefix.rpartition("/")
+        stack = ["/" + directory]
+        while stack:
+            path = stack.pop()
+            try:
+                entries = list(os.scandir(path))
+            except (FileNotFoundError, NotADirectoryError, PermissionError):
+                continue
+            for entry in entries:
+                if not entry.is_dir(follow_symlinks=False):
+                    continue
+                if entry.name.startswith(".") and _UPLOAD_MARK in entry.name:
+                    name, _, upload_id = entry.name[1:].rpartition(_UPLOAD_MARK)
+                    key = f"{path[1:]}/{name}" if path != "/" else name
+                    if key.startswith(prefix):
+                        yield MultipartUpload(key, upload_id, entry.stat().st_mtime)
+                elif not _hidden(entry.name):
+                    key = entry.path[1:]
+                    if (key + "/").startswith(prefix) or prefix.startswith(key + "/"):
+                        stack.append(entry.path)
+
+    async def multipart_list(self, prefix: str = "") -> list[MultipartUpload]:
+        uploads = await asyncio.to_thread(lambda: list(self._walk_uploads(prefix)))
+        return sorted(uploads, key=lambda u: (u.key, u.upload_id))
+
+    async def close(self) -> None:
+        self._listings.clear()
