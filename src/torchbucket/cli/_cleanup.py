@@ -69,7 +69,8 @@ async def find_leftovers(
     uploads = await store.multipart_list(prefix)
     cutoff = (time.time() if now is None else now) - older_than
     if older_than > 0:
-        uploads = [u for u in uploads if u.initiated is None or u.initiated <= cutoff]
+        # An upload of unknown age might be a save still running: spare it.
+        uploads = [u for u in uploads if u.initiated is not None and u.initiated <= cutoff]
     return composed, uploads
 
 
