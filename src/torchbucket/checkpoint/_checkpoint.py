@@ -1,0 +1,144 @@
+"""``BucketCheckpoint``: ``torch.save`` into a bucket and ``torch.load`` out of it."""
+
+from __future__ import annotations
+
+import threading
+from typing import IO, TYPE_CHECKING, Any, cast
+
+from torchbucket import runtime
+from torchbucket._uri import parse_uri
+from torchbucket.checkpoint._config import CheckpointConfig
+from torchbucket.checkpoint._reader import CheckpointReader
+from torchbucket.checkpoint._writer import CheckpointWriter
+from torchbucket.errors import InvalidURIError, NotFoundError
+from torchbucket.storage import ObjectStore, store_for
+
+if TYPE_CHECKING:
+    from torchbucket.storage.gcs import GCSConfig
+
+__all__ = ["BucketCheckpoint"]
+
+
+class BucketCheckpoint:
+    """Save checkpoints to, and load them from, ``gs://``, ``memory://`` or ``file://``.
+
+    Example::
+
+        checkpoint = BucketCheckpoint()
+        with checkpoint.writer("gs://bucket/run/step-100.pt") as f:
+            torch.save(model.state_dict(), f)
+        with checkpoint.reader("gs://bucket/run/step-100.pt") as f:
+            state = torch.load(f, weights_only=True)
+
+    Stores are opened on first use per bucket and shared by every writer and
+    reader of this object; it is safe to use from several threads.
+
+    Args:
+        config: Part sizes, parallelism and checks. Default ``CheckpointConfig()``.
+        gcs_config: Endpoint, credentials and retries for ``gs://`` URIs.
+            Default: ``GCSConfig()``.
+    """
+
+    def __init__(
+        self, config: CheckpointConfig | None = None, gcs_config: GCSConfig | None = None
+    ) -> None:
+        self.config = config or CheckpointConfig()
+        self.gcs_config = gcs_config
+        self._stores: dict[tuple[str, str], ObjectStore] = {}
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Stores hold connections; a copy in another process opens its own.
+        return {"config": self.config, "gcs_config": self.gcs_config}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["config"], state["gcs_config"])  # type: ignore[misc]
+
+    def open(self, uri: str) -> tuple[ObjectStore, str]:
+        """The store ``uri`` lives in and the key inside it.
+
+        Raises:
+            InvalidURIError: ``uri`` is malformed or names no object.
+        """
+        parsed = parse_uri(uri)
+        if not parsed.key or parsed.key.endswith("/"):
+            raise InvalidURIError(f"{uri!r} names no object (a checkpoint needs a file name)")
+        with self._lock:
+            store = self._stores.get((parsed.scheme, parsed.bucket))
+            if store is None:
+                options: dict[str, Any] = {}
+                if parsed.scheme == "gs" and self.gcs_config is not None:
+                    options["config"] = self.gcs_config
+                store, _ = store_for(parsed, **options)
+                self._stores[(parsed.scheme, parsed.bucket)] = store
+        return store, parsed.key
+
+    def writer(self, uri: str, *, size_hint: int | None = None) -> CheckpointWriter:
+        """A binary file to ``torch.save`` into; the object appears on close.
+
+        Args:
+            uri: The checkpoint object.
+            size_hint: The expected size in bytes, if known, so that a very large
+                checkpoint starts with parts large enough for the part limit.
+
+        Returns:
+            A writer; use it in a ``with`` block. An exception inside the block
+            aborts the save and nothing becomes visible.
+        """
+        store, key = self.open(uri)
+        return CheckpointWriter(store, key, self.config, size_hint=size_hint)
+
+    def reader(self, uri: str) -> CheckpointReader:
+        """Download a checkpoint and return a seekable binary file over it.
+
+        Raises:
+            NotFoundError: No such checkpoint (also a ``FileNotFoundError``), or
+                it was rewritten while it was read.
+            IntegrityError: The bytes do not match the object's CRC32C.
+        """
+        store, key = self.open(uri)
+        return CheckpointReader.load(store, key, self.config)
+
+    def save(self, obj: object, uri: str, **torch_save_kwargs: Any) -> None:
+        """``torch.save(obj)`` to ``uri``."""
+        import torch
+
+        with self.writer(uri) as f:
+            torch.save(obj, cast(IO[bytes], f), **torch_save_kwargs)
+
+    def load(self, uri: str, **torch_load_kwargs: Any) -> Any:
+        """``torch.load`` from ``uri``; keyword arguments go to ``torch.load``."""
+        import torch
+
+        with self.reader(uri) as f:
+            return torch.load(cast(IO[bytes], f), **torch_load_kwargs)
+
+    def exists(self, uri: str) -> bool:
+        """Whether the checkpoint object exists."""
+        store, key = self.open(uri)
+        try:
+            runtime.run(store.head(key))
+        except NotFoundError:
+            return False
+        return True
+
+    def delete(self, uri: str, *, missing_ok: bool = False) -> None:
+        """Delete a checkpoint object.
+
+        Raises:
+            NotFoundError: It does not exist and ``missing_ok`` is false.
+        """
+        store, key = self.open(uri)
+        try:
+            runtime.run(store.delete(key))
+        except NotFoundError:
+            if not missing_ok:
+                raise
+
+    def close(self) -> None:
+        """Close the stores opened so far (they reopen on next use)."""
+        with self._lock:
+            stores = list(self._stores.values())
+            self._stores.clear()
+        for store in stores:
+            runtime.run(store.close())

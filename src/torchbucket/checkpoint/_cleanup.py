@@ -1,0 +1,71 @@
+"""Aborting multipart uploads that a crashed save left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from torchbucket.errors import NotFoundError
+from torchbucket.storage.base import ObjectStore
+
+__all__ = ["abort_incomplete_uploads", "abort_uploads"]
+
+logger = logging.getLogger(__name__)
+
+_ABORT_PARALLELISM = 16
+
+
+async def abort_uploads(
+    store: ObjectStore, prefix: str, *, older_than: float, exact: bool = False
+) -> int:
+    """Abort incomplete uploads under ``prefix`` (to exactly ``prefix`` if ``exact``)."""
+    uploads = await store.multipart_list(prefix)
+    now = time.time()
+    stale = [
+        upload
+        for upload in uploads
+        if (not exact or upload.key == prefix)
+        and (
+            older_than <= 0
+            or (upload.initiated is not None and now - upload.initiated >= older_than)
+        )
+    ]
+    semaphore = asyncio.Semaphore(_ABORT_PARALLELISM)
+
+    async def abort(key: str, upload_id: str) -> int:
+        async with semaphore:
+            try:
+                await store.multipart_abort(key, upload_id)
+            except NotFoundError:
+                return 0  # finished or aborted by someone else meanwhile
+            logger.debug("aborted multipart upload %s to %s", upload_id, store.uri(key))
+            return 1
+
+    results = await asyncio.gather(*(abort(u.key, u.upload_id) for u in stale))
+    return sum(results)
+
+
+async def abort_incomplete_uploads(
+    store: ObjectStore, prefix: str = "", older_than: float = 0.0
+) -> int:
+    """Abort the incomplete multipart uploads under ``prefix``.
+
+    A save killed mid-way (SIGKILL, a lost node) leaves its multipart upload
+    behind: invisible, but its parts are stored (and billed) until aborted.
+
+    Args:
+        store: The bucket.
+        prefix: Only uploads to keys that start with this. Default: all.
+        older_than: Only uploads that began at least this many seconds ago, so
+            that saves still running are left alone. Default 0: every upload.
+            An upload whose start time the store does not report counts as old
+            only when ``older_than`` is 0.
+
+    Returns:
+        How many uploads were aborted.
+
+    Raises:
+        StorageError: Listing or aborting failed.
+    """
+    return await abort_uploads(store, prefix, older_than=older_than)

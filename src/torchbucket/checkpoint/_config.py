@@ -1,0 +1,92 @@
+"""Options of checkpoint saving and loading."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from torchbucket.errors import ConfigError
+
+__all__ = ["CheckpointConfig", "MiB"]
+
+MiB = 1 << 20
+
+_UPLOAD_METHODS = ("multipart", "resumable")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointConfig:
+    """How checkpoints are written to and read from a bucket.
+
+    A save holds at most ``max_parts_in_flight + 1`` part buffers (the one being
+    filled and those uploading), so its extra memory is about
+    ``(max_parts_in_flight + 1) * part_size`` however large the checkpoint: 144 MiB
+    with the defaults.
+
+    Attributes:
+        part_size: Bytes per uploaded part. Default 16 MiB. Parts grow (double
+            every 1,000 parts) so that a checkpoint of any size fits the API's
+            10,000-part limit; ``writer(uri, size_hint=...)`` picks a larger
+            first size up front when the size is known.
+        min_part_size: The smallest part the store accepts (all but the last).
+            Default 5 MiB, the floor of GCS's XML multipart API; tests lower it.
+        max_parts_in_flight: Parts uploading at once; the writer blocks
+            ``torch.save`` when this many are pending. Default 8.
+        upload_method: ``"multipart"`` (default): parts upload in parallel and
+            the object appears when the upload completes (the XML multipart API
+            on GCS, the backend's own multipart elsewhere). ``"resumable"``: one
+            sequential stream (a resumable upload on GCS), for buckets where
+            multipart uploads are not allowed.
+        read_chunk_size: Bytes per ranged GET when loading. Default 16 MiB.
+        read_parallelism: Ranged GETs in flight per load. Default 16.
+        verify_crc32c: Check the CRC32C of everything written against what the
+            store reports after the save, and of everything read against the
+            object's CRC32C on load. Default ``True``.
+        stale_upload_age: After a successful save, abort other incomplete
+            multipart uploads to the same object that began more than this many
+            seconds ago (left by a crashed save), or ``None`` to leave them to
+            ``torchbucket cleanup``. Default 3600.
+    """
+
+    part_size: int = 16 * MiB
+    min_part_size: int = 5 * MiB
+    max_parts_in_flight: int = 8
+    upload_method: Literal["multipart", "resumable"] = "multipart"
+    read_chunk_size: int = 16 * MiB
+    read_parallelism: int = 16
+    verify_crc32c: bool = True
+    stale_upload_age: float | None = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.min_part_size < 1:
+            raise ConfigError(
+                f"CheckpointConfig.min_part_size must be >= 1, got {self.min_part_size!r}"
+            )
+        if self.part_size < self.min_part_size:
+            raise ConfigError(
+                f"CheckpointConfig.part_size must be >= min_part_size ({self.min_part_size}), "
+                f"got {self.part_size!r}"
+            )
+        if self.max_parts_in_flight < 1:
+            raise ConfigError(
+                "CheckpointConfig.max_parts_in_flight must be >= 1, "
+                f"got {self.max_parts_in_flight!r}"
+            )
+        if self.upload_method not in _UPLOAD_METHODS:
+            raise ConfigError(
+                f"CheckpointConfig.upload_method must be one of {_UPLOAD_METHODS}, "
+                f"got {self.upload_method!r}"
+            )
+        if self.read_chunk_size < 1:
+            raise ConfigError(
+                f"CheckpointConfig.read_chunk_size must be >= 1, got {self.read_chunk_size!r}"
+            )
+        if self.read_parallelism < 1:
+            raise ConfigError(
+                f"CheckpointConfig.read_parallelism must be >= 1, got {self.read_parallelism!r}"
+            )
+        if self.stale_upload_age is not None and self.stale_upload_age < 0:
+            raise ConfigError(
+                "CheckpointConfig.stale_upload_age must be >= 0 or None, "
+                f"got {self.stale_upload_age!r}"
+            )

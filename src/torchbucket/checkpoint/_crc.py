@@ -1,0 +1,81 @@
+"""Incremental CRC32C over large buffers without copying them.
+
+``google_crc32c``'s extension only accepts ``bytes`` (its argument parser
+rejects ``bytearray`` and ``memoryview``), so checksumming a part buffer through
+it costs a copy of every byte and holds the GIL. Its wheel ships the C library
+it wraps; calling that through :mod:`ctypes` checksums a buffer in place and
+releases the GIL meanwhile, so the upload loop keeps running. Where the library
+cannot be found the slower, copying path is used.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import glob
+import logging
+import os
+from collections.abc import Callable
+
+import google_crc32c
+
+__all__ = ["Crc32c"]
+
+logger = logging.getLogger(__name__)
+
+_Extend = Callable[[int, int, int], int]
+
+
+def _load_native() -> _Extend | None:
+    package = os.path.dirname(google_crc32c.__file__)
+    for path in sorted(glob.glob(os.path.join(package, os.pardir, "google_crc32c.libs", "*"))):
+        if "crc32c" not in os.path.basename(path):
+            continue
+        try:
+            library = ctypes.CDLL(path)
+            function = library.crc32c_extend
+        except (OSError, AttributeError):
+            continue
+        function.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
+        function.restype = ctypes.c_uint32
+        return function  # type: ignore[no-any-return]
+    logger.debug("native crc32c library not found; checksumming through copies")
+    return None
+
+
+_native: _Extend | None = _load_native()
+
+
+class Crc32c:
+    """A running CRC32C, fed with ``update`` and read as GCS reports it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self) -> None:
+        self._value = 0
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        """Extend the checksum with ``data``."""
+        if isinstance(data, bytes):
+            self._value = google_crc32c.extend(self._value, data)
+            return
+        view = memoryview(data).cast("B")
+        if not len(view):
+            return
+        if _native is not None and not view.readonly and view.c_contiguous:
+            array = (ctypes.c_char * len(view)).from_buffer(view)
+            try:
+                self._value = _native(self._value, ctypes.addressof(array), len(view))
+            finally:
+                del array
+            return
+        self._value = google_crc32c.extend(self._value, bytes(view))
+
+    @property
+    def value(self) -> int:
+        """The checksum as an unsigned 32-bit integer."""
+        return self._value
+
+    def b64(self) -> str:
+        """The checksum as GCS reports it: base64 of the big-endian 4 bytes."""
+        return base64.b64encode(self._value.to_bytes(4, "big")).decode("ascii")

@@ -1,0 +1,210 @@
+"""Loading a checkpoint: parallel ranged GETs into one buffer, read as a file.
+
+The object's metadata is read first; every range is then pinned to that
+generation, so a checkpoint rewritten during the load fails the load instead of
+mixing bytes of two checkpoints. The ranges land in one preallocated buffer
+(never returned from a coroutine: see DESIGN.md), which
+:class:`CheckpointReader` serves to ``torch.load`` without another copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from types import TracebackType
+
+import numpy as np
+
+from torchbucket import runtime
+from torchbucket.checkpoint._config import CheckpointConfig
+from torchbucket.checkpoint._crc import Crc32c
+from torchbucket.errors import IntegrityError, NotFoundError
+from torchbucket.storage.base import ObjectInfo, ObjectStore
+
+__all__ = ["CheckpointReader", "fetch_into", "split_ranges"]
+
+
+def split_ranges(size: int, chunk: int) -> list[tuple[int, int]]:
+    """Cut ``[0, size)`` into consecutive half-open ranges of at most ``chunk`` bytes."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    return [(start, min(start + chunk, size)) for start in range(0, size, chunk)]
+
+
+async def fetch_into(
+    store: ObjectStore,
+    key: str,
+    buffer: memoryview,
+    *,
+    generation: int | None,
+    chunk_size: int,
+    parallelism: int,
+    offset: int = 0,
+) -> None:
+    """Fill ``buffer`` with the object's bytes from ``offset``, in parallel ranges.
+
+    Raises:
+        NotFoundError: The object is gone, or was rewritten (its generation is
+            gone) while it was read.
+        IntegrityError: A range came back short.
+    """
+    semaphore = asyncio.Semaphore(parallelism)
+
+    async def one(lo: int, hi: int) -> None:
+        async with semaphore:
+            got = await store.get_into(key, buffer[lo:hi], start=offset + lo, generation=generation)
+        if got != hi - lo:
+            raise IntegrityError(
+                f"range {offset + lo}-{offset + hi} returned {got} bytes, expected {hi - lo}",
+                operation="checkpoint load",
+                uri=store.uri(key),
+            )
+
+    tasks = [asyncio.ensure_future(one(lo, hi)) for lo, hi in split_ranges(len(buffer), chunk_size)]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        # After a failure (or a cancellation), stop the other ranges before the
+        # caller frees or reuses the buffer.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _allocate(size: int) -> memoryview:
+    # numpy.empty leaves the pages untouched (bytearray would zero them first,
+    # touching every page twice).
+    view: memoryview = np.empty(size, dtype=np.uint8).data
+    return view.cast("B")
+
+
+class CheckpointReader(io.BufferedIOBase):
+    """A read-only, seekable binary file over a checkpoint loaded into memory.
+
+    Made by :meth:`BucketCheckpoint.reader`, which downloads the whole object
+    before returning. ``close`` (or leaving the ``with`` block) frees the buffer.
+
+    Attributes:
+        uri: The object.
+        info: Its metadata; ``info.generation`` is the generation read.
+    """
+
+    def __init__(self, uri: str, info: ObjectInfo, buffer: memoryview) -> None:
+        super().__init__()
+        self.uri = uri
+        self.info = info
+        self._view: memoryview | None = buffer
+        self._position = 0
+
+    @classmethod
+    def load(cls, store: ObjectStore, key: str, config: CheckpointConfig) -> CheckpointReader:
+        """Download ``key`` into a new buffer and open a reader over it.
+
+        Raises:
+            NotFoundError: No such checkpoint, or it was rewritten mid-load.
+            IntegrityError: The bytes do not match the object's CRC32C.
+        """
+        uri = store.uri(key)
+        info = runtime.run(store.head(key))
+        buffer = _allocate(info.size)
+        try:
+            runtime.run(
+                fetch_into(
+                    store,
+                    key,
+                    buffer,
+                    generation=info.generation,
+                    chunk_size=config.read_chunk_size,
+                    parallelism=config.read_parallelism,
+                )
+            )
+        except NotFoundError as exc:
+            raise NotFoundError(
+                f"the checkpoint was deleted or rewritten while it was read "
+                f"(generation {info.generation}); load it again",
+                operation="checkpoint load",
+                uri=uri,
+            ) from exc
+        if config.verify_crc32c and info.crc32c is not None:
+            crc = Crc32c()
+            crc.update(buffer)
+            if crc.b64() != info.crc32c:
+                raise IntegrityError(
+                    f"crc32c of the bytes read is {crc.b64()}, the object's is {info.crc32c}",
+                    operation="checkpoint load",
+                    uri=uri,
+                )
+        return cls(uri, info, buffer)
+
+    def _live(self) -> memoryview:
+        if self._view is None:
+            raise ValueError(f"I/O operation on a closed checkpoint reader ({self.uri})")
+        return self._view
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def getbuffer(self) -> memoryview:
+        """The whole checkpoint, without a copy (valid until ``close``)."""
+        return self._live()
+
+    def tell(self) -> int:
+        self._live()
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        size = len(self._live())
+        if whence == io.SEEK_SET:
+            position = offset
+        elif whence == io.SEEK_CUR:
+            position = self._position + offset
+        elif whence == io.SEEK_END:
+            position = size + offset
+        else:
+            raise ValueError(f"invalid whence {whence!r}")
+        if position < 0:
+            raise ValueError(f"negative seek position {position}")
+        self._position = position
+        return position
+
+    def read(self, size: int | None = -1) -> bytes:
+        view = self._live()
+        start = min(self._position, len(view))
+        end = len(view) if size is None or size < 0 else min(start + size, len(view))
+        self._position = max(self._position, end)
+        return bytes(view[start:end])
+
+    read1 = read
+
+    def readinto(self, target: bytearray | memoryview) -> int:  # type: ignore[override]
+        view = self._live()
+        out = memoryview(target).cast("B")
+        start = min(self._position, len(view))
+        count = min(len(out), len(view) - start)
+        out[:count] = view[start : start + count]
+        self._position = start + count
+        return count
+
+    readinto1 = readinto  # type: ignore[assignment]
+
+    def close(self) -> None:
+        self._view = None
+        super().close()
+
+    def __enter__(self) -> CheckpointReader:
+        self._live()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,354 @@
+"""The writable file object a checkpoint is saved through.
+
+``torch.save`` (or anything that writes a file object) writes into part buffers;
+each full buffer is handed to the background loop and uploads while the next
+one fills. When ``max_parts_in_flight`` parts are pending, ``write`` blocks until
+one finishes, so memory stays at ``(max_parts_in_flight + 1) * part_size``.
+
+Closing the writer normally commits: the last part goes up and the upload
+completes, so the object appears whole, at once. Leaving a ``with`` block by an
+exception, calling :meth:`CheckpointWriter.abort`, or losing the writer without
+closing it aborts: nothing becomes visible and no incomplete upload is left.
+
+Integrity: each request's bytes are verified by the store as they arrive (GCS
+checks the hash sent with each part or object before accepting it). On top of
+that the writer checksums everything written and compares it with the CRC32C the
+store reports for the finished object. By then the object is visible and has
+replaced any previous generation, so on a mismatch the writer deletes exactly
+that generation and raises :class:`~torchbucket.errors.IntegrityError`: a
+missing checkpoint fails loudly on load, a corrupt one might not. Jobs that
+must keep the previous checkpoint until the next is proven good write each
+checkpoint under a new name (as Lightning does) rather than over the old one.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import logging
+import math
+import threading
+import warnings
+from types import TracebackType
+from typing import Literal
+
+from torchbucket import runtime
+from torchbucket.checkpoint._cleanup import abort_uploads
+from torchbucket.checkpoint._config import CheckpointConfig, MiB
+from torchbucket.checkpoint._crc import Crc32c
+from torchbucket.checkpoint._upload import (
+    CONTENT_TYPE,
+    MultipartSession,
+    StreamSession,
+    UploadSession,
+)
+from torchbucket.errors import IntegrityError, StorageError
+from torchbucket.storage.base import MULTIPART_MAX_PARTS, ObjectInfo, ObjectStore
+
+__all__ = ["CheckpointWriter"]
+
+logger = logging.getLogger(__name__)
+
+#: Parts double in size after every this many, so any size fits 10,000 parts.
+_GROWTH_PERIOD = 1000
+
+
+class _BufferPool:
+    """Part buffers reused between parts, so each save touches its memory once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: list[bytearray] = []
+        self._size = 0
+        self.live = 0
+        self.peak_live = 0
+
+    def take(self, size: int) -> bytearray:
+        with self._lock:
+            if size != self._size:
+                self._free.clear()
+                self._size = size
+            buffer = self._free.pop() if self._free else bytearray(size)
+            self.live += 1
+            self.peak_live = max(self.peak_live, self.live)
+            return buffer
+
+    def give(self, buffer: bytearray) -> None:
+        with self._lock:
+            self.live -= 1
+            if len(buffer) == self._size:
+                self._free.append(buffer)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+
+
+def first_part_size(config: CheckpointConfig, size_hint: int | None) -> int:
+    """The size of the first parts: ``part_size``, larger for a huge ``size_hint``."""
+    if not size_hint:
+        return config.part_size
+    # Leave a tenth of the part numbers as slack for a hint that was low.
+    needed = math.ceil(size_hint / (MULTIPART_MAX_PARTS * 9 // 10))
+    return max(config.part_size, math.ceil(needed / MiB) * MiB)
+
+
+class CheckpointWriter(io.BufferedIOBase):
+    """A write-only, non-seekable binary file that uploads as it is written.
+
+    Made by :meth:`BucketCheckpoint.writer`; use it as a context manager.
+
+    Attributes:
+        uri: The object being written.
+        info: The finished object's metadata, after a successful close.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        key: str,
+        config: CheckpointConfig,
+        *,
+        size_hint: int | None = None,
+    ) -> None:
+        super().__init__()
+        self._store = store
+        self._key = key
+        self._config = config
+        self.uri = store.uri(key)
+        self.info: ObjectInfo | None = None
+        session_type = MultipartSession if config.upload_method == "multipart" else StreamSession
+        self._session: UploadSession = session_type(store, key)
+        self._slots = threading.Semaphore(config.max_parts_in_flight)
+        self._pool = _BufferPool()
+        self._base_part_size = first_part_size(config, size_hint)
+        self._buffer: bytearray | None = None
+        self._fill = 0
+        self._parts = 0
+        self._written = 0
+        self._crc = Crc32c()
+        self._state: Literal["open", "committing", "committed", "aborted"] = "open"
+        self._loop = runtime.get_loop()
+
+    # -- file object ---------------------------------------------------------
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        """Bytes written so far."""
+        self._check_open()
+        return self._written
+
+    def flush(self) -> None:
+        """Nothing to do: a part uploads when it is full, the rest on close."""
+        if self.closed:
+            raise ValueError(f"I/O operation on a closed checkpoint writer ({self.uri})")
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
+        """Copy ``data`` into part buffers, handing over each one that fills.
+
+        Blocks while ``max_parts_in_flight`` parts are uploading. Once a part
+        has failed, writes are dropped and ``close`` raises the failure: raising
+        here would not reach the caller of ``torch.save``, whose zip writer
+        replaces any error from ``write`` with its own ``RuntimeError``.
+
+        Raises:
+            ValueError: The writer is closed.
+        """
+        self._check_open()
+        view = memoryview(data).cast("B")
+        total = len(view)
+        if self._session.error is not None:
+            self._written += total
+            return total
+        offset = 0
+        while offset < total:
+            if self._buffer is None:
+                self._buffer = self._pool.take(self._part_size(self._parts + 1))
+            count = min(len(self._buffer) - self._fill, total - offset)
+            self._buffer[self._fill : self._fill + count] = view[offset : offset + count]
+            self._fill += count
+            offset += count
+            if self._fill == len(self._buffer):
+                self._hand_over()
+        self._written += total
+        return total
+
+    def close(self) -> None:
+        """Commit: upload what remains and make the object visible.
+
+        Raises:
+            StorageError: The upload failed; it was aborted and nothing became
+                visible.
+            IntegrityError: The finished object's CRC32C differs from what was
+                written; that object was deleted.
+        """
+        if self._state != "open":
+            super().close()
+            return
+        self._state = "committing"
+        finished = False
+        try:
+            info = self._finish()
+            finished = True
+            if self._config.verify_crc32c:
+                info = self._verify(info)
+            self.info = info
+        finally:
+            if finished:
+                self._state = "committed"
+            else:
+                self._state = "aborted"
+                self._abort_after_failure()
+            self._release_buffers()
+            super().close()
+        if self._config.stale_upload_age is not None:
+            self._abort_stale_uploads(self._config.stale_upload_age)
+
+    def abort(self) -> None:
+        """Discard everything written; nothing becomes visible.
+
+        Raises:
+            StorageError: The store could not abort the upload (an incomplete
+                upload may remain; ``torchbucket cleanup`` removes it).
+        """
+        if self._state != "open":
+            return
+        self._state = "aborted"
+        try:
+            runtime.run(self._session.abort())
+        finally:
+            self._release_buffers()
+            super().close()
+
+    def __enter__(self) -> CheckpointWriter:
+        self._check_open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        if self._state == "open":
+            self._state = "aborted"
+            self._abort_after_failure()
+            self._release_buffers()
+            super().close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_state", None) != "open":
+            return
+        self._state = "aborted"
+        warnings.warn(
+            f"checkpoint writer for {self.uri} was never closed; its upload is aborted",
+            ResourceWarning,
+            stacklevel=2,
+        )
+        # Not waited for: this may run anywhere, the loop thread included.
+        runtime.submit(self._session.abort())
+
+    # -- internals -----------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise ValueError(f"I/O operation on a closed checkpoint writer ({self.uri})")
+
+    def _raise_part_error(self) -> None:
+        error = self._session.error
+        if error is not None:
+            raise error
+
+    def _part_size(self, number: int) -> int:
+        return self._base_part_size << ((number - 1) // _GROWTH_PERIOD)
+
+    def _hand_over(self) -> None:
+        buffer, fill = self._buffer, self._fill
+        assert buffer is not None
+        number = self._parts + 1
+        if number > MULTIPART_MAX_PARTS and isinstance(self._session, MultipartSession):
+            raise StorageError(
+                f"the checkpoint needs more than {MULTIPART_MAX_PARTS} parts; "
+                "raise CheckpointConfig.part_size or pass size_hint",
+                operation="checkpoint save",
+                uri=self.uri,
+            )
+        view = memoryview(buffer)[:fill]
+        self._crc.update(view)
+        self._slots.acquire()
+        self._buffer, self._fill, self._parts = None, 0, number
+        release = functools.partial(self._release_part, buffer)
+        self._loop.call_soon_threadsafe(self._session.start_part, number, view, release)
+
+    def _release_part(self, buffer: bytearray) -> None:
+        self._pool.give(buffer)
+        self._slots.release()
+
+    def _release_buffers(self) -> None:
+        if self._buffer is not None:
+            self._pool.give(self._buffer)
+            self._buffer = None
+        self._pool.clear()
+
+    def _finish(self) -> ObjectInfo:
+        self._raise_part_error()
+        # Counted here, not asked of the session: parts start on the loop thread.
+        if self._parts == 0:
+            data = memoryview(self._buffer or b"")[: self._fill]
+            self._crc.update(data)
+            return runtime.run(self._store.put(self._key, data, content_type=CONTENT_TYPE))
+        if self._fill:
+            self._hand_over()
+        return runtime.run(self._session.finish())
+
+    def _verify(self, info: ObjectInfo) -> ObjectInfo:
+        if info.crc32c is None:
+            info = runtime.run(self._store.head(self._key))
+        if info.crc32c is None:
+            logger.debug("%s: the store reports no CRC32C; size checked only", self.uri)
+        expected = self._crc.b64()
+        if info.size == self._written and info.crc32c in (None, expected):
+            return info
+        if info.generation is not None:
+            runtime.run(self._store.delete(self._key, generation=info.generation))
+        raise IntegrityError(
+            f"the saved object ({info.size} bytes, crc32c {info.crc32c}) differs from what "
+            f"was written ({self._written} bytes, crc32c {expected}); it was deleted",
+            operation="checkpoint save",
+            uri=self.uri,
+        )
+
+    def _abort_stale_uploads(self, age: float) -> None:
+        try:
+            aborted = runtime.run(abort_uploads(self._store, self._key, older_than=age, exact=True))
+        except StorageError:
+            # The checkpoint is saved; a leftover upload only costs storage until
+            # `torchbucket cleanup` runs, so this does not fail the save.
+            logger.warning("could not abort stale multipart uploads to %s", self.uri, exc_info=True)
+            return
+        if aborted:
+            logger.info("aborted %d stale multipart upload(s) to %s", aborted, self.uri)
+
+    def _abort_after_failure(self) -> None:
+        # Called while another exception propagates: that one is what the caller
+        # sees; a failure to abort on top of it is logged with what to do.
+        try:
+            runtime.run(self._session.abort())
+        except StorageError:
+            logger.warning(
+                "could not abort the upload to %s after a failed save; "
+                "`torchbucket cleanup` removes incomplete uploads",
+                self.uri,
+                exc_info=True,
+            )
