@@ -20,7 +20,8 @@ __all__ = [
 
 def crc32c_b64(data: bytes | bytearray | memoryview) -> str:
     """CRC32C of ``data`` as GCS reports it: base64 of the big-endian 4 bytes."""
-    value = google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data)
+    # google-crc32c takes read-only buffers only: bytes, not bytearray or memoryview.
+    value = google_crc32c.value(data if isinstance(data, bytes) else bytes(data))
     return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
 
 
@@ -28,7 +29,7 @@ def crc32c_combine_bytes(chunks: Sequence[bytes | bytearray | memoryview]) -> st
     """CRC32C of the concatenation of ``chunks``, without joining them."""
     checksum = google_crc32c.Checksum()
     for chunk in chunks:
-        checksum.update(bytes(chunk) if isinstance(chunk, memoryview) else chunk)
+        checksum.update(chunk if isinstance(chunk, bytes) else bytes(chunk))
     return base64.b64encode(checksum.digest()).decode("ascii")
 
 
