@@ -322,6 +322,8 @@ class GCSTransport:
                         if first == 0 and total == pos:
                             self._verify_whole(resp.headers, _crc_b64(crc), uri)
                     return pos
+            except StorageError:
+                raise  # NotFoundError is an OSError too: keep it as it is
             except _TRANSPORT_ERRORS as exc:
                 raise self._transport_error(exc, "get", uri) from exc
 
@@ -364,6 +366,8 @@ class GCSTransport:
                             resp.status, resp.headers, body, operation="stream", uri=uri
                         )
                     return resp
+                except StorageError:
+                    raise  # NotFoundError is an OSError too: keep it as it is
                 except _TRANSPORT_ERRORS as exc:
                     raise self._transport_error(exc, "stream", uri) from exc
 
