@@ -27,10 +27,10 @@ def crc32c_b64(data: bytes | bytearray | memoryview) -> str:
 
 def crc32c_combine_bytes(chunks: Sequence[bytes | bytearray | memoryview]) -> str:
     """CRC32C of the concatenation of ``chunks``, without joining them."""
-    checksum = google_crc32c.Checksum()
+    crc: int = 0
     for chunk in chunks:
-        checksum.update(chunk if isinstance(chunk, bytes) else bytes(chunk))
-    return base64.b64encode(checksum.digest()).decode("ascii")
+        crc = google_crc32c.extend(crc, chunk if isinstance(chunk, bytes) else bytes(chunk))
+    return base64.b64encode(crc.to_bytes(4, "big")).decode("ascii")
 
 
 def resolve_range(size: int, start: int, end: int | None) -> tuple[int, int]:
