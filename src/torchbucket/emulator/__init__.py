@@ -1,0 +1,429 @@
+"""A local GCS endpoint for tests, demos and benchmarks.
+
+:class:`Emulator` runs a front server in a subprocess on a free ``127.0.0.1``
+port, speaking the subset of the GCS JSON and XML APIs that torchbucket and
+``google-cloud-storage`` use, with one of two stores behind it:
+
+- ``"model"``: an in-memory store in the server itself (O(1) object lookups,
+  O(page) list pages; seeding 100,000 objects takes seconds), for benchmarks,
+  scale tests and the demo, where the server must cost far less than the
+  clients being measured;
+- ``"fake-gcs"``: the real ``fake-gcs-server`` binary, the fidelity reference
+  (small sizes only: it scans the bucket on every lookup).
+
+In both modes the front server models latency and bandwidth
+(:class:`LatencyModel`, preset ``"same-region"``), caps list pages at 1,000
+entries, can answer 429 above a requests-per-second cap, injects faults by rule
+(``add_fault``), implements the XML multipart upload API and
+``testIamPermissions``, and counts requests by class with its own CPU time
+(``stats``)::
+
+    with Emulator(latency="same-region") as emu:
+        emu.create_bucket("data")
+        emu.seed("data", {"a/1.bin": b"..."})
+        store = GCSStore("data", config=GCSConfig(endpoint=emu.endpoint))
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import weakref
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any, Literal
+
+from torchbucket.emulator._faults import FAULT_KINDS, OPERATIONS, FaultRule
+from torchbucket.emulator._latency import PRESETS, LatencyModel, resolve_latency
+from torchbucket.emulator._seed import encode_frames, generated_bytes, generated_names
+from torchbucket.errors import ConfigError, StorageError
+
+__all__ = [
+    "FAULT_KINDS",
+    "OPERATIONS",
+    "PRESETS",
+    "Emulator",
+    "LatencyModel",
+    "generated_bytes",
+    "generated_names",
+]
+
+logger = logging.getLogger(__name__)
+
+_START_TIMEOUT = 60.0
+# Seed requests carry at most this many bytes each.
+_SEED_BATCH_BYTES = 64 << 20
+# Admin calls bypass any proxy configured in the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _stop_process(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    if proc.stdin is not None:
+        try:
+            proc.stdin.close()  # the server exits when its stdin closes
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class Emulator:
+    """A local GCS emulator in a subprocess, as a context manager.
+
+    Args:
+        backend: ``"model"`` (in-memory, fast) or ``"fake-gcs"`` (the
+            fake-gcs-server binary). Default ``"model"``.
+        latency: ``None`` (no modelled latency), a preset name (``"same-region"``)
+            or a :class:`LatencyModel`. Default ``None``.
+        rps_cap: Requests per second above which the server answers 429 with
+            ``Retry-After``, or ``None`` for no cap. Default ``None``.
+        min_part_size: Smallest XML multipart part but the last, bytes (GCS
+            itself requires 5 MiB). Default 0: no minimum.
+        log_path: File for the server's stderr (and fake-gcs-server's output);
+            a temporary file when ``None``.
+
+    Raises:
+        ConfigError: A bad argument.
+    """
+
+    def __init__(
+        self,
+        backend: Literal["model", "fake-gcs"] = "model",
+        latency: str | LatencyModel | None = None,
+        rps_cap: float | None = None,
+        *,
+        min_part_size: int = 0,
+        log_path: str | None = None,
+    ) -> None:
+        if backend not in ("model", "fake-gcs"):
+            raise ConfigError(f"Emulator backend must be 'model' or 'fake-gcs', got {backend!r}")
+        if rps_cap is not None and rps_cap <= 0:
+            raise ConfigError(f"Emulator rps_cap must be > 0 or None, got {rps_cap!r}")
+        if min_part_size < 0:
+            raise ConfigError(f"Emulator min_part_size must be >= 0, got {min_part_size!r}")
+        self.backend = backend
+        self._latency = resolve_latency(latency)
+        self.rps_cap = rps_cap
+        self.min_part_size = min_part_size
+        self.log_path = log_path
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._endpoint: str | None = None
+        self.pid: int | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+
+    # -- lifecycle -----------------------------------------------------------
+
+    @property
+    def endpoint(self) -> str:
+        """``http://127.0.0.1:PORT`` of the running server.
+
+        Raises:
+            StorageError: The emulator is not running.
+        """
+        if self._endpoint is None:
+            raise StorageError("the emulator is not running", operation="emulator")
+        return self._endpoint
+
+    @property
+    def running(self) -> bool:
+        """Whether the server process is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> Emulator:
+        """Start the server process and wait for its endpoint.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            StorageError: The server did not start (its log is quoted).
+        """
+        if self._proc is not None:
+            return self
+        if self.log_path is None:
+            fd, self.log_path = tempfile.mkstemp(prefix="torchbucket-emulator-", suffix=".log")
+            os.close(fd)
+        cmd = [sys.executable, "-m", "torchbucket.emulator", "--port", "0", "--watch-stdin"]
+        cmd += ["--backend", self.backend, "--min-part-size", str(self.min_part_size)]
+        cmd += ["--latency", json.dumps(self._latency.to_dict()) if self._latency else "none"]
+        cmd += ["--fake-gcs-log", self.log_path]
+        if self.rps_cap is not None:
+            cmd += ["--rps-cap", str(self.rps_cap)]
+        with open(self.log_path, "ab") as log:
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, close_fds=True
+            )
+        self._proc = proc
+        self._finalizer = weakref.finalize(self, _stop_process, proc)
+        try:
+            line = self._read_line(proc)
+            info = json.loads(line)
+        except (ValueError, OSError, StorageError) as exc:
+            self.stop()
+            raise StorageError(
+                f"the emulator did not start: {exc}; log {self.log_path}:\n{self._log_tail()}",
+                operation="emulator start",
+            ) from exc
+        self._endpoint = str(info["endpoint"])
+        self.pid = int(info["pid"])
+        logger.debug("emulator (%s) listening at %s", self.backend, self._endpoint)
+        return self
+
+    @staticmethod
+    def _read_line(proc: subprocess.Popen[bytes]) -> str:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + _START_TIMEOUT
+        buf = b""
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            while b"\n" not in buf:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StorageError(f"no endpoint within {_START_TIMEOUT} s")
+                if not sel.select(timeout=min(left, 0.5)):
+                    if proc.poll() is not None:
+                        raise StorageError(f"server exited with status {proc.returncode}")
+                    continue
+                chunk = os.read(proc.stdout.fileno(), 4096)
+                if not chunk:
+                    raise StorageError(f"server exited with status {proc.wait()}")
+                buf += chunk
+        proc.stdout.close()
+        return buf.split(b"\n", 1)[0].decode()
+
+    def _log_tail(self) -> str:
+        if not self.log_path:
+            return ""
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read()[-4000:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """Stop the server (idempotent)."""
+        if self._finalizer is not None:
+            self._finalizer()  # runs _stop_process once
+            self._finalizer = None
+        self._proc = None
+        self._endpoint = None
+
+    def __enter__(self) -> Emulator:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"Emulator(backend={self.backend!r}, endpoint={self._endpoint!r})"
+
+    # -- admin API -----------------------------------------------------------
+
+    def _admin(
+        self,
+        method: str,
+        path: str,
+        payload: Any = None,
+        *,
+        data: bytes | None = None,
+        content_type: str = "application/json",
+        timeout: float = 300.0,
+    ) -> Any:
+        url = f"{self.endpoint}/_emulator/{path}"
+        if payload is not None:
+            data = json.dumps(payload).encode()
+        req = urllib.request.Request(url, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", content_type)
+        try:
+            with _OPENER.open(req, timeout=timeout) as resp:
+                return json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            body = exc.read()
+            try:
+                message = json.loads(body)["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = body.decode("utf-8", "replace")
+            cls = ConfigError if exc.code == 400 else StorageError
+            if cls is ConfigError:
+                raise ConfigError(f"emulator {path}: {message}") from exc
+            raise StorageError(
+                f"emulator admin call failed: {message}",
+                operation=f"emulator {path}",
+                uri=url,
+                status=exc.code,
+            ) from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise StorageError(
+                f"emulator admin call failed: {exc}", operation=f"emulator {path}", uri=url
+            ) from exc
+
+    def create_bucket(self, name: str) -> None:
+        """Create bucket ``name``.
+
+        Raises:
+            StorageError: It exists already (status 409).
+        """
+        self._admin("POST", "buckets", {"name": name})
+
+    def seed(self, bucket: str, objects: Mapping[str, bytes] | Iterable[tuple[str, bytes]]) -> int:
+        """Bulk-load objects into ``bucket`` (fast on the model store).
+
+        Args:
+            bucket: An existing bucket.
+            objects: Names and contents.
+
+        Returns:
+            How many objects were written.
+        """
+        items = objects.items() if isinstance(objects, Mapping) else objects
+        total = 0
+        batch: list[tuple[str, bytes]] = []
+        size = 0
+        quoted = urllib.parse.quote(bucket, safe="")
+        for name, data in items:
+            batch.append((name, data))
+            size += len(name) + len(data) + 12
+            if size >= _SEED_BATCH_BYTES:
+                total += self._seed_frames(quoted, batch)
+                batch, size = [], 0
+        if batch:
+            total += self._seed_frames(quoted, batch)
+        return total
+
+    def _seed_frames(self, quoted_bucket: str, batch: list[tuple[str, bytes]]) -> int:
+        body = encode_frames(batch)
+        result = self._admin(
+            "POST", f"seed/{quoted_bucket}", data=body, content_type="application/octet-stream"
+        )
+        return int(result["count"])
+
+    def seed_generated(
+        self,
+        bucket: str,
+        *,
+        count: int,
+        size: int,
+        prefix: str = "",
+        names: Literal["sequential", "hashed"] = "sequential",
+        seed: int = 0,
+    ) -> float:
+        """Have the server generate ``count`` objects of ``size`` bytes.
+
+        Names are ``prefix`` plus a zero-padded index (``"sequential"``) or a
+        hash (``"hashed"``), see :func:`generated_names`; contents are
+        :func:`generated_bytes` of each name, so a reader can check them.
+
+        Returns:
+            Seconds the server spent seeding.
+        """
+        spec = {"prefix": prefix, "count": count, "size": size, "names": names, "seed": seed}
+        result = self._admin("POST", f"seed/{urllib.parse.quote(bucket, safe='')}", spec)
+        return float(result["seconds"])
+
+    def object_names(self, bucket: str, prefix: str = "") -> list[str]:
+        """Every object name in ``bucket`` under ``prefix``, sorted."""
+        query = urllib.parse.urlencode({"prefix": prefix})
+        result = self._admin("GET", f"objects/{urllib.parse.quote(bucket, safe='')}?{query}")
+        return list(result["names"])
+
+    def add_fault(
+        self,
+        op: str,
+        kind: str,
+        *,
+        nth: int | None = None,
+        count: int | None = 1,
+        match: str | None = None,
+        stall_seconds: float = 30.0,
+    ) -> int:
+        """Inject a fault.
+
+        Args:
+            op: Operation (one of :data:`OPERATIONS`) or ``"*"`` for any.
+            kind: One of :data:`FAULT_KINDS`: ``"403"``, ``"404"``, ``"429"``,
+                ``"503"``, ``"reset"`` (connection reset before an answer),
+                ``"truncate"`` (the body stops halfway, its full length announced),
+                ``"corrupt"`` (one body byte flipped, headers intact) or ``"stall"``
+                (no answer for ``stall_seconds``, then the connection closes).
+            nth: The first matching request (1-based, counted from now) that
+                fails. Default ``None``: the next one.
+            count: How many matching requests fail from there, ``None`` for all.
+                Default 1.
+            match: Only requests whose object name (or list prefix) contains this.
+            stall_seconds: How long a ``"stall"`` lasts. Default 30.
+
+        Returns:
+            The rule's id.
+
+        Raises:
+            ConfigError: Unknown op or kind, or bad counts.
+        """
+        rule = FaultRule(
+            op=op,
+            kind=str(kind),
+            nth=1 if nth is None else nth,
+            count=count,
+            match=match,
+            stall_seconds=stall_seconds,
+        )
+        payload = rule.to_dict()
+        for key in ("id", "seen", "fired"):
+            del payload[key]
+        return int(self._admin("POST", "faults", payload)["id"])
+
+    def faults(self) -> list[dict[str, Any]]:
+        """The active fault rules, with how often each matched and fired."""
+        return list(self._admin("GET", "faults")["rules"])
+
+    def clear_faults(self) -> None:
+        """Remove every fault rule."""
+        self._admin("DELETE", "faults")
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since start or the last reset.
+
+        Returns:
+            ``requests``; ``by_class`` (``"A"``, ``"B"``, ``"free"``), ``by_op`` and
+            ``by_status`` (status as a string; ``"0"`` for a reset or stall);
+            ``faults`` by kind; ``throttled``; ``bytes_in`` / ``bytes_out``;
+            ``cpu_seconds`` (the server's CPU since the reset) and
+            ``cpu_seconds_total``; for fake-gcs, ``backend_cpu_seconds_total``.
+        """
+        return dict(self._admin("GET", "stats"))
+
+    def reset_stats(self) -> None:
+        """Zero the counters and the CPU clock."""
+        self._admin("POST", "stats/reset", {})
+
+    def set_latency(self, latency: str | LatencyModel | None) -> None:
+        """Change the latency model (``None``, a preset name or a model)."""
+        model = resolve_latency(latency)
+        self._admin("POST", "latency", {"latency": model.to_dict() if model else None})
+        self._latency = model
+
+    def set_rps_cap(self, rps_cap: float | None) -> None:
+        """Change the requests-per-second cap (``None``: none)."""
+        if rps_cap is not None and rps_cap <= 0:
+            raise ConfigError(f"rps_cap must be > 0 or None, got {rps_cap!r}")
+        self._admin("POST", "rps_cap", {"rps": rps_cap})
+        self.rps_cap = rps_cap

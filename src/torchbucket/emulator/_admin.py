@@ -1,0 +1,129 @@
+"""The admin API under ``/_emulator/`` (JSON): faults, stats, latency, seeding.
+
+Admin requests bypass the latency model, the rps cap, fault rules and counters.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import time
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from torchbucket.emulator._faults import FaultRule
+from torchbucket.emulator._http import ApiError, api_error_response, json_response
+from torchbucket.emulator._latency import RateCap, resolve_latency
+from torchbucket.emulator._seed import decode_frames, generated_objects
+from torchbucket.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torchbucket.emulator._server import FrontServer
+
+__all__ = ["handle_admin"]
+
+
+def _ok(payload: Any) -> web.Response:
+    return json_response(json.dumps(payload).encode())
+
+
+async def _json(request: web.BaseRequest) -> Any:
+    raw = await request.read()
+    if not raw:
+        return {}
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise ApiError(400, "admin request body is not valid JSON") from None
+
+
+async def handle_admin(front: FrontServer, request: web.BaseRequest, path: str) -> web.Response:
+    """Answer one ``/_emulator/...`` request."""
+    try:
+        return await _dispatch(front, request, path[len("/_emulator/") :].rstrip("/"))
+    except ApiError as exc:
+        return api_error_response(exc)
+    except ConfigError as exc:
+        return api_error_response(ApiError(400, str(exc)))
+
+
+async def _dispatch(front: FrontServer, request: web.BaseRequest, path: str) -> web.Response:
+    method = request.method
+    if path == "health":
+        return _ok({"ok": True, "backend": front.backend.name, "port": front.port})
+    if path == "stats":
+        if method == "DELETE":
+            front.stats.reset()
+            return _ok({"ok": True})
+        return _ok(front.stats.snapshot(front.backend.pid))
+    if path == "stats/reset":
+        front.stats.reset()
+        return _ok({"ok": True})
+    if path == "faults":
+        if method == "DELETE":
+            front.faults.clear()
+            return _ok({"ok": True})
+        if method == "POST":
+            body = await _json(request)
+            if not isinstance(body, dict):
+                raise ApiError(400, "a fault rule is a JSON object")
+            rule_id = front.faults.add(FaultRule.from_dict(body))
+            return _ok({"id": rule_id})
+        return _ok({"rules": [r.to_dict() for r in front.faults.rules]})
+    if path == "latency":
+        if method == "GET":
+            model = front.latency
+            return _ok({"latency": model.to_dict() if model is not None else None})
+        body = await _json(request)
+        front.latency = resolve_latency(body.get("latency") if isinstance(body, dict) else None)
+        return _ok({"ok": True})
+    if path == "rps_cap":
+        body = await _json(request)
+        rps = body.get("rps") if isinstance(body, dict) else None
+        front.rate_cap = RateCap(float(rps)) if rps else None
+        return _ok({"ok": True})
+    if path == "buckets" and method == "POST":
+        body = await _json(request)
+        name = body.get("name") if isinstance(body, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ApiError(400, "bucket create needs a name")
+        await front.backend.create_bucket(name)
+        return _ok({"name": name})
+    if path.startswith("seed/") and method == "POST":
+        return await _seed(front, request, unquote(path[5:]))
+    if path.startswith("objects/"):
+        prefix = request.query.get("prefix", "")
+        names = await front.backend.object_names(unquote(path[8:]), prefix)
+        return _ok({"names": names})
+    if path == "uploads":
+        return _ok({"count": len(front.xml.uploads)})
+    if path == "shutdown" and method == "POST":
+        front.stopped.set()
+        return _ok({"ok": True})
+    raise ApiError(404, f"no admin endpoint {method} /_emulator/{path}")
+
+
+async def _seed(front: FrontServer, request: web.BaseRequest, bucket: str) -> web.Response:
+    t0 = time.perf_counter()
+    ctype = request.headers.get("Content-Type", "")
+    if ctype.startswith("application/json"):
+        spec = await _json(request)
+        if not isinstance(spec, dict):
+            raise ApiError(400, "a seed spec is a JSON object")
+        if "objects" in spec:
+            objects = spec["objects"]
+            if not isinstance(objects, dict):
+                raise ApiError(400, "seed objects must map names to base64 data")
+            try:
+                items: Any = [(k, base64.b64decode(v)) for k, v in objects.items()]
+            except (binascii.Error, TypeError) as exc:
+                raise ApiError(400, f"seed objects must be base64: {exc}") from exc
+        else:
+            items = generated_objects(spec)
+    else:
+        items = decode_frames(await request.read())
+    count = await front.backend.seed(bucket, items)
+    return _ok({"count": count, "seconds": time.perf_counter() - t0})

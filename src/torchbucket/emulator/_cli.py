@@ -1,0 +1,145 @@
+"""``python -m torchbucket.emulator`` / ``torchbucket emulator``: run the server.
+
+Prints one JSON line on stdout (``{"endpoint": "http://127.0.0.1:PORT", ...}``)
+once the server listens, then serves until SIGINT or SIGTERM, or, with
+``--watch-stdin``, until its stdin closes (how :class:`Emulator` makes sure no
+server outlives the process that started it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+logger = logging.getLogger(__name__)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="torchbucket emulator",
+        description="A local GCS endpoint on 127.0.0.1 (JSON and XML APIs) for tests, "
+        "demos and benchmarks. Point clients at it with "
+        "STORAGE_EMULATOR_HOST=<endpoint>.",
+    )
+    parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: a free one)")
+    parser.add_argument(
+        "--backend",
+        choices=("model", "fake-gcs"),
+        default="model",
+        help="model: in-memory store in the server (fast); fake-gcs: the fake-gcs-server binary",
+    )
+    parser.add_argument(
+        "--latency",
+        default="none",
+        help="'none', 'same-region' or a JSON LatencyModel, e.g. '{\"read\": 0.01}'",
+    )
+    parser.add_argument("--rps-cap", type=float, default=None, help="answer 429 above this rate")
+    parser.add_argument(
+        "--min-part-size",
+        type=int,
+        default=0,
+        help="smallest XML multipart part but the last, bytes (GCS: 5 MiB); default 0",
+    )
+    parser.add_argument(
+        "--bucket", action="append", default=[], help="create this bucket at start (repeatable)"
+    )
+    parser.add_argument("--fake-gcs-log", default=None, help="log file of fake-gcs-server")
+    parser.add_argument(
+        "--watch-stdin", action="store_true", help="exit when stdin reaches end of file"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the emulator until interrupted.
+
+    Args:
+        argv: Command-line arguments without the program name (``sys.argv[1:]``
+            when ``None``).
+
+    Returns:
+        The process exit status.
+    """
+    args = _parser().parse_args(argv)
+    from torchbucket.emulator._latency import resolve_latency
+    from torchbucket.errors import ConfigError
+
+    latency_arg: object = args.latency
+    if isinstance(latency_arg, str) and latency_arg.lstrip().startswith("{"):
+        latency_arg = json.loads(latency_arg)
+    try:
+        latency = resolve_latency(latency_arg)  # type: ignore[arg-type]
+    except ConfigError as exc:
+        print(f"torchbucket emulator: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    coro = _serve(args, latency)
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        uvloop.run(coro)
+    except ImportError:
+        asyncio.run(coro)
+    return 0
+
+
+async def _serve(args: argparse.Namespace, latency: object) -> None:
+    from torchbucket.emulator._server import FrontServer
+
+    backend: object
+    if args.backend == "fake-gcs":
+        from torchbucket.emulator._fakegcs import FakeGcsBackend
+
+        backend = FakeGcsBackend(log_path=args.fake_gcs_log)
+    else:
+        from torchbucket.emulator._model_api import ModelBackend
+
+        backend = ModelBackend()
+    await backend.start()  # type: ignore[attr-defined]
+    front = FrontServer(
+        backend,  # type: ignore[arg-type]
+        latency=latency,  # type: ignore[arg-type]
+        rps_cap=args.rps_cap,
+        min_part_size=args.min_part_size,
+    )
+    port = await front.start(args.port)
+    for bucket in args.bucket:
+        await front.backend.create_bucket(bucket)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, front.stopped.set)
+    if args.watch_stdin:
+        fd = sys.stdin.fileno()
+
+        def on_stdin() -> None:
+            try:
+                data = os.read(fd, 4096)
+            except OSError:
+                data = b""
+            if not data:
+                loop.remove_reader(fd)
+                front.stopped.set()
+
+        loop.add_reader(fd, on_stdin)
+    line = {
+        "endpoint": f"http://127.0.0.1:{port}",
+        "port": port,
+        "backend": front.backend.name,
+        "pid": os.getpid(),
+        "backend_pid": front.backend.pid,
+    }
+    sys.stdout.write(json.dumps(line) + "\n")
+    sys.stdout.flush()
+    await front.stopped.wait()
+    try:
+        await asyncio.wait_for(front.close(), timeout=5)
+    except asyncio.TimeoutError:
+        logger.warning("emulator did not stop within 5 s; exiting anyway")

@@ -1,0 +1,467 @@
+"""The GCS JSON API over the model store: the handlers behind the front server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+from urllib.parse import quote
+
+from aiohttp import web
+
+from torchbucket.emulator._http import (
+    ApiError,
+    Call,
+    api_error_response,
+    json_response,
+    parse_range,
+)
+from torchbucket.emulator._model_store import ModelObject, ModelStore, Preconditions
+
+__all__ = ["ModelBackend"]
+
+_MAX_PAGE = 1000
+# Completed resumable sessions are kept this long, so a retried final PUT
+# still gets the object.
+_SESSION_TTL = 600.0
+
+
+class _Resumable:
+    __slots__ = ("bucket", "buf", "content_type", "done", "metadata", "name", "pre", "started")
+
+    def __init__(
+        self,
+        bucket: str,
+        name: str,
+        content_type: str | None,
+        metadata: dict[str, str] | None,
+        pre: Preconditions,
+    ) -> None:
+        self.bucket = bucket
+        self.name = name
+        self.content_type = content_type
+        self.metadata = metadata
+        self.pre = pre
+        self.buf = bytearray()
+        self.done: ModelObject | None = None
+        self.started = time.monotonic()
+
+
+class ModelBackend:
+    """Serves the JSON API from a :class:`ModelStore` held in this process."""
+
+    name = "model"
+    pid: int | None = None
+
+    def __init__(self) -> None:
+        self.store = ModelStore()
+        self._sessions: dict[str, _Resumable] = {}
+        self._handlers: dict[str, Callable[[Call], Awaitable[web.Response]]] = {
+            "media": self._media,
+            "metadata": self._metadata,
+            "list": self._list,
+            "upload_media": self._upload_media,
+            "upload_multipart": self._upload_multipart,
+            "insert_metadata": self._insert_metadata,
+            "resumable_start": self._resumable_start,
+            "resumable_chunk": self._resumable_chunk,
+            "compose": self._compose,
+            "delete": self._delete,
+            "rewrite": self._rewrite,
+            "copy": self._copy,
+            "patch": self._patch,
+            "bucket_create": self._bucket_create,
+            "bucket_get": self._bucket_get,
+            "bucket_list": self._bucket_list,
+            "bucket_delete": self._bucket_delete,
+        }
+
+    async def start(self) -> None:
+        """Nothing to start: the store lives in this process."""
+
+    async def close(self) -> None:
+        """Nothing to stop."""
+
+    async def handle(self, call: Call) -> web.Response:
+        """Answer one JSON API call."""
+        handler = self._handlers.get(call.route.kind)
+        if handler is None:
+            return api_error_response(ApiError(404, f"Not Found: {call.method} {call.path_qs}"))
+        try:
+            return await handler(call)
+        except ApiError as exc:
+            return api_error_response(exc)
+
+    # -- admin helpers -------------------------------------------------------
+
+    async def seed(self, bucket: str, items: Iterable[tuple[str, bytes]]) -> int:
+        """Bulk-load objects (no per-object HTTP)."""
+        return self.store.seed(bucket, items)
+
+    async def object_names(self, bucket: str, prefix: str) -> list[str]:
+        """Every object name under ``prefix``, sorted."""
+        import bisect
+
+        keys = self.store.bucket(bucket).keys
+        lo = bisect.bisect_left(keys, prefix)
+        if not prefix:
+            return keys[lo:]
+        out = []
+        for name in keys[lo:]:
+            if not name.startswith(prefix):
+                break
+            out.append(name)
+        return out
+
+    async def create_bucket(self, name: str) -> None:
+        """Create a bucket (409 when it exists)."""
+        self.store.create_bucket(name)
+
+    # -- reads ---------------------------------------------------------------
+
+    async def _media(self, call: Call) -> web.Response:
+        route = call.route
+        obj = self._read_target(call)
+        headers = obj.media_headers()
+        rng = parse_range(call.headers.get("Range"), len(obj.data))
+        if rng is None:
+            return web.Response(body=obj.data, headers=headers)
+        first, last = rng
+        headers["Content-Range"] = f"bytes {first}-{last}/{len(obj.data)}"
+        del route
+        return web.Response(status=206, body=obj.data[first : last + 1], headers=headers)
+
+    def _read_target(self, call: Call) -> ModelObject:
+        q = call.query
+        gen = q.get("generation")
+        obj = self.store.get(call.route.bucket, call.route.name, int(gen) if gen else None)
+        if len(q) > 1 and ("ifGenerationMatch" in q or "ifGenerationNotMatch" in q):
+            Preconditions.from_query(q).check(obj, "object")
+        return obj
+
+    async def _metadata(self, call: Call) -> web.Response:
+        return json_response(self._read_target(call).resource())
+
+    async def _list(self, call: Call) -> web.Response:
+        q = call.query
+        try:
+            max_results = min(int(q.get("maxResults", _MAX_PAGE)), _MAX_PAGE)
+        except ValueError:
+            raise ApiError(400, f"Invalid maxResults {q.get('maxResults')!r}") from None
+        if max_results < 1:
+            max_results = _MAX_PAGE
+        items, prefixes, token = self.store.list_page(
+            call.route.bucket,
+            prefix=q.get("prefix", ""),
+            start_offset=q.get("startOffset", ""),
+            end_offset=q.get("endOffset", ""),
+            page_token=q.get("pageToken", ""),
+            max_results=max_results,
+            delimiter=q.get("delimiter", ""),
+        )
+        parts = [b'{"kind":"storage#objects"']
+        if token is not None:
+            parts.append(b',"nextPageToken":"' + token.encode() + b'"')
+        if prefixes:
+            parts.append(b',"prefixes":' + json.dumps(prefixes).encode())
+        if items:
+            parts.append(b',"items":[' + b",".join([o.resource() for o in items]) + b"]")
+        parts.append(b"}")
+        return json_response(b"".join(parts))
+
+    # -- writes --------------------------------------------------------------
+
+    def _put(self, call: Call, name: str, data: bytes, meta: dict[str, Any]) -> web.Response:
+        if not name:
+            raise ApiError(400, "Required parameter 'name' is missing.")
+        content_type = meta.get("contentType") or call.headers.get("Content-Type")
+        self._check_hashes(meta, data)
+        obj = self.store.put(
+            call.route.bucket,
+            name,
+            data,
+            content_type=content_type,
+            metadata=meta.get("metadata"),
+            pre=Preconditions.from_query(call.query),
+        )
+        return json_response(obj.resource())
+
+    @staticmethod
+    def _check_hashes(meta: dict[str, Any], data: bytes) -> None:
+        from torchbucket.emulator._http import checksums
+
+        want_crc, want_md5 = meta.get("crc32c"), meta.get("md5Hash")
+        if want_crc is None and want_md5 is None:
+            return
+        crc, md5 = checksums(data)
+        if want_crc is not None and want_crc != crc:
+            raise ApiError(
+                400,
+                f"Provided CRC32C {want_crc!r} doesn't match calculated CRC32C {crc!r}.",
+            )
+        if want_md5 is not None and want_md5 != md5:
+            raise ApiError(400, f"Provided MD5 hash {want_md5!r} doesn't match {md5!r}.")
+
+    async def _upload_media(self, call: Call) -> web.Response:
+        return self._put(call, call.query.get("name", ""), call.body, {})
+
+    async def _insert_metadata(self, call: Call) -> web.Response:
+        meta = _json_body(call)
+        return self._put(call, call.query.get("name") or meta.get("name", ""), b"", meta)
+
+    async def _upload_multipart(self, call: Call) -> web.Response:
+        meta, data, media_type = parse_multipart_related(call)
+        if media_type and not meta.get("contentType"):
+            meta["contentType"] = media_type
+        return self._put(call, meta.get("name") or call.query.get("name", ""), data, meta)
+
+    async def _resumable_start(self, call: Call) -> web.Response:
+        meta = _json_body(call) if call.body else {}
+        name = meta.get("name") or call.query.get("name", "")
+        if not name:
+            raise ApiError(400, "Required parameter 'name' is missing.")
+        self.store.bucket(call.route.bucket)
+        content_type = meta.get("contentType") or call.headers.get("X-Upload-Content-Type")
+        upload_id = secrets.token_urlsafe(24)
+        self._expire_sessions()
+        self._sessions[upload_id] = _Resumable(
+            call.route.bucket,
+            name,
+            content_type,
+            meta.get("metadata"),
+            Preconditions.from_query(call.query),
+        )
+        location = (
+            f"http://{call.host}/upload/storage/v1/b/{quote(call.route.bucket, safe='')}/o"
+            f"?uploadType=resumable&name={quote(name, safe='')}&upload_id={upload_id}"
+        )
+        return web.Response(
+            status=200, headers={"Location": location, "X-GUploader-UploadID": upload_id}
+        )
+
+    def _expire_sessions(self) -> None:
+        if len(self._sessions) < 1024:
+            return
+        cutoff = time.monotonic() - _SESSION_TTL
+        for key in [k for k, s in self._sessions.items() if s.started < cutoff]:
+            del self._sessions[key]
+
+    async def _resumable_chunk(self, call: Call) -> web.Response:
+        upload_id = call.query.get("upload_id", "")
+        session = self._sessions.get(upload_id)
+        if session is None:
+            raise ApiError(404, f"No such upload session {upload_id!r}")
+        if call.method == "DELETE":
+            del self._sessions[upload_id]
+            return web.Response(status=499)
+        if session.done is not None:
+            return json_response(session.done.resource())
+        first, last, total = _content_range(call.headers.get("Content-Range"), len(call.body))
+        buf = session.buf
+        if first is not None:
+            if first > len(buf):
+                raise ApiError(
+                    400, f"Chunk starts at {first} but only {len(buf)} bytes were received."
+                )
+            assert last is not None
+            if last - first + 1 != len(call.body):
+                raise ApiError(400, "Content-Range does not match the body length.")
+            skip = len(buf) - first  # bytes the server already has (a retried chunk)
+            if skip < len(call.body):
+                buf += call.body[skip:]
+        if total is not None and len(buf) >= total:
+            if len(buf) > total:
+                raise ApiError(400, f"Received {len(buf)} bytes, more than the total {total}.")
+            try:
+                obj = self.store.put(
+                    session.bucket,
+                    session.name,
+                    bytes(buf),
+                    content_type=session.content_type,
+                    metadata=session.metadata,
+                    pre=session.pre,
+                )
+            except ApiError:
+                del self._sessions[upload_id]
+                raise
+            session.done = obj
+            session.buf = bytearray()
+            return json_response(obj.resource())
+        headers = {"X-GUploader-UploadID": upload_id}
+        if buf:
+            headers["Range"] = f"bytes=0-{len(buf) - 1}"
+        return web.Response(status=308, headers=headers)
+
+    async def _compose(self, call: Call) -> web.Response:
+        body = _json_body(call)
+        sources = body.get("sourceObjects")
+        if not isinstance(sources, list):
+            raise ApiError(400, "sourceObjects is required")
+        dest = body.get("destination") or {}
+        obj = self.store.compose(
+            call.route.bucket,
+            call.route.name,
+            sources,
+            dest.get("contentType"),
+            Preconditions.from_query(call.query),
+        )
+        return json_response(obj.resource())
+
+    async def _delete(self, call: Call) -> web.Response:
+        gen = call.query.get("generation")
+        self.store.delete(
+            call.route.bucket,
+            call.route.name,
+            int(gen) if gen else None,
+            Preconditions.from_query(call.query),
+        )
+        return web.Response(status=204)
+
+    def _copy_object(self, call: Call) -> ModelObject:
+        route = call.route
+        q = call.query
+        gen = q.get("sourceGeneration")
+        src = self.store.get(route.bucket, route.name, int(gen) if gen else None)
+        Preconditions.from_query(q, "ifSource").check(src, "source object")
+        meta = _json_body(call) if call.body else {}
+        return self.store.put(
+            route.bucket2,
+            route.name2,
+            src.data,
+            content_type=meta.get("contentType") or src.content_type,
+            metadata=meta.get("metadata", src.metadata),
+            pre=Preconditions.from_query(q),
+        )
+
+    async def _rewrite(self, call: Call) -> web.Response:
+        obj = self._copy_object(call)
+        size = str(len(obj.data)).encode()
+        return json_response(
+            b'{"kind":"storage#rewriteResponse","totalBytesRewritten":"'
+            + size
+            + b'","objectSize":"'
+            + size
+            + b'","done":true,"resource":'
+            + obj.resource()
+            + b"}"
+        )
+
+    async def _copy(self, call: Call) -> web.Response:
+        return json_response(self._copy_object(call).resource())
+
+    async def _patch(self, call: Call) -> web.Response:
+        obj = self.store.get(call.route.bucket, call.route.name)
+        Preconditions.from_query(call.query).check(obj, "object")
+        meta = _json_body(call)
+        if "contentType" in meta:
+            obj.content_type = meta["contentType"] or "application/octet-stream"
+        if "metadata" in meta:
+            obj.metadata = meta["metadata"]
+        obj.metageneration += 1
+        obj.invalidate()
+        return json_response(obj.resource())
+
+    # -- buckets -------------------------------------------------------------
+
+    async def _bucket_create(self, call: Call) -> web.Response:
+        bucket = self.store.create_bucket(_json_body(call).get("name", ""))
+        return json_response(json.dumps(bucket.resource()).encode())
+
+    async def _bucket_get(self, call: Call) -> web.Response:
+        return json_response(json.dumps(self.store.bucket(call.route.bucket).resource()).encode())
+
+    async def _bucket_list(self, call: Call) -> web.Response:
+        items = [b.resource() for b in self.store.buckets.values()]
+        return json_response(json.dumps({"kind": "storage#buckets", "items": items}).encode())
+
+    async def _bucket_delete(self, call: Call) -> web.Response:
+        bucket = self.store.bucket(call.route.bucket)
+        if bucket.objects:
+            raise ApiError(409, f"The bucket you tried to delete is not empty: {bucket.name}")
+        del self.store.buckets[bucket.name]
+        await asyncio.sleep(0)
+        return web.Response(status=204)
+
+
+def _json_body(call: Call) -> dict[str, Any]:
+    if not call.body:
+        return {}
+    try:
+        data = json.loads(call.body)
+    except ValueError:
+        raise ApiError(400, "Request body is not valid JSON.") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "Request body must be a JSON object.")
+    return data
+
+
+def parse_multipart_related(call: Call) -> tuple[dict[str, Any], bytes, str | None]:
+    """Split a ``multipart/related`` upload into its JSON metadata and media.
+
+    Returns:
+        ``(metadata, media bytes, media content type or None)``.
+    """
+    ctype = call.headers.get("Content-Type", "")
+    boundary = ""
+    for param in ctype.split(";")[1:]:
+        key, _, value = param.strip().partition("=")
+        if key.lower() == "boundary":
+            boundary = value.strip().strip('"')
+    if not boundary:
+        raise ApiError(400, "multipart upload without a boundary")
+    delim = b"--" + boundary.encode()
+    body = call.body
+    pieces = body.split(delim)
+    # pieces: preamble, part1, part2, ..., "--" epilogue
+    parts = [p for p in pieces[1:] if not p.startswith(b"--")]
+    if len(parts) < 2:
+        raise ApiError(400, "multipart upload needs a metadata part and a media part")
+
+    def split_part(part: bytes) -> tuple[dict[str, str], bytes]:
+        if part.startswith(b"\r\n"):
+            part = part[2:]
+        head, sep, content = part.partition(b"\r\n\r\n")
+        if not sep:
+            raise ApiError(400, "malformed multipart part")
+        if content.endswith(b"\r\n"):
+            content = content[:-2]
+        headers = {}
+        for line in head.decode("latin-1").split("\r\n"):
+            k, _, v = line.partition(":")
+            if k:
+                headers[k.strip().lower()] = v.strip()
+        return headers, content
+
+    _, meta_bytes = split_part(parts[0])
+    media_headers, media = split_part(parts[1])
+    try:
+        meta = json.loads(meta_bytes) if meta_bytes.strip() else {}
+    except ValueError:
+        raise ApiError(400, "multipart metadata part is not valid JSON") from None
+    return meta, media, media_headers.get("content-type")
+
+
+def _content_range(header: str | None, body_len: int) -> tuple[int | None, int | None, int | None]:
+    """Parse a resumable chunk's ``Content-Range``.
+
+    Returns:
+        ``(first, last, total)``: ``first``/``last`` are ``None`` for ``bytes */N``
+        status queries, ``total`` is ``None`` while unknown (``/*``).
+    """
+    if not header:
+        # A single-request resumable upload: the whole body, total known.
+        return (0, body_len - 1, body_len) if body_len else (None, None, 0)
+    if not header.startswith("bytes "):
+        raise ApiError(400, f"Invalid Content-Range {header!r}")
+    span, _, total_s = header[6:].partition("/")
+    try:
+        total = None if total_s == "*" else int(total_s)
+        if span == "*":
+            return None, None, total
+        first_s, _, last_s = span.partition("-")
+        return int(first_s), int(last_s), total
+    except ValueError:
+        raise ApiError(400, f"Invalid Content-Range {header!r}") from None

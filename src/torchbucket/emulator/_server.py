@@ -1,0 +1,259 @@
+"""The front server: one aiohttp server on 127.0.0.1 in front of either store.
+
+Per request it parses the route once, applies the requests-per-second cap and
+the fault rules, hands the call to the XML API, the permission check or the
+backend (the model store in this process, or a proxy to fake-gcs-server),
+sleeps the modelled latency and counts the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import socket
+import struct
+from typing import Any, Protocol
+
+from aiohttp import web
+from aiohttp.http_parser import RawRequestMessage
+from aiohttp.streams import StreamReader
+from aiohttp.web_protocol import RequestHandler
+
+from torchbucket.emulator._faults import FaultRule, FaultTable
+from torchbucket.emulator._http import Call, error_response, json_response
+from torchbucket.emulator._latency import LatencyModel, RateCap
+from torchbucket.emulator._routes import parse_route
+from torchbucket.emulator._stats import Stats
+from torchbucket.emulator._xml_multipart import XmlApi, json_call
+
+__all__ = ["Backend", "FrontServer"]
+
+logger = logging.getLogger(__name__)
+
+# Large uploads (a resumable chunk, a multipart part) are read whole.
+_CLIENT_MAX_SIZE = 1 << 36
+_STATUS_FAULTS = {"403": 403, "404": 404, "429": 429, "503": 503}
+_FAULT_MESSAGES = {
+    403: "Permission denied (injected fault).",
+    404: "Not found (injected fault).",
+    429: "The rate of requests is too high (injected fault).",
+    503: "Service unavailable (injected fault).",
+}
+
+
+class Backend(Protocol):
+    """A store behind the front server."""
+
+    name: str
+    pid: int | None
+
+    async def start(self) -> None:
+        """Start serving (launch a process, open sessions)."""
+        ...
+
+    async def close(self) -> None:
+        """Stop serving."""
+        ...
+
+    async def handle(self, call: Call) -> web.Response:
+        """Answer one JSON API call."""
+        ...
+
+    async def seed(self, bucket: str, items: Any) -> int:
+        """Bulk-load ``(name, data)`` pairs; return how many."""
+        ...
+
+    async def object_names(self, bucket: str, prefix: str) -> list[str]:
+        """Every object name under ``prefix``, sorted."""
+        ...
+
+    async def create_bucket(self, name: str) -> None:
+        """Create a bucket."""
+        ...
+
+
+class FrontServer:
+    """The front server's state and request path.
+
+    Args:
+        backend: The store.
+        latency: The latency model, or ``None``.
+        rps_cap: Requests per second above which the server answers 429.
+        min_part_size: Smallest XML multipart part but the last, bytes.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        latency: LatencyModel | None = None,
+        rps_cap: float | None = None,
+        min_part_size: int = 0,
+    ) -> None:
+        self.backend = backend
+        self.latency = latency
+        self.rate_cap = RateCap(rps_cap) if rps_cap else None
+        self.faults = FaultTable()
+        self.stats = Stats()
+        self.xml = XmlApi(backend, min_part_size=min_part_size)
+        self._runner: web.ServerRunner | None = None
+        self.port = 0
+        self.stopped = asyncio.Event()
+
+    async def start(self, port: int = 0) -> int:
+        """Bind 127.0.0.1:``port`` (0: a free one) and serve; return the port."""
+        loop = asyncio.get_running_loop()
+
+        def make_request(
+            message: RawRequestMessage,
+            payload: StreamReader,
+            protocol: RequestHandler,
+            writer: Any,
+            task: asyncio.Task[None],
+        ) -> web.BaseRequest:
+            return web.BaseRequest(
+                message, payload, protocol, writer, task, loop, client_max_size=_CLIENT_MAX_SIZE
+            )
+
+        server = web.Server(self.handle, request_factory=make_request, access_log=None)
+        self._runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", port, backlog=1024, reuse_address=True)
+        await site.start()
+        sock = site._server.sockets[0]  # type: ignore[union-attr]
+        self.port = int(sock.getsockname()[1])
+        return self.port
+
+    async def close(self) -> None:
+        """Stop serving and stop the backend."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await self.backend.close()
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Answer one request (the server's single entry point)."""
+        raw = request.raw_path
+        path = raw.partition("?")[0]
+        if path.startswith("/_emulator/"):
+            from torchbucket.emulator._admin import handle_admin
+
+            return await handle_admin(self, request, path)
+        query = request.query
+        route = parse_route(request.method, path, query)
+        op = route.op
+        stats = self.stats
+        if self.rate_cap is not None:
+            wait = self.rate_cap.take()
+            if wait:
+                stats.throttled += 1
+                resp = error_response(
+                    429,
+                    "The rate of requests exceeds the emulator's rps cap.",
+                    xml=route.xml,
+                    headers={"Retry-After": str(max(1, math.ceil(wait)))},
+                )
+                stats.count(op, 429, 0, 0)
+                return resp
+        rule = self.faults.check(op, route.name or route.bucket) if self.faults.rules else None
+        body = await request.read() if request.body_exists else b""
+        if rule is not None:
+            stats.faults[rule.kind] += 1
+            early = await self._early_fault(request, rule, route.xml, op, len(body))
+            if early is not None:
+                return early
+        call = Call(request.method, route, raw, query, request.headers, body, request.host)
+        if route.xml:
+            resp = await self.xml.handle(call)
+        elif op == "iam":
+            resp = await self._iam(call)
+        else:
+            resp = await self.backend.handle(call)
+        out_len = len(resp.body) if resp.body is not None else 0  # type: ignore[arg-type]
+        if self.latency is not None:
+            await asyncio.sleep(self.latency.delay(op, len(body), out_len))
+        stats.count(op, resp.status, len(body), out_len)
+        if rule is not None:
+            return await self._mangle(request, resp, rule.kind)
+        return resp
+
+    async def _early_fault(
+        self, request: web.BaseRequest, rule: FaultRule, xml: bool, op: str, body_len: int
+    ) -> web.StreamResponse | None:
+        """Apply a fault that replaces the answer; ``None`` for body faults."""
+        kind = rule.kind
+        status = _STATUS_FAULTS.get(kind)
+        if status is not None:
+            if op == "iam" and status == 403:
+                # GCS answers a caller without the permissions with none of them.
+                resp = json_response(b'{"kind":"storage#testIamPermissionsResponse"}')
+            else:
+                resp = error_response(status, _FAULT_MESSAGES[status], xml=xml)
+            if self.latency is not None:
+                await asyncio.sleep(self.latency.delay(op, body_len, 0))
+            self.stats.count(op, resp.status, body_len, 0)
+            return resp
+        if kind == "reset":
+            self.stats.count(op, 0, body_len, 0)
+            _reset(request)
+            return web.Response(status=500)
+        if kind == "stall":
+            self.stats.count(op, 0, body_len, 0)
+            await asyncio.sleep(rule.stall_seconds)
+            _reset(request)
+            return web.Response(status=500)
+        return None
+
+    async def _mangle(
+        self, request: web.BaseRequest, resp: web.Response, kind: str
+    ) -> web.StreamResponse:
+        """Apply a body fault (corrupt or truncate) to a computed answer."""
+        body = bytes(resp.body or b"")  # type: ignore[arg-type]
+        if kind == "corrupt":
+            if body:
+                flipped = bytearray(body)
+                flipped[len(flipped) // 2] ^= 0xFF
+                resp.body = bytes(flipped)
+            return resp
+        # truncate: announce the full length, send half of it, close.
+        out = web.StreamResponse(status=resp.status, reason=resp.reason)
+        out.headers.update(resp.headers)
+        out.content_length = len(body) or 16
+        await out.prepare(request)
+        if len(body) > 1:
+            await out.write(body[: len(body) // 2])
+        transport = request.transport
+        if transport is not None:
+            transport.close()
+        return out
+
+    async def _iam(self, call: Call) -> web.Response:
+        """``testIamPermissions``: every permission asked for is granted."""
+        resp = await self.backend.handle(
+            json_call("GET", "bucket_get", call.route.bucket, host=call.host)
+        )
+        if resp.status >= 400:
+            return resp
+        getall = getattr(call.query, "getall", None)
+        perms: list[str] = list(getall("permissions", [])) if getall else []
+        import json
+
+        payload: dict[str, Any] = {"kind": "storage#testIamPermissionsResponse"}
+        if perms:
+            payload["permissions"] = perms
+        return json_response(json.dumps(payload).encode())
+
+
+def _reset(request: web.BaseRequest) -> None:
+    """Close the connection abruptly: an RST, not a FIN, where possible."""
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+    transport.abort()

@@ -1,0 +1,119 @@
+"""Request counters by GCS operation class, operation and status, and server CPU.
+
+Classes follow GCS pricing: class A are writes, lists, compose, copy/rewrite,
+bucket creation and the XML multipart calls; class B are reads, metadata reads,
+bucket reads and permission checks; deletes (of objects, buckets and
+multipart uploads) are free, as on GCS, and counted under ``"free"``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from typing import Any
+
+__all__ = ["OP_CLASS", "Stats", "backend_cpu_seconds"]
+
+OP_CLASS: dict[str, str] = {
+    "list": "A",
+    "put": "A",
+    "resumable": "A",
+    "compose": "A",
+    "copy": "A",
+    "patch": "A",
+    "mpu_initiate": "A",
+    "mpu_part": "A",
+    "mpu_complete": "A",
+    "mpu_list": "A",
+    "mpu_parts": "A",
+    "bucket_create": "A",
+    "bucket_list": "A",
+    "get": "B",
+    "head": "B",
+    "iam": "B",
+    "bucket_get": "B",
+    "delete": "free",
+    "mpu_abort": "free",
+    "bucket_delete": "free",
+}
+
+
+class Stats:
+    """Counters of one server since start or the last reset."""
+
+    __slots__ = (
+        "_cpu0",
+        "_t0",
+        "by_class",
+        "by_op",
+        "by_status",
+        "bytes_in",
+        "bytes_out",
+        "faults",
+        "requests",
+        "throttled",
+    )
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Zero every counter and restart the CPU and wall clocks."""
+        self.requests = 0
+        self.by_class: Counter[str] = Counter()
+        self.by_op: Counter[str] = Counter()
+        self.by_status: Counter[int] = Counter()
+        self.faults: Counter[str] = Counter()
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.throttled = 0
+        self._cpu0 = time.process_time()
+        self._t0 = time.monotonic()
+
+    def count(self, op: str, status: int, bytes_in: int, bytes_out: int) -> None:
+        """Record one answered (or refused, or failed) request."""
+        self.requests += 1
+        self.by_class[OP_CLASS.get(op, "other")] += 1
+        self.by_op[op] += 1
+        self.by_status[status] += 1
+        self.bytes_in += bytes_in
+        self.bytes_out += bytes_out
+
+    def snapshot(self, backend_pid: int | None = None) -> dict[str, Any]:
+        """The counters as a JSON-able dict.
+
+        Args:
+            backend_pid: The fake-gcs-server process, whose CPU is reported as
+                ``backend_cpu_seconds`` when given.
+        """
+        cpu_total = time.process_time()
+        out: dict[str, Any] = {
+            "requests": self.requests,
+            "by_class": {"A": 0, "B": 0, "free": 0, **self.by_class},
+            "by_op": dict(self.by_op),
+            "by_status": {str(k): v for k, v in self.by_status.items()},
+            "faults": dict(self.faults),
+            "throttled": self.throttled,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "cpu_seconds": cpu_total - self._cpu0,
+            "cpu_seconds_total": cpu_total,
+            "wall_seconds": time.monotonic() - self._t0,
+            "pid": os.getpid(),
+        }
+        if backend_pid is not None:
+            out["backend_cpu_seconds_total"] = backend_cpu_seconds(backend_pid)
+        return out
+
+
+def backend_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` from /proc, or ``None``."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    # Fields after the command name: state is index 0, utime 11, stime 12.
+    return (int(fields[11]) + int(fields[12])) / ticks

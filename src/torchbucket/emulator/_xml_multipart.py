@@ -1,0 +1,454 @@
+"""The XML API: path-style object GET/HEAD/PUT/DELETE and multipart uploads.
+
+Served by the front server for both stores (fake-gcs-server has no multipart
+upload API). Object calls are translated into JSON API calls on the backend;
+a completed multipart upload is assembled here and written through the
+backend's JSON media upload.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import secrets
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+from urllib.parse import quote, urlencode
+
+from aiohttp import web
+
+from torchbucket.emulator._http import (
+    XML_TYPE,
+    ApiError,
+    Call,
+    Route,
+    error_response,
+    rfc3339,
+    xml_escape,
+)
+
+__all__ = ["XmlApi"]
+
+MAX_PARTS = 10_000
+_NS = 'xmlns="http://s3.amazonaws.com/doc/2006-03-01/"'
+_HEAD = "<?xml version='1.0' encoding='UTF-8'?>"
+
+
+class JsonBackend(Protocol):
+    """What the XML API needs from a store: JSON API calls."""
+
+    async def handle(self, call: Call) -> web.Response:
+        """Answer one JSON API call."""
+        ...
+
+
+class _Upload:
+    __slots__ = ("bucket", "content_type", "initiated", "key", "parts", "upload_id")
+
+    def __init__(self, bucket: str, key: str, upload_id: str, content_type: str | None) -> None:
+        self.bucket = bucket
+        self.key = key
+        self.upload_id = upload_id
+        self.content_type = content_type
+        self.initiated = time.time()
+        # part number -> (etag without quotes, data, time)
+        self.parts: dict[int, tuple[str, bytes, float]] = {}
+
+
+def json_call(
+    method: str,
+    kind: str,
+    bucket: str,
+    name: str = "",
+    *,
+    query: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
+    body: bytes = b"",
+    host: str = "127.0.0.1",
+) -> Call:
+    """A synthetic JSON API call (for the XML API and the admin API).
+
+    Args:
+        method: HTTP method.
+        kind: Route kind: ``media``, ``metadata``, ``delete``, ``upload_media``,
+            ``list``, ``bucket_get`` or ``bucket_create``.
+        bucket: Bucket name.
+        name: Object name.
+        query: Query parameters.
+        headers: Request headers.
+        body: Request body.
+        host: The Host header to send.
+    """
+    from multidict import CIMultiDict
+
+    query = dict(query or {})
+    qb, qn = quote(bucket, safe=""), quote(name, safe="")
+    if kind in ("media", "metadata", "delete"):
+        path = f"/storage/v1/b/{qb}/o/{qn}"
+        if kind == "media":
+            query["alt"] = "media"
+    elif kind == "upload_media":
+        path = f"/upload/storage/v1/b/{qb}/o"
+        query = {"uploadType": "media", "name": name, **query}
+    elif kind == "list":
+        path = f"/storage/v1/b/{qb}/o"
+    elif kind == "bucket_get":
+        path = f"/storage/v1/b/{qb}"
+    elif kind == "bucket_create":
+        path = "/storage/v1/b"
+    else:
+        raise ValueError(f"no synthetic call for {kind!r}")
+    path_qs = path + ("?" + urlencode(query) if query else "")
+    hdrs: CIMultiDict[str] = CIMultiDict(headers or {})
+    hdrs["Host"] = host
+    op = {"media": "get", "metadata": "head", "upload_media": "put"}.get(kind, kind)
+    return Call(method, Route(op, kind, bucket, name), path_qs, query, hdrs, body, host)
+
+
+def _xml(body: str, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    out = web.Response(status=status, body=(_HEAD + body).encode(), headers=headers)
+    out.headers["Content-Type"] = XML_TYPE
+    return out
+
+
+def _as_xml_error(resp: web.Response, no_such: str = "NoSuchKey") -> web.Response:
+    """Re-render a JSON API error answer as an XML API error."""
+    if resp.status < 400:
+        return resp
+    import json
+
+    try:
+        message = json.loads(resp.body or b"{}")["error"]["message"]  # type: ignore[arg-type]
+    except (ValueError, KeyError, TypeError):
+        message = resp.reason or "error"
+    code = no_such if resp.status == 404 else None
+    return error_response(resp.status, str(message), xml=True, xml_code=code)
+
+
+class XmlApi:
+    """XML API handlers over a JSON backend, with multipart upload state."""
+
+    def __init__(self, backend: JsonBackend, *, min_part_size: int = 0) -> None:
+        self.backend = backend
+        self.min_part_size = min_part_size
+        self.uploads: dict[str, _Upload] = {}
+        self._handlers: dict[str, Callable[[Call], Awaitable[web.Response]]] = {
+            "xml_get": self._get,
+            "xml_head": self._get,
+            "xml_put": self._put,
+            "xml_delete": self._delete,
+            "mpu_initiate": self._initiate,
+            "mpu_part": self._part,
+            "mpu_complete": self._complete,
+            "mpu_abort": self._abort,
+            "mpu_list": self._list_uploads,
+            "mpu_parts": self._list_parts,
+        }
+
+    async def handle(self, call: Call) -> web.Response:
+        """Answer one XML API call."""
+        handler = self._handlers.get(call.route.kind)
+        if handler is None:
+            return error_response(
+                400,
+                f"The XML API call {call.method} {call.path_qs} is not emulated.",
+                xml=True,
+                xml_code="NotImplemented",
+            )
+        try:
+            return await handler(call)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message, xml=True, xml_code=exc.xml_code)
+
+    async def _bucket_exists(self, call: Call) -> None:
+        resp = await self.backend.handle(
+            json_call("GET", "bucket_get", call.route.bucket, host=call.host)
+        )
+        if resp.status == 404:
+            raise ApiError(
+                404,
+                f"The specified bucket {call.route.bucket} does not exist.",
+                xml_code="NoSuchBucket",
+            )
+        if resp.status >= 400:
+            raise ApiError(resp.status, f"bucket check failed with {resp.status}")
+
+    def _preconditions(self, call: Call) -> dict[str, str]:
+        query = {}
+        match = call.headers.get("x-goog-if-generation-match")
+        if match is not None:
+            query["ifGenerationMatch"] = match
+        return query
+
+    # -- objects -------------------------------------------------------------
+
+    async def _get(self, call: Call) -> web.Response:
+        headers = {}
+        rng = call.headers.get("Range")
+        if rng:
+            headers["Range"] = rng
+        query = {}
+        if "generation" in call.query:
+            query["generation"] = call.query["generation"]
+        resp = await self.backend.handle(
+            json_call(
+                "GET",
+                "media",
+                call.route.bucket,
+                call.route.name,
+                query=query,
+                headers=headers,
+                host=call.host,
+            )
+        )
+        return _as_xml_error(resp)
+
+    async def _put(self, call: Call) -> web.Response:
+        headers = {}
+        ctype = call.headers.get("Content-Type")
+        if ctype:
+            headers["Content-Type"] = ctype
+        resp = await self.backend.handle(
+            json_call(
+                "POST",
+                "upload_media",
+                call.route.bucket,
+                call.route.name,
+                query=self._preconditions(call),
+                headers=headers,
+                body=call.body,
+                host=call.host,
+            )
+        )
+        if resp.status >= 400:
+            return _as_xml_error(resp, "NoSuchBucket")
+        md5 = hashlib.md5(call.body).hexdigest()
+        out = web.Response(status=200, headers={"ETag": f'"{md5}"'})
+        _copy_generation(resp, out)
+        return out
+
+    async def _delete(self, call: Call) -> web.Response:
+        resp = await self.backend.handle(
+            json_call("DELETE", "delete", call.route.bucket, call.route.name, host=call.host)
+        )
+        if resp.status >= 400:
+            return _as_xml_error(resp)
+        return web.Response(status=204)
+
+    # -- multipart uploads ---------------------------------------------------
+
+    def _upload(self, call: Call) -> _Upload:
+        upload_id = call.query.get("uploadId", "")
+        upload = self.uploads.get(upload_id)
+        if upload is None or upload.bucket != call.route.bucket or upload.key != call.route.name:
+            raise ApiError(
+                404,
+                "The requested upload was not found (it may have been completed or aborted).",
+                xml_code="NoSuchUpload",
+            )
+        return upload
+
+    async def _initiate(self, call: Call) -> web.Response:
+        await self._bucket_exists(call)
+        upload_id = secrets.token_urlsafe(32)
+        self.uploads[upload_id] = _Upload(
+            call.route.bucket, call.route.name, upload_id, call.headers.get("Content-Type")
+        )
+        return _xml(
+            f"<InitiateMultipartUploadResult {_NS}><Bucket>{xml_escape(call.route.bucket)}"
+            f"</Bucket><Key>{xml_escape(call.route.name)}</Key><UploadId>{upload_id}</UploadId>"
+            "</InitiateMultipartUploadResult>"
+        )
+
+    async def _part(self, call: Call) -> web.Response:
+        upload = self._upload(call)
+        try:
+            number = int(call.query.get("partNumber", ""))
+        except ValueError:
+            raise ApiError(
+                400, "partNumber must be an integer", xml_code="InvalidArgument"
+            ) from None
+        if not 1 <= number <= MAX_PARTS:
+            raise ApiError(
+                400,
+                f"partNumber must be in [1, {MAX_PARTS}], got {number}",
+                xml_code="InvalidArgument",
+            )
+        etag = hashlib.md5(call.body).hexdigest()
+        upload.parts[number] = (etag, call.body, time.time())
+        return web.Response(status=200, headers={"ETag": f'"{etag}"'})
+
+    async def _complete(self, call: Call) -> web.Response:
+        upload = self._upload(call)
+        wanted = _parse_complete(call.body)
+        chunks: list[bytes] = []
+        previous = 0
+        for i, (number, etag) in enumerate(wanted):
+            if number <= previous:
+                raise ApiError(
+                    400,
+                    "The list of parts was not in ascending order.",
+                    xml_code="InvalidPartOrder",
+                )
+            previous = number
+            stored = upload.parts.get(number)
+            if stored is None or stored[0] != etag:
+                raise ApiError(
+                    400,
+                    f"Part {number} was not uploaded, or its ETag does not match.",
+                    xml_code="InvalidPart",
+                )
+            if i < len(wanted) - 1 and len(stored[1]) < self.min_part_size:
+                raise ApiError(
+                    400,
+                    f"Part {number} is {len(stored[1])} bytes; every part but the last must be "
+                    f"at least {self.min_part_size} bytes.",
+                    xml_code="EntityTooSmall",
+                )
+            chunks.append(stored[1])
+        data = b"".join(chunks)
+        headers = {"Content-Type": upload.content_type} if upload.content_type else {}
+        resp = await self.backend.handle(
+            json_call(
+                "POST",
+                "upload_media",
+                upload.bucket,
+                upload.key,
+                query=self._preconditions(call),
+                headers=headers,
+                body=data,
+                host=call.host,
+            )
+        )
+        if resp.status >= 400:
+            return _as_xml_error(resp, "NoSuchBucket")
+        self.uploads.pop(upload.upload_id, None)
+        digest = hashlib.md5(b"".join(bytes.fromhex(e) for _, e in wanted)).hexdigest()
+        etag = f'"{digest}-{len(wanted)}"'
+        out = _xml(
+            f"<CompleteMultipartUploadResult {_NS}><Location>http://{xml_escape(call.host)}/"
+            f"{xml_escape(upload.bucket)}/{xml_escape(quote(upload.key))}</Location>"
+            f"<Bucket>{xml_escape(upload.bucket)}</Bucket><Key>{xml_escape(upload.key)}</Key>"
+            f"<ETag>{xml_escape(etag)}</ETag></CompleteMultipartUploadResult>"
+        )
+        _copy_generation(resp, out)
+        return out
+
+    async def _abort(self, call: Call) -> web.Response:
+        upload = self._upload(call)
+        del self.uploads[upload.upload_id]
+        return web.Response(status=204)
+
+    async def _list_uploads(self, call: Call) -> web.Response:
+        await self._bucket_exists(call)
+        q = call.query
+        prefix = q.get("prefix", "")
+        key_marker = q.get("key-marker", "")
+        id_marker = q.get("upload-id-marker", "")
+        try:
+            max_uploads = max(1, min(int(q.get("max-uploads", "1000")), 1000))
+        except ValueError:
+            raise ApiError(
+                400, "max-uploads must be an integer", xml_code="InvalidArgument"
+            ) from None
+        found = sorted(
+            (u.key, u.initiated, u.upload_id, u)
+            for u in self.uploads.values()
+            if u.bucket == call.route.bucket and u.key.startswith(prefix)
+        )
+        keys = [(k, uid) for k, _, uid, _ in found]
+        start = 0
+        if key_marker:
+            start = bisect.bisect_right(keys, (key_marker, id_marker or "\U0010ffff"))
+        page = found[start : start + max_uploads]
+        truncated = start + max_uploads < len(found)
+        rows = "".join(
+            f"<Upload><Key>{xml_escape(k)}</Key><UploadId>{uid}</UploadId>"
+            f"<StorageClass>STANDARD</StorageClass><Initiated>{rfc3339(t)}</Initiated></Upload>"
+            for k, t, uid, _ in page
+        )
+        nxt = ""
+        if truncated and page:
+            nxt = (
+                f"<NextKeyMarker>{xml_escape(page[-1][0])}</NextKeyMarker>"
+                f"<NextUploadIdMarker>{page[-1][2]}</NextUploadIdMarker>"
+            )
+        return _xml(
+            f"<ListMultipartUploadsResult {_NS}><Bucket>{xml_escape(call.route.bucket)}</Bucket>"
+            f"<KeyMarker>{xml_escape(key_marker)}</KeyMarker>"
+            f"<UploadIdMarker>{xml_escape(id_marker)}</UploadIdMarker>{nxt}"
+            f"<Prefix>{xml_escape(prefix)}</Prefix><MaxUploads>{max_uploads}</MaxUploads>"
+            f"<IsTruncated>{'true' if truncated else 'false'}</IsTruncated>{rows}"
+            "</ListMultipartUploadsResult>"
+        )
+
+    async def _list_parts(self, call: Call) -> web.Response:
+        upload = self._upload(call)
+        rows = "".join(
+            f"<Part><PartNumber>{n}</PartNumber><LastModified>{rfc3339(t)}</LastModified>"
+            f'<ETag>"{etag}"</ETag><Size>{len(data)}</Size></Part>'
+            for n, (etag, data, t) in sorted(upload.parts.items())
+        )
+        return _xml(
+            f"<ListPartsResult {_NS}><Bucket>{xml_escape(upload.bucket)}</Bucket>"
+            f"<Key>{xml_escape(upload.key)}</Key><UploadId>{upload.upload_id}</UploadId>"
+            f"<IsTruncated>false</IsTruncated>{rows}</ListPartsResult>"
+        )
+
+
+def _copy_generation(source: web.Response, out: web.Response) -> None:
+    """Carry the new generation of a JSON upload answer into an XML answer."""
+    import json
+
+    try:
+        resource = json.loads(source.body or b"{}")  # type: ignore[arg-type]
+    except ValueError:
+        return
+    if isinstance(resource, dict):
+        if "generation" in resource:
+            out.headers["x-goog-generation"] = str(resource["generation"])
+        hashes = []
+        if "crc32c" in resource:
+            hashes.append(f"crc32c={resource['crc32c']}")
+        if "md5Hash" in resource:
+            hashes.append(f"md5={resource['md5Hash']}")
+        if hashes:
+            out.headers["x-goog-hash"] = ",".join(hashes)
+
+
+def _parse_complete(body: bytes) -> list[tuple[int, str]]:
+    """The ``(part number, etag)`` pairs of a CompleteMultipartUpload body."""
+    try:
+        root = ET.fromstring(body)
+    except ET.ParseError:
+        raise ApiError(
+            400, "The XML you provided was not well-formed.", xml_code="MalformedXML"
+        ) from None
+    out: list[tuple[int, str]] = []
+    for part in root:
+        if _local(part.tag) != "Part":
+            continue
+        number = etag = None
+        for child in part:
+            tag = _local(child.tag)
+            if tag == "PartNumber":
+                number = (child.text or "").strip()
+            elif tag == "ETag":
+                etag = (child.text or "").strip().strip('"')
+        if number is None or etag is None:
+            raise ApiError(
+                400, "Every Part needs a PartNumber and an ETag.", xml_code="MalformedXML"
+            )
+        try:
+            out.append((int(number), etag))
+        except ValueError:
+            raise ApiError(400, f"Bad PartNumber {number!r}", xml_code="MalformedXML") from None
+    if not out:
+        raise ApiError(400, "CompleteMultipartUpload lists no parts.", xml_code="MalformedXML")
+    return out
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]

@@ -1,0 +1,109 @@
+"""Shared fixtures: the local GCS emulator and stores pointed at it.
+
+- ``emulator``: a session-wide emulator on the model store, no latency.
+- ``fake_gcs``: a session-wide emulator on the fake-gcs-server binary.
+- ``gcs_bucket_factory``: ``make(emu, **config) -> GCSStore`` on a fresh bucket.
+
+After every test, fault rules are cleared on every emulator started here, and
+latency or an rps cap a test set through the :class:`Emulator` API is reset, so
+nothing leaks from one test into the next.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from torchbucket.config import RetryConfig
+from torchbucket.emulator import Emulator
+
+# Short backoff and deadline: a test that injects faults retries in
+# milliseconds and a broken one fails in seconds, not minutes.
+EMULATOR_RETRY = RetryConfig(
+    initial_backoff=0.01, max_backoff=0.05, deadline=20.0, attempt_timeout=10.0, read_timeout=5.0
+)
+
+_started: list[Emulator] = []
+
+
+def _start(backend: str) -> Emulator:
+    emu = Emulator(backend=backend)  # type: ignore[arg-type]
+    emu.start()
+    _started.append(emu)
+    return emu
+
+
+@pytest.fixture(scope="session")
+def emulator() -> Iterator[Emulator]:
+    """The model store behind the front server, no latency, for the whole session."""
+    emu = _start("model")
+    yield emu
+    _started.remove(emu)
+    emu.stop()
+
+
+@pytest.fixture(scope="session")
+def fake_gcs() -> Iterator[Emulator]:
+    """fake-gcs-server behind the front server, for the whole session."""
+    emu = _start("fake-gcs")
+    yield emu
+    _started.remove(emu)
+    emu.stop()
+
+
+@pytest.fixture(autouse=True)
+def _reset_emulators() -> Iterator[None]:
+    """Clear faults (and restore latency and rps cap) after each test."""
+    yield
+    for emu in list(_started):
+        if not emu.running:
+            continue
+        emu.clear_faults()
+        if emu._latency is not None:
+            emu.set_latency(None)
+        if emu.rps_cap is not None:
+            emu.set_rps_cap(None)
+
+
+@pytest.fixture
+def gcs_bucket_factory() -> Iterator[Callable[..., Any]]:
+    """A factory of ``GCSStore``s, each on a new, empty bucket of an emulator.
+
+    ``make(emu, *, prefix="t", retry=EMULATOR_RETRY, **config)`` creates bucket
+    ``{prefix}-{random}`` on ``emu`` and returns a store for it; extra keyword
+    arguments go to ``GCSConfig``. Stores are closed after the test.
+    """
+    from torchbucket import runtime
+
+    stores: list[Any] = []
+
+    def make(
+        emu: Emulator, *, prefix: str = "t", retry: RetryConfig | None = None, **config: Any
+    ) -> Any:
+        from torchbucket.storage.gcs import GCSConfig, GCSStore
+
+        name = f"{prefix}-{uuid.uuid4().hex[:16]}"
+        emu.create_bucket(name)
+        store = GCSStore(
+            name,
+            config=GCSConfig(
+                endpoint=emu.endpoint, anonymous=True, retry=retry or EMULATOR_RETRY, **config
+            ),
+        )
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        close = getattr(store, "close", None)
+        if close is not None:
+            runtime.run(close())
+
+
+@pytest.fixture
+def bucket_name() -> str:
+    """A fresh, valid bucket name (not created)."""
+    return f"t-{uuid.uuid4().hex[:16]}"
