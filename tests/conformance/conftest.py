@@ -122,14 +122,6 @@ class SyncStore:
         return self.run(self.store.multipart_list(self.k(prefix)))
 
 
-def _gcs_store(emulator: Any) -> tuple[ObjectStore, str]:
-    from torchbucket.storage.gcs import GCSConfig, GCSStore
-
-    name = f"conf-{uuid.uuid4().hex[:16]}"
-    emulator.create_bucket(name)
-    return GCSStore(name, config=GCSConfig(endpoint=emulator.endpoint, retry=FAST_RETRY)), name
-
-
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     return request.param  # type: ignore[no-any-return]
@@ -146,5 +138,5 @@ def s(backend: str, request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[S
         yield SyncStore(LocalStore(), str(tmp_path).lstrip("/") + "/", backend)
     else:
         emulator = request.getfixturevalue("emulator" if backend == "gcs-model" else "fake_gcs")
-        store, _ = _gcs_store(emulator)
-        yield SyncStore(store, "", backend, emulator)
+        make = request.getfixturevalue("gcs_bucket_factory")
+        yield SyncStore(make(emulator, prefix="conf"), "", backend, emulator)
