@@ -1,0 +1,215 @@
+"""Reading a group of objects: composed server-side when that pays, else directly.
+
+Correctness never depends on compose. Every source is pinned to its listed
+generation and the composite's length is checked against the listed sizes; on
+any failure of the compose path the group is read directly, where each object is
+again pinned to its listed generation and checked against its listed size, so an
+object rewritten or deleted since it was listed raises ``NotFoundError`` (never
+new bytes under an old listing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+
+from torchbucket.compose._config import ComposeConfig
+from torchbucket.compose._registry import delete_composite, register, unregister
+from torchbucket.errors import (
+    DeadlineExceededError,
+    IntegrityError,
+    NotFoundError,
+    PermissionDeniedError,
+    PreconditionFailedError,
+    StorageError,
+    ThrottledError,
+)
+from torchbucket.storage.base import ObjectInfo, ObjectStore
+
+__all__ = ["compose_allowed", "fetch_group", "read_verified"]
+
+logger = logging.getLogger(__name__)
+
+# Process-wide compose health per bucket URI: refused for good (403), or
+# throttled until a monotonic time. One WARNING per reason per process.
+_refused: set[str] = set()
+_cooldown_until: dict[str, float] = {}
+_warned: set[str] = set()
+
+
+def _warn_once(reason: str, message: str, *args: object) -> None:
+    if reason in _warned:
+        logger.debug(message, *args)
+        return
+    _warned.add(reason)
+    logger.warning(message, *args)
+
+
+def compose_allowed(store: ObjectStore, config: ComposeConfig) -> bool:
+    """Whether groups on ``store`` should be composed now."""
+    if not config.enabled or store.bucket == "/":
+        # The local filesystem: reads cost no round trip, and composites would
+        # land at the filesystem root.
+        return False
+    key = store.uri()
+    if key in _refused:
+        return False
+    until = _cooldown_until.get(key)
+    if until is not None:
+        if time.monotonic() < until:
+            return False
+        del _cooldown_until[key]
+    return True
+
+
+async def read_verified(store: ObjectStore, info: ObjectInfo) -> bytes:
+    """Read one object as listed: its listed generation, checked against its size.
+
+    Raises:
+        NotFoundError: The object is gone, or was rewritten since it was listed.
+        IntegrityError: It is not the size it was listed with.
+    """
+    try:
+        data = await store.get(info.name, generation=info.generation)
+    except NotFoundError as exc:
+        if info.generation is None:
+            raise
+        raise NotFoundError(
+            f"object was deleted or rewritten since it was listed (listed generation "
+            f"{info.generation}); list the dataset again to read the new version",
+            operation="get",
+            uri=store.uri(info.name),
+            status=exc.status,
+        ) from exc
+    if len(data) != info.size:
+        raise IntegrityError(
+            f"read {len(data)} bytes, but the object was listed with {info.size}: it changed "
+            "since it was listed",
+            operation="get",
+            uri=store.uri(info.name),
+        )
+    return data
+
+
+async def _read_all(store: ObjectStore, infos: Sequence[ObjectInfo]) -> list[bytes | BaseException]:
+    return await asyncio.gather(*(read_verified(store, i) for i in infos), return_exceptions=True)
+
+
+async def _compose_and_read(
+    store: ObjectStore, name: str, infos: Sequence[ObjectInfo], config: ComposeConfig
+) -> tuple[bytes | None, bool]:
+    """Compose and read the composite.
+
+    Returns:
+        The composite's bytes, or ``None`` to read the group directly; and
+        whether the composite may exist (and so must be deleted).
+    """
+    key = store.uri()
+    try:
+        composite = await store.compose(name, infos, if_generation_match=0)
+    except PermissionDeniedError as exc:
+        _refused.add(key)
+        _warn_once(
+            "refused",
+            "compose refused on %s (%s): reading objects one by one from now on in this "
+            "process; grant storage.objects.create and .delete, or set "
+            "ComposeConfig(disable=True) to silence this",
+            key,
+            exc,
+        )
+        return None, False
+    except (ThrottledError, DeadlineExceededError) as exc:
+        _cooldown_until[key] = time.monotonic() + config.throttle_cooldown
+        _warn_once(
+            "throttled",
+            "compose throttled on %s (%s): reading objects directly for %g s at a time",
+            key,
+            exc,
+            config.throttle_cooldown,
+        )
+        return None, True
+    except PreconditionFailedError:
+        # Either a source was rewritten (the generation pin), or an earlier
+        # attempt of this very compose succeeded and its answer was lost (the
+        # destination's ifGenerationMatch=0). The name is ours alone: if it
+        # exists, it is this group's composite.
+        try:
+            composite = await store.head(name)
+        except NotFoundError:
+            return None, False
+    except NotFoundError:
+        return None, False  # a source is gone: the direct read names it
+    except StorageError as exc:
+        logger.debug("compose %s failed (%s); reading its sources directly", store.uri(name), exc)
+        return None, True
+    try:
+        data = await store.get(name, generation=composite.generation)
+    except StorageError as exc:
+        logger.debug("reading composite %s failed (%s)", store.uri(name), exc)
+        return None, True
+    if len(data) != sum(i.size for i in infos):
+        logger.debug(
+            "composite %s is %d bytes, its sources were listed with %d",
+            store.uri(name),
+            len(data),
+            sum(i.size for i in infos),
+        )
+        return None, True
+    return data, True
+
+
+def _split(data: bytes, infos: Sequence[ObjectInfo]) -> list[bytes | BaseException]:
+    view = memoryview(data)
+    out: list[bytes | BaseException] = []
+    offset = 0
+    for info in infos:
+        out.append(bytes(view[offset : offset + info.size]))
+        offset += info.size
+    return out
+
+
+async def fetch_group(
+    store: ObjectStore, infos: Sequence[ObjectInfo], config: ComposeConfig
+) -> list[bytes | BaseException]:
+    """Read a group of objects, through one composite when compose is allowed.
+
+    The composite, if one was made, is deleted before this returns (or, if the
+    delete fails, stays registered for deletion at process exit).
+
+    Args:
+        store: The store holding every object of the group.
+        infos: The objects as listed (name, size, generation).
+        config: Compose settings.
+
+    Returns:
+        Each object's bytes, or the error that reading it raised, in order.
+    """
+    if len(infos) < 2 or not compose_allowed(store, config):
+        return await _read_all(store, infos)
+    name = f"{config.composite_prefix}{uuid.uuid4().hex}"
+    register(store, name)
+    data: bytes | None = None
+    may_exist = True
+    try:
+        data, may_exist = await _compose_and_read(store, name, infos, config)
+    finally:
+        if may_exist:
+            error = await delete_composite(store, name)
+            if isinstance(error, PermissionDeniedError):
+                _refused.add(store.uri())
+                _warn_once(
+                    "delete refused",
+                    "deleting composite %s was refused (%s): compose is off for %s in this "
+                    "process; run `torchbucket cleanup` with an account that may delete",
+                    store.uri(name),
+                    error,
+                    store.uri(),
+                )
+        else:
+            unregister(store, name)
+    if data is None:
+        return await _read_all(store, infos)
+    return _split(data, infos)

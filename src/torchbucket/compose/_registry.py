@@ -1,0 +1,200 @@
+"""Composites in flight in this process, and their deletion at exit.
+
+Every composite is registered before its compose request is sent (a request
+may take effect even when its answer is lost) and forgotten once deleted. What
+is still registered when the process ends is deleted:
+
+- at interpreter exit, by a ``runtime.at_shutdown`` hook (priority 50, before
+  the stores close at 100) and an ``atexit`` handler;
+- in DataLoader workers, which end with ``os._exit`` and skip ``atexit``, by a
+  ``multiprocessing.util.Finalize`` registered in the worker itself;
+- on SIGTERM, by a handler installed once per process from its main thread,
+  which then hands the signal to the handler it replaced.
+
+A process killed outright (SIGKILL, OOM) leaves its composites behind;
+:func:`torchbucket.compose.cleanup_composites` (``torchbucket cleanup``) removes
+them. A forked child starts with an empty registry: its parent's composites are
+the parent's to delete.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import multiprocessing.util
+import os
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+from torchbucket import runtime
+from torchbucket.errors import NotFoundError, StorageError
+from torchbucket.storage.base import ObjectStore
+
+__all__ = [
+    "cleanup_registered",
+    "delete_composite",
+    "in_flight",
+    "install_sigterm_handler",
+    "register",
+    "unregister",
+]
+
+logger = logging.getLogger(__name__)
+
+_EXIT_TIMEOUT_S = 20.0
+
+_lock = threading.Lock()
+_in_flight: dict[str, tuple[ObjectStore, str]] = {}
+_finalizer_pid: int | None = None
+_exit_hooks_installed = False
+_sigterm_pid: int | None = None
+_previous_sigterm: Any = None
+
+
+def in_flight() -> list[str]:
+    """URIs of the composites this process has created and not yet deleted."""
+    with _lock:
+        return sorted(_in_flight)
+
+
+def register(store: ObjectStore, name: str) -> None:
+    """Record a composite about to be created, and make sure exit cleanup runs."""
+    _ensure_exit_hooks()
+    with _lock:
+        _in_flight[store.uri(name)] = (store, name)
+
+
+def unregister(store: ObjectStore, name: str) -> None:
+    """Forget a composite that is gone (deleted, or never created)."""
+    with _lock:
+        _in_flight.pop(store.uri(name), None)
+
+
+async def delete_composite(store: ObjectStore, name: str) -> StorageError | None:
+    """Delete a composite and forget it; keep it registered if that failed.
+
+    Returns:
+        ``None`` when the composite is gone (deleted now, or already missing),
+        else the error that kept it.
+    """
+    try:
+        await store.delete(name)
+    except NotFoundError:
+        pass
+    except StorageError as exc:
+        logger.warning(
+            "could not delete composite %s (%s); it stays registered for deletion at exit, "
+            "and `torchbucket cleanup` removes it otherwise",
+            store.uri(name),
+            exc,
+        )
+        return exc
+    unregister(store, name)
+    return None
+
+
+async def cleanup_registered() -> int:
+    """Delete every composite still registered in this process.
+
+    Returns:
+        How many were deleted (or found already gone).
+    """
+    with _lock:
+        pending = list(_in_flight.values())
+    deleted = 0
+    for store, name in pending:
+        if await delete_composite(store, name) is None:
+            deleted += 1
+    return deleted
+
+
+def _cleanup_sync() -> None:
+    with _lock:
+        if not _in_flight:
+            return
+    if runtime.in_loop_thread():
+        return
+    try:
+        n = runtime.run(cleanup_registered(), timeout=_EXIT_TIMEOUT_S)
+    except Exception:  # at exit: report, never raise into the interpreter's teardown
+        logger.warning("deleting composites at exit failed", exc_info=True)
+    else:
+        logger.debug("deleted %d composites left in flight at exit", n)
+
+
+async def _shutdown_hook() -> None:
+    await cleanup_registered()
+
+
+def _ensure_exit_hooks() -> None:
+    global _finalizer_pid, _exit_hooks_installed
+    pid = os.getpid()
+    if _finalizer_pid == pid:
+        return
+    with _lock:
+        if _finalizer_pid == pid:
+            return
+        if not _exit_hooks_installed:
+            # Inherited by forked children, where they find an empty registry.
+            runtime.at_shutdown(_shutdown_hook, priority=50)
+            atexit.register(_cleanup_sync)
+            _exit_hooks_installed = True
+        # multiprocessing children (DataLoader workers) run their finalizers
+        # before os._exit; the registry of finalizers is cleared in each child,
+        # so each process registers its own.
+        multiprocessing.util.Finalize(None, _cleanup_sync, exitpriority=100)
+        _finalizer_pid = pid
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    _cleanup_sync()
+    previous = _previous_sigterm
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_IGN:
+        return
+    else:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def install_sigterm_handler() -> bool:
+    """Delete this process's composites on SIGTERM, then pass the signal on.
+
+    Installed at most once per process, and only from the main thread (Python
+    allows signal handlers nowhere else). The handler replaced is called
+    afterwards; where it was the default, the signal is re-raised so the process
+    still ends as it would have. Where the current handler was installed from C
+    (PyTorch does so in DataLoader workers), it cannot be chained and nothing is
+    installed: the worker's ``Finalize`` still runs on a normal exit.
+
+    Returns:
+        Whether the handler is in place.
+    """
+    global _sigterm_pid, _previous_sigterm
+    pid = os.getpid()
+    if _sigterm_pid == pid:
+        return True
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    current = signal.getsignal(signal.SIGTERM)
+    if current is _on_sigterm:  # inherited over fork: already chained
+        _sigterm_pid = pid
+        return True
+    if current is None:
+        return False
+    _previous_sigterm = current
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _sigterm_pid = pid
+    return True
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()
+    _in_flight.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
