@@ -28,7 +28,8 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from torchbucket.emulator._http import ApiError, Call, error_response
+from torchbucket.emulator._fake_shims import PreconditionShim
+from torchbucket.emulator._http import ApiError, Call, api_error_response, error_response
 from torchbucket.emulator._xml_multipart import json_call
 
 __all__ = ["FakeGcsBackend", "fake_gcs_binary"]
@@ -112,6 +113,7 @@ class FakeGcsBackend:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._shim = PreconditionShim(self._forward)
 
     async def start(self) -> None:
         """Launch the process and wait until it answers."""
@@ -178,6 +180,17 @@ class FakeGcsBackend:
             self._log = None
 
     async def handle(self, call: Call) -> web.Response:
+        """Check what fake-gcs-server ignores, then forward one JSON API call."""
+        try:
+            await self._shim.check(call)
+        except ApiError as exc:
+            return api_error_response(exc, xml=call.route.xml)
+        resp = await self._forward(call)
+        if call.route.kind == "resumable_start" and resp.status < 300:
+            self._shim.remember(call, resp)
+        return resp
+
+    async def _forward(self, call: Call) -> web.Response:
         """Forward one JSON API call and relay the answer."""
         assert self._session is not None, "backend not started"
         path_qs = call.path_qs
