@@ -1,0 +1,26 @@
+"""PyTorch datasets over a bucket: map-style and iterable.
+
+::
+
+    from torchbucket.datasets import BucketMapDataset, BucketIterableDataset
+
+    train = BucketIterableDataset.from_prefix(
+        "gs://my-bucket/train/", data_format_fn=decode, shuffle=True, seed=17
+    )
+    loader = DataLoader(train, batch_size=64, num_workers=4)
+    for epoch in range(10):
+        train.set_epoch(epoch)
+        for batch in loader:
+            ...
+
+An empty prefix raises ``NotFoundError`` (a ``FileNotFoundError``) naming the
+URI; an empty list of objects raises ``ConfigError`` (a ``ValueError``).
+"""
+
+from __future__ import annotations
+
+from torchbucket.datasets._iterable import BucketIterableDataset
+from torchbucket.datasets._map import BucketMapDataset
+from torchbucket.datasets.config import FetchConfig, ShardingConfig
+
+__all__ = ["BucketIterableDataset", "BucketMapDataset", "FetchConfig", "ShardingConfig"]

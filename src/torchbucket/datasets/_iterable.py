@@ -1,0 +1,365 @@
+"""Iterable dataset: a sharded, seeded, resumable stream with a prefetch window."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from torchbucket.compose import ComposeConfig
+from torchbucket.datasets._catalog import Catalog
+from torchbucket.datasets._common import DataFormatFn, apply_format, prepare_compose, raise_item
+from torchbucket.datasets._fetch import PrefetchWindow
+from torchbucket.datasets._sharding import IndexArray, epoch_order, shard_of
+from torchbucket.datasets.config import FetchConfig, ShardingConfig
+from torchbucket.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torchbucket.storage.gcs import GCSConfig
+
+__all__ = ["BucketIterableDataset"]
+
+_STATE_VERSION = 1
+Layout = tuple[int, int, int, int]  # rank, world size, worker, workers
+
+
+def _dist_rank_world() -> tuple[int, int] | None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return None
+
+
+class BucketIterableDataset(IterableDataset[Any]):
+    """The objects under a prefix as a stream, sharded over ranks and workers.
+
+    Build it with :meth:`from_prefix` or :meth:`from_objects`; the objects are
+    listed once, in the constructor. Each iterator keeps a window of fetches in
+    flight ahead of the consumer (:class:`FetchConfig`), across batch
+    boundaries, which is what hides the store's latency.
+
+    Every object is read exactly once per epoch over all ranks and DataLoader
+    workers (see :class:`ShardingConfig` for uneven counts). With ``shuffle``,
+    each epoch's order is a permutation seeded by ``(seed, epoch)``, the same on
+    every rank; call :meth:`set_epoch` before each epoch, as with
+    ``DistributedSampler``. The epoch is held in shared memory, so a call in the
+    main process reaches persistent DataLoader workers too.
+
+    :meth:`state_dict` / :meth:`load_state_dict` resume mid-epoch without
+    replaying or skipping a sample, directly or through
+    ``torchdata.stateful_dataloader.StatefulDataLoader`` (which snapshots each
+    worker's iterator). A mid-epoch state resumes only with the same ranks and
+    workers; a state from the start or the end of an epoch resumes with any.
+
+    Reads are pinned to the listed generations: an object rewritten or deleted
+    since listing raises ``NotFoundError`` when its turn comes.
+
+    Args:
+        catalog: The objects (use the classmethods instead).
+        data_format_fn: Turns an object's bytes into a sample; default: the
+            bytes unchanged. Runs in the consuming thread (a DataLoader worker).
+        shuffle: Visit objects in a seeded random order. Default ``False``
+            (listing order).
+        seed: Seed of the order; must be the same on every rank. Default 0.
+        sharding: Ranks and uneven counts; default ``ShardingConfig()``.
+        fetch: Prefetch window; default ``FetchConfig()``.
+        compose: Small-object coalescing; default ``ComposeConfig()`` (on).
+    """
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        *,
+        data_format_fn: DataFormatFn | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        sharding: ShardingConfig | None = None,
+        fetch: FetchConfig | None = None,
+        compose: ComposeConfig | None = None,
+    ) -> None:
+        self._catalog = catalog
+        self._format = data_format_fn
+        self._shuffle = bool(shuffle)
+        self._seed = int(seed)
+        self._sharding = sharding if sharding is not None else ShardingConfig()
+        self._fetch = fetch if fetch is not None else FetchConfig()
+        self._compose = compose if compose is not None else ComposeConfig()
+        # Shared memory: set_epoch in the parent reaches (persistent) workers.
+        self._epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self._dist = _dist_rank_world()
+        self._pending: dict[str, Any] | None = None
+        self._last: _EpochIterator | None = None
+
+    @classmethod
+    def from_prefix(
+        cls,
+        uri: str,
+        *,
+        data_format_fn: DataFormatFn | None = None,
+        gcs_config: GCSConfig | None = None,
+        listing: Any = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        sharding: ShardingConfig | None = None,
+        fetch: FetchConfig | None = None,
+        compose: ComposeConfig | None = None,
+    ) -> BucketIterableDataset:
+        """Every object under a prefix; see the class for the options.
+
+        Args:
+            uri: ``gs://bucket/prefix``, ``memory://name/prefix`` or
+                ``file:///dir/prefix``.
+            data_format_fn: See the class.
+            gcs_config: How to reach GCS, for ``gs://`` URIs. Default ``None``.
+            listing: A ``torchbucket.listing.ListingConfig``. Default ``None``.
+            shuffle: See the class.
+            seed: See the class.
+            sharding: See the class.
+            fetch: See the class.
+            compose: See the class.
+
+        Raises:
+            NotFoundError: Nothing is under the prefix.
+        """
+        catalog = Catalog.from_prefix(uri, gcs_config=gcs_config, listing_config=listing)
+        return cls(
+            catalog,
+            data_format_fn=data_format_fn,
+            shuffle=shuffle,
+            seed=seed,
+            sharding=sharding,
+            fetch=fetch,
+            compose=compose,
+        )
+
+    @classmethod
+    def from_objects(
+        cls,
+        uris: Sequence[str],
+        *,
+        data_format_fn: DataFormatFn | None = None,
+        gcs_config: GCSConfig | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        sharding: ShardingConfig | None = None,
+        fetch: FetchConfig | None = None,
+        compose: ComposeConfig | None = None,
+    ) -> BucketIterableDataset:
+        """The objects named by ``uris``, in that order; see :meth:`from_prefix`.
+
+        Raises:
+            NotFoundError: An object does not exist.
+            ConfigError: ``uris`` is empty.
+        """
+        catalog = Catalog.from_objects(uris, gcs_config=gcs_config)
+        return cls(
+            catalog,
+            data_format_fn=data_format_fn,
+            shuffle=shuffle,
+            seed=seed,
+            sharding=sharding,
+            fetch=fetch,
+            compose=compose,
+        )
+
+    @property
+    def num_objects(self) -> int:
+        """Objects in the dataset (over all ranks)."""
+        return len(self._catalog)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iterator will read."""
+        if self._pending is not None:
+            return int(self._pending["epoch"])
+        return int(self._epoch_cell[0])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch (and so the shuffled order) of the next iterator.
+
+        Raises:
+            ConfigError: ``epoch`` is negative.
+        """
+        if int(epoch) < 0:
+            raise ConfigError(f"epoch must be >= 0, got {epoch!r}")
+        self._epoch_cell[0] = int(epoch)
+        if self._pending is not None and self._pending["epoch"] != int(epoch):
+            self._pending = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        # Pickled in the parent when workers spawn: capture the rank there.
+        state["_dist"] = _dist_rank_world() or self._dist
+        state["_last"] = None
+        return state
+
+    def _layout(self) -> Layout:
+        if self._sharding.rank is not None and self._sharding.world_size is not None:
+            rank, world = self._sharding.rank, self._sharding.world_size
+        else:
+            rank, world = _dist_rank_world() or self._dist or (0, 1)
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return rank, world, worker, workers
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._last is not None:
+            self._last.close()
+        iterator = _EpochIterator(self, self.epoch, self._layout(), 0)
+        if self._pending is not None and self._pending["epoch"] == iterator.epoch:
+            iterator.load_state_dict(self._pending)
+        self._pending = None
+        self._last = iterator
+        prepare_compose(self._compose)
+        return iterator
+
+    def _fresh_state(self) -> dict[str, Any]:
+        return {
+            "version": _STATE_VERSION,
+            "epoch": self.epoch,
+            "position": 0,
+            "layout": None,
+            "num_objects": len(self._catalog),
+            "shuffle": self._shuffle,
+            "seed": self._seed,
+            "uneven": self._sharding.uneven,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the current (or last) iterator of this process stands.
+
+        Returns:
+            A small dict of plain values: epoch, position in this worker's
+            shard, the ranks x workers layout, and what identifies the order.
+            In a process whose DataLoader has workers, the positions live in
+            the workers: use ``StatefulDataLoader.state_dict()`` there.
+        """
+        if self._pending is not None:
+            return dict(self._pending)
+        if self._last is not None and self._last.epoch == self.epoch:
+            return self._last.state_dict()
+        return self._fresh_state()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Make the next iterator resume where ``state`` was taken.
+
+        Raises:
+            ConfigError: The state is from another dataset, order or layout.
+        """
+        checked = self._check_state(state)
+        if self._last is not None:
+            self._last.close()
+            self._last = None
+        # Not written to the shared epoch: a worker restoring its state must
+        # not move the epoch its parent has set for the next pass.
+        self._pending = checked
+
+    def _check_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        if state.get("version") != _STATE_VERSION:
+            raise ConfigError(f"unknown state version {state.get('version')!r}")
+        mine = self._fresh_state()
+        for key in ("num_objects", "shuffle", "seed", "uneven"):
+            if state.get(key) != mine[key]:
+                raise ConfigError(
+                    f"state is for {key}={state.get(key)!r}, this dataset has {mine[key]!r}: "
+                    "resuming would replay or skip samples"
+                )
+        position = int(state["position"])
+        if int(state["epoch"]) < 0 or position < 0:
+            raise ConfigError(f"state has a negative epoch or position: {dict(state)!r}")
+        layout = state.get("layout")
+        return {
+            **mine,
+            "epoch": int(state["epoch"]),
+            "position": position,
+            "layout": None if layout is None else [int(x) for x in layout],
+        }
+
+
+class _EpochIterator(Iterator[Any]):
+    """One pass over one worker's shard; the ``dataset_iter`` a DataLoader snapshots."""
+
+    def __init__(
+        self, dataset: BucketIterableDataset, epoch: int, layout: Layout, position: int
+    ) -> None:
+        self._dataset = dataset
+        self.epoch = epoch
+        self._layout = layout
+        self._position = position
+        self._order: IndexArray | None = None
+        self._window: PrefetchWindow | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+
+    def __iter__(self) -> _EpochIterator:
+        return self
+
+    def _shard(self) -> IndexArray:
+        if self._order is None:
+            ds = self._dataset
+            rank, world, worker, workers = self._layout
+            order = epoch_order(
+                len(ds._catalog), shuffle=ds._shuffle, seed=ds._seed, epoch=self.epoch
+            )
+            self._order = shard_of(
+                order,
+                rank=rank,
+                world_size=world,
+                worker=worker,
+                num_workers=workers,
+                uneven=ds._sharding.uneven,
+            )
+        return self._order
+
+    def __next__(self) -> Any:
+        order = self._shard()
+        pos = self._position
+        if pos >= len(order):
+            self.close()
+            raise StopIteration
+        if self._window is None:
+            ds = self._dataset
+            self._window = PrefetchWindow(ds._catalog, order, pos, ds._fetch, ds._compose)
+            self._finalizer = weakref.finalize(self, self._window.close)
+            self._window.start()
+        item = self._window.take(pos)
+        self._position = pos + 1
+        index = int(order[pos])
+        return apply_format(self._dataset._format, raise_item(item), self._dataset._catalog, index)
+
+    def close(self) -> None:
+        """Stop prefetching (called at the end, or when the iterator is dropped)."""
+        if self._finalizer is not None:
+            self._finalizer()
+            self._finalizer = None
+        self._window = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Epoch and position of this iterator in its shard."""
+        return {
+            **self._dataset._fresh_state(),
+            "epoch": self.epoch,
+            "position": self._position,
+            "layout": list(self._layout),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (restarts prefetching if it had begun).
+
+        Raises:
+            ConfigError: The state is from another dataset, order or layout.
+        """
+        checked = self._dataset._check_state(state)
+        layout = checked["layout"]
+        if checked["position"] > 0 and layout is not None and tuple(layout) != self._layout:
+            raise ConfigError(
+                f"a mid-epoch state taken with (rank, world size, worker, workers) = "
+                f"{tuple(layout)} cannot resume as {self._layout}: use the same number of "
+                "ranks and DataLoader workers"
+            )
+        self.close()
+        if checked["epoch"] != self.epoch:
+            self.epoch = checked["epoch"]
+            self._order = None
+        self._position = checked["position"]

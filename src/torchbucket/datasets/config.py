@@ -1,0 +1,86 @@
+"""Options of the datasets, grouped in frozen configs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from torchbucket.errors import ConfigError
+
+__all__ = ["FetchConfig", "ShardingConfig"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FetchConfig:
+    """How objects are fetched.
+
+    The iterable dataset keeps a window of objects ahead of the consumer:
+    requested, in flight, or arrived and not yet taken. Keeping many requests in
+    flight across batch boundaries is what hides the store's latency; the window
+    also bounds memory. The store's adaptive limiter still caps the requests of
+    the whole process.
+
+    Attributes:
+        prefetch: Objects in the window, per iterator (so per DataLoader worker).
+            Default 128: at ~20 ms per GET that is ~6,000 objects/s per worker
+            before the bandwidth or CPU is the limit.
+        prefetch_bytes: Bytes in the window, per iterator; an object larger than
+            this is still fetched, alone. Default 256 MiB.
+    """
+
+    prefetch: int = 128
+    prefetch_bytes: int = 256 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.prefetch < 1:
+            raise ConfigError(f"FetchConfig.prefetch must be >= 1, got {self.prefetch!r}")
+        if self.prefetch_bytes < 1:
+            raise ConfigError(
+                f"FetchConfig.prefetch_bytes must be >= 1, got {self.prefetch_bytes!r}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShardingConfig:
+    """How an iterable dataset is split over ranks.
+
+    Ranks take interleaved positions of the epoch's order (rank ``r`` of ``W``
+    takes positions ``r, r+W, ...``), then the DataLoader workers of a rank
+    split that the same way. Every object is read exactly once per epoch over
+    all ranks and workers.
+
+    Attributes:
+        rank: This process's rank; ``None`` reads it from ``torch.distributed``
+            when initialised, else 0. Default ``None``.
+        world_size: Number of ranks; ``None`` reads it from
+            ``torch.distributed`` when initialised, else 1. Default ``None``.
+        uneven: What to do when the number of objects is not a multiple of the
+            world size. ``"keep"``: every object once, so ranks differ by at most
+            one object (ranks then run different numbers of steps; with DDP use
+            ``"drop"`` or ``"pad"``). ``"drop"``: leave out the last
+            ``N % world_size`` objects of each epoch's order (different ones
+            each epoch when shuffled). ``"pad"``: repeat the first objects of the
+            order to fill up. Default ``"keep"``.
+    """
+
+    rank: int | None = None
+    world_size: int | None = None
+    uneven: Literal["keep", "drop", "pad"] = "keep"
+
+    def __post_init__(self) -> None:
+        if (self.rank is None) != (self.world_size is None):
+            raise ConfigError("ShardingConfig needs both rank and world_size, or neither")
+        if self.world_size is not None and self.world_size < 1:
+            raise ConfigError(f"ShardingConfig.world_size must be >= 1, got {self.world_size!r}")
+        if (
+            self.rank is not None
+            and self.world_size is not None
+            and not 0 <= self.rank < self.world_size
+        ):
+            raise ConfigError(
+                f"ShardingConfig.rank must be in 0..{self.world_size - 1}, got {self.rank!r}"
+            )
+        if self.uneven not in ("keep", "drop", "pad"):
+            raise ConfigError(
+                f"ShardingConfig.uneven must be 'keep', 'drop' or 'pad', got {self.uneven!r}"
+            )
