@@ -98,6 +98,9 @@ def run(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
     try:
         return future.result(timeout)
     except concurrent.futures.TimeoutError:
+        if future.done():
+            # The coroutine itself raised a TimeoutError (DeadlineExceededError is one).
+            raise
         future.cancel()
         raise TimeoutError(f"operation did not finish within {timeout} s") from None
     except KeyboardInterrupt:
