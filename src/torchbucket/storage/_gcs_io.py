@@ -104,6 +104,13 @@ def _persisted(headers: Mapping[str, str]) -> int:
     return int(last) + 1
 
 
+def _stream_end(end: int | None, total: int | None) -> int | None:
+    """Where a stream of ``[..., end)`` of an object of ``total`` bytes stops."""
+    if total is None:
+        return end
+    return total if end is None else min(end, total)
+
+
 class GCSTransport:
     """Sessions, limiter, credentials and multi-request transfers of one bucket."""
 
@@ -372,6 +379,7 @@ class GCSTransport:
                     raise self._transport_error(exc, "stream", uri) from exc
 
             resp = await self.call(open_response, "stream", uri)
+            broken: BaseException | None = None
             try:
                 if resp.status == 416:
                     return
@@ -382,7 +390,13 @@ class GCSTransport:
                     total = span[2]
                 elif resp.status == 200 and resp.content_length is not None:
                     total = resp.content_length
-                skip = pos if resp.status == 200 else 0  # Range ignored
+                if resp.status == 206 and span is not None and span[0] != pos:
+                    raise IntegrityError(
+                        f"asked for bytes from {pos}, got them from {span[0]}",
+                        operation="stream",
+                        uri=uri,
+                    )
+                skip = pos if resp.status == 200 else 0  # the server ignored Range
                 try:
                     async for chunk in resp.content.iter_chunked(chunk_size):
                         if skip:
@@ -399,19 +413,20 @@ class GCSTransport:
                         if end is not None and pos >= end:
                             break
                 except _TRANSPORT_ERRORS as exc:
-                    resumes += 1
-                    if resumes > _MAX_STREAM_RESUMES:
-                        raise self._transport_error(exc, "stream", uri) from exc
-                    logger.debug("stream of %s broke at byte %d; resuming", uri, pos)
-                    continue
+                    broken = exc
             finally:
                 resp.release()
-            break
-        expected_end = end if total is None else min(end if end is not None else total, total)
-        if expected_end is not None and pos != expected_end:
-            raise IntegrityError(
-                f"stream ended at byte {pos}, expected {expected_end}", operation="stream", uri=uri
-            )
+            stop = _stream_end(end, total)
+            if broken is None and (stop is None or pos >= stop):
+                break
+            resumes += 1
+            if resumes > _MAX_STREAM_RESUMES:
+                if broken is not None:
+                    raise self._transport_error(broken, "stream", uri) from broken
+                raise IntegrityError(
+                    f"stream ended at byte {pos}, expected {stop}", operation="stream", uri=uri
+                )
+            logger.debug("stream of %s broke at byte %d; resuming", uri, pos)
         if crc is not None:
             self._verify_whole(resp.headers, _crc_b64(crc), uri)
 

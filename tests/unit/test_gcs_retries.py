@@ -1,0 +1,298 @@
+"""GCSStore against a scripted HTTP server: what is retried, what is not, and how.
+
+Each test scripts the server's answers in order and then checks both what the
+caller got and which requests reached the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from torchbucket import runtime
+from torchbucket.config import RetryConfig
+from torchbucket.errors import (
+    DeadlineExceededError,
+    IntegrityError,
+    NotFoundError,
+    PermissionDeniedError,
+    PreconditionFailedError,
+    ThrottledError,
+)
+from torchbucket.storage._common import crc32c_b64
+from torchbucket.storage.base import Part
+from torchbucket.storage.gcs import GCSConfig, GCSStore
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+DATA = b"0123456789" * 100
+
+
+@dataclass
+class Seen:
+    method: str
+    path_qs: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Scripted:
+    """Answers requests with the next scripted handler, and records them."""
+
+    handlers: list[Handler] = field(default_factory=list)
+    seen: list[Seen] = field(default_factory=list)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.seen.append(Seen(request.method, request.path_qs, dict(request.headers), body))
+        assert self.handlers, f"unscripted request {request.method} {request.path_qs}"
+        return await self.handlers.pop(0)(request)
+
+    def methods(self) -> list[str]:
+        return [s.method for s in self.seen]
+
+
+def answer(status: int, body: bytes | dict[str, Any] = b"", **headers: str) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        data = json.dumps(body).encode() if isinstance(body, dict) else body
+        return web.Response(status=status, body=data, headers=headers)
+
+    return handler
+
+
+def media(data: bytes, crc: str | None = None) -> Handler:
+    return answer(200, data, **{"x-goog-hash": f"crc32c={crc or crc32c_b64(data)}"})
+
+
+def resource(name: str, data: bytes, generation: int = 5) -> dict[str, Any]:
+    return {
+        "name": name,
+        "size": str(len(data)),
+        "generation": str(generation),
+        "crc32c": crc32c_b64(data),
+    }
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[Scripted, GCSStore]]:
+    scripted = Scripted()
+
+    async def start() -> tuple[web.AppRunner, int]:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", scripted.handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return runner, runner.addresses[0][1]
+
+    runner, port = runtime.run(start())
+    retry = RetryConfig(
+        initial_backoff=0.0, max_backoff=0.01, deadline=10.0, max_attempts=4, read_timeout=0.3
+    )
+    store = GCSStore("bkt", config=GCSConfig(endpoint=f"http://127.0.0.1:{port}", retry=retry))
+    yield scripted, store
+    runtime.run(store.close())
+    runtime.run(runner.cleanup())
+
+
+def test_a_read_is_retried_after_throttling_and_server_errors(server: Any) -> None:
+    scripted, store = server
+    scripted.handlers += [answer(503, **{"Retry-After": "0"}), answer(500), media(DATA)]
+    assert runtime.run(store.get("k")) == DATA
+    assert scripted.methods() == ["GET"] * 3
+    assert scripted.seen[0].path_qs == "/storage/v1/b/bkt/o/k?alt=media"
+
+
+def test_a_corrupted_body_is_retried_then_reported(server: Any) -> None:
+    scripted, store = server
+    scripted.handlers += [media(DATA, crc="AAAAAA=="), media(DATA)]
+    assert runtime.run(store.get("k")) == DATA
+    scripted.handlers += [media(DATA, crc="AAAAAA==")] * 4
+    with pytest.raises(DeadlineExceededError) as info:
+        runtime.run(store.get("k"))
+    assert isinstance(info.value.__cause__, IntegrityError)
+    assert "gs://bkt/k" in str(info.value)
+    assert len(scripted.seen) == 2 + 4
+
+
+def test_a_short_range_is_an_integrity_error(server: Any) -> None:
+    scripted, store = server
+    short = answer(206, DATA[10:15], **{"Content-Range": f"bytes 10-19/{len(DATA)}"})
+    scripted.handlers += [short, answer(206, DATA[10:20], **{"Content-Range": "bytes 10-19/1000"})]
+    assert runtime.run(store.get("k", start=10, end=20)) == DATA[10:20]
+    assert scripted.seen[0].headers["Range"] == "bytes=10-19"
+
+
+def test_not_found_and_forbidden_are_not_retried(server: Any) -> None:
+    scripted, store = server
+    scripted.handlers += [answer(404), answer(403)]
+    with pytest.raises(NotFoundError):
+        runtime.run(store.get("k"))
+    with pytest.raises(PermissionDeniedError):
+        runtime.run(store.head("k"))
+    assert len(scripted.seen) == 2
+
+
+def test_a_write_without_precondition_is_not_retried(server: Any) -> None:
+    scripted, store = server
+    scripted.handlers += [answer(503)]
+    with pytest.raises(ThrottledError):
+        runtime.run(store.put("k", b"data"))
+    assert scripted.methods() == ["POST"]
+
+
+def test_a_conditional_write_accepts_its_own_lost_attempt(server: Any) -> None:
+    scripted, store = server
+    scripted.handlers += [answer(503), answer(412), answer(200, resource("k", b"data"))]
+    info = runtime.run(store.put("k", b"data", if_generation_match=0))
+    assert (info.name, info.size, info.generation) == ("k", 4, 5)
+    assert scripted.methods() == ["POST", "POST", "GET"]
+    assert "ifGenerationMatch=0" in scripted.seen[0].path_qs
+
+
+def test_a_conditional_write_lost_to_another_writer_fails(server: Any) -> None:
+    scripted, store = server
+    scripted.handlers += [answer(503), answer(412), answer(200, resource("k", b"other"))]
+    with pytest.raises(PreconditionFailedError):
+        runtime.run(store.put("k", b"data", if_generation_match=0))
+
+
+def test_a_first_412_is_final(server: Any) -> None:
+    scripted, store = server
+    scripted.handlers += [answer(412)]
+    with pytest.raises(PreconditionFailedError):
+        runtime.run(store.put("k", b"data", if_generation_match=0))
+    assert scripted.methods() == ["POST"]
+
+
+def test_a_retried_delete_that_finds_nothing_succeeded(server: Any) -> None:
+    scripted, store = server
+    scripted.handlers += [answer(503), answer(404)]
+    runtime.run(store.delete("k", generation=3))
+    assert scripted.methods() == ["DELETE", "DELETE"]
+    assert scripted.seen[0].path_qs.endswith("?generation=3")
+
+
+def test_a_retried_multipart_complete_accepts_the_finished_object(server: Any) -> None:
+    scripted, store = server
+    no_upload = b"<Error><Code>NoSuchUpload</Code><Message>gone</Message></Error>"
+    obj = resource("k", b"x" * 7)
+    scripted.handlers += [
+        answer(
+            200,
+            b"<InitiateMultipartUploadResult><UploadId>u1</UploadId></InitiateMultipartUploadResult>",
+        ),
+        answer(200, ETag='"e1"'),
+        answer(502),
+        answer(404, no_upload),
+        answer(200, obj),
+        answer(200, obj),
+    ]
+    upload_id = runtime.run(store.multipart_initiate("k"))
+    part = runtime.run(store.multipart_upload_part("k", upload_id, 1, b"x" * 7))
+    assert part == Part(1, '"e1"')
+    info = runtime.run(store.multipart_complete("k", upload_id, [part]))
+    assert info.size == 7
+    assert [s.path_qs for s in scripted.seen[:3]] == [
+        "/bkt/k?uploads",
+        "/bkt/k?partNumber=1&uploadId=u1",
+        "/bkt/k?uploadId=u1",
+    ]
+    assert b"<PartNumber>1</PartNumber><ETag>&quot;e1&quot;</ETag>" in scripted.seen[2].body or (
+        b'<PartNumber>1</PartNumber><ETag>"e1"</ETag>' in scripted.seen[2].body
+    )
+
+
+def test_a_stalled_server_is_a_timeout_not_a_hang(server: Any) -> None:
+    scripted, store = server
+
+    async def stall(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(2)
+        return web.Response(body=b"late")
+
+    scripted.handlers += [stall] * 4
+    with pytest.raises(DeadlineExceededError, match="4 attempts"):
+        runtime.run(store.get("k"))
+
+
+def test_a_stream_resumes_where_the_connection_broke(server: Any) -> None:
+    scripted, store = server
+    half = len(DATA) // 2
+
+    async def broken(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"x-goog-generation": "42"})
+        resp.content_length = len(DATA)
+        await resp.prepare(request)
+        await resp.write(DATA[:half])
+        assert request.transport is not None
+        request.transport.close()
+        return resp
+
+    async def rest(request: web.Request) -> web.StreamResponse:
+        # The client may not have seen any of the first half: answer what it asks.
+        first = int(request.headers.get("Range", "bytes=0-")[6:].rstrip("-"))
+        return web.Response(
+            status=206,
+            body=DATA[first:],
+            headers={
+                "Content-Range": f"bytes {first}-{len(DATA) - 1}/{len(DATA)}",
+                "x-goog-hash": f"crc32c={crc32c_b64(DATA)}",
+            },
+        )
+
+    scripted.handlers += [broken, rest]
+
+    async def collect() -> bytes:
+        return b"".join([c async for c in store.stream("k", chunk_size=64)])
+
+    assert runtime.run(collect()) == DATA
+    assert len(scripted.seen) == 2
+    assert "generation=42" in scripted.seen[1].path_qs
+
+
+def test_credentials_are_sent_but_never_shown(
+    server: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    scripted, store = server
+
+    class FakeCredentials:
+        token = "ya29.SECRET-TOKEN"
+        valid = True
+
+    import google.auth
+
+    monkeypatch.setattr(google.auth, "default", lambda scopes: (FakeCredentials(), "proj"))
+    endpoint = store.endpoint
+    authed = GCSStore(
+        "bkt",
+        config=GCSConfig(endpoint=endpoint, anonymous=False, retry=RetryConfig(max_attempts=2)),
+    )
+    scripted.handlers += [answer(401, b"bad token"), answer(503), answer(503)]
+    caplog.set_level(logging.DEBUG, logger="torchbucket")
+    for _ in range(2):
+        with pytest.raises((PermissionDeniedError, DeadlineExceededError)) as info:
+            runtime.run(authed.get("k"))
+        assert "SECRET" not in str(info.value)
+        assert "SECRET" not in repr(info.value.__cause__)
+    assert scripted.seen[0].headers["Authorization"] == "Bearer ya29.SECRET-TOKEN"
+    assert scripted.seen[0].headers["User-Agent"].startswith("torchbucket/")
+    assert "SECRET" not in caplog.text
+    assert "SECRET" not in repr(authed)
+    runtime.run(authed.close())
+
+
+def test_missing_bucket_on_listing(server: Any) -> None:
+    scripted, store = server
+    scripted.handlers += [answer(404, {"error": {"code": 404, "message": "Not Found"}})]
+    with pytest.raises(NotFoundError) as info:
+        runtime.run(store.list_page("p/"))
+    assert type(info.value).__name__ == "BucketNotFoundError"
+    assert "gs://bkt/p/" in str(info.value)
