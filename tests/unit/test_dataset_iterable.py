@@ -1,0 +1,254 @@
+"""BucketIterableDataset on the memory store: order, sharding, window, resume."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import traceback
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from resume_helper import check_resumable
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from torchbucket import runtime
+from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig
+from torchbucket.datasets import BucketIterableDataset, FetchConfig, ShardingConfig
+from torchbucket.datasets._catalog import Catalog
+from torchbucket.errors import ConfigError, NotFoundError
+from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
+
+N = 90
+
+
+def payload(i: int) -> bytes:
+    return f"sample-{i:04d}|".encode() * (1 + i % 5)
+
+
+@pytest.fixture
+def bucket() -> Iterator[str]:
+    name = f"it-{uuid.uuid4().hex[:8]}"
+    store = MemoryStore(name)
+
+    async def seed() -> None:
+        for i in range(N):
+            await store.put(f"train/{i:04d}", payload(i))
+
+    runtime.run(seed())
+    yield name
+    delete_memory_bucket(name)
+
+
+def _composites(bucket: str) -> list[str]:
+    return [o.name for o in runtime.run(MemoryStore(bucket).list_page(COMPOSITE_PREFIX)).objects]
+
+
+def _set_epoch(ds: BucketIterableDataset, epoch: int) -> None:
+    ds.set_epoch(epoch)
+
+
+def test_epoch_reads_everything_in_listing_order(bucket: str) -> None:
+    ds = BucketIterableDataset.from_prefix(f"memory://{bucket}/train/")
+    assert list(ds) == [payload(i) for i in range(N)]
+    assert _composites(bucket) == []
+
+
+@pytest.mark.parametrize("compose", [True, False])
+def test_shuffle_is_seeded_and_changes_per_epoch(bucket: str, compose: bool) -> None:
+    def make() -> BucketIterableDataset:
+        return BucketIterableDataset.from_prefix(
+            f"memory://{bucket}/train/",
+            shuffle=True,
+            seed=42,
+            compose=ComposeConfig(disable=not compose),
+            fetch=FetchConfig(prefetch=7),
+        )
+
+    a, b = make(), make()
+    e0 = list(a)
+    assert e0 == list(b)
+    assert sorted(e0) == sorted(payload(i) for i in range(N))
+    assert e0 != [payload(i) for i in range(N)]
+    a.set_epoch(1)
+    e1 = list(a)
+    assert sorted(e1) == sorted(e0) and e1 != e0
+    assert _composites(bucket) == []
+
+
+def test_explicit_ranks_partition_the_epoch(bucket: str) -> None:
+    seen: list[bytes] = []
+    for rank in range(4):
+        ds = BucketIterableDataset.from_prefix(
+            f"memory://{bucket}/train/",
+            shuffle=True,
+            sharding=ShardingConfig(rank=rank, world_size=4),
+        )
+        ds.set_epoch(3)
+        part = list(ds)
+        assert len(part) in (N // 4, N // 4 + 1)
+        seen.extend(part)
+    assert sorted(seen) == sorted(payload(i) for i in range(N))
+
+
+class SlowStore(MemoryStore):
+    """Counts reads in flight; each read takes a little while."""
+
+    in_flight = 0
+    peak = 0
+    bytes_in_flight = 0
+    peak_bytes = 0
+
+    async def get(
+        self, key: str, *, start: int = 0, end: int | None = None, generation: int | None = None
+    ) -> bytes:
+        cls = type(self)
+        size = (await self.head(key)).size
+        cls.in_flight += 1
+        cls.bytes_in_flight += size
+        cls.peak = max(cls.peak, cls.in_flight)
+        cls.peak_bytes = max(cls.peak_bytes, cls.bytes_in_flight)
+        try:
+            await asyncio.sleep(0.002)
+            return await super().get(key, start=start, end=end, generation=generation)
+        finally:
+            cls.in_flight -= 1
+            cls.bytes_in_flight -= size
+
+
+def _slow_dataset(bucket: str, fetch: FetchConfig) -> BucketIterableDataset:
+    infos = runtime.run(MemoryStore(bucket).list_page("train/")).objects
+    catalog = Catalog([SlowStore(bucket)], [0] * len(infos), infos)
+    return BucketIterableDataset(catalog, fetch=fetch, compose=ComposeConfig(disable=True))
+
+
+def test_window_keeps_many_reads_in_flight_and_no_more_than_prefetch(bucket: str) -> None:
+    SlowStore.peak = 0
+    assert list(_slow_dataset(bucket, FetchConfig(prefetch=12))) == [payload(i) for i in range(N)]
+    assert 6 <= SlowStore.peak <= 12
+
+
+def test_window_bytes_bound_the_memory_ahead(bucket: str) -> None:
+    SlowStore.peak = SlowStore.peak_bytes = 0
+    largest = max(len(payload(i)) for i in range(N))
+    ds = _slow_dataset(bucket, FetchConfig(prefetch=64, prefetch_bytes=2 * largest))
+    assert list(ds) == [payload(i) for i in range(N)]
+    assert SlowStore.peak >= 2 and SlowStore.peak_bytes <= 2 * largest
+
+
+def test_abandoned_iterator_stops_its_producer(bucket: str) -> None:
+    ds = _slow_dataset(bucket, FetchConfig(prefetch=4))
+    loop = runtime.get_loop()
+
+    async def count() -> int:
+        return len(asyncio.all_tasks())
+
+    baseline = runtime.run(count())
+    for _ in range(5):
+        it = iter(ds)
+        next(it)
+        next(it)
+    del it
+    ds = None
+    gc.collect()
+    runtime.run(asyncio.sleep(0.05))
+    assert runtime.run(count()) <= baseline
+    assert loop is runtime.get_loop()
+
+
+def test_object_rewritten_after_listing_raises_when_reached(bucket: str) -> None:
+    ds = BucketIterableDataset.from_prefix(f"memory://{bucket}/train/")
+    runtime.run(MemoryStore(bucket).put("train/0010", b"rewritten"))
+    it = iter(ds)
+    assert [next(it) for _ in range(10)] == [payload(i) for i in range(10)]
+    with pytest.raises(NotFoundError, match="since it was listed"):
+        next(it)
+    assert next(it) == payload(11)
+    assert _composites(bucket) == []
+
+
+def _explode(data: bytes) -> bytes:
+    raise ValueError("cannot decode")
+
+
+def test_data_format_fn_error_names_the_uri(bucket: str) -> None:
+    ds = BucketIterableDataset.from_prefix(f"memory://{bucket}/train/", data_format_fn=_explode)
+    with pytest.raises(ValueError) as info:
+        next(iter(ds))
+    assert f"memory://{bucket}/train/0000" in "".join(traceback.format_exception(info.value))
+
+
+def test_data_format_fn_error_through_workers_names_the_uri(bucket: str) -> None:
+    ds = BucketIterableDataset.from_prefix(f"memory://{bucket}/train/", data_format_fn=_explode)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork")
+    with pytest.raises(ValueError, match=f"memory://{bucket}/train/000"):
+        next(iter(loader))
+
+
+# ---------------------------------------------------------------- resume
+
+
+@pytest.mark.parametrize("compose", [True, False])
+def test_resumes_directly(bucket: str, compose: bool) -> None:
+    def make() -> BucketIterableDataset:
+        return BucketIterableDataset.from_prefix(
+            f"memory://{bucket}/train/",
+            shuffle=True,
+            seed=7,
+            fetch=FetchConfig(prefetch=5),
+            compose=ComposeConfig(disable=not compose, max_composite_object_size=200),
+        )
+
+    check_resumable(make, epochs=2, set_epoch=_set_epoch)
+    assert _composites(bucket) == []
+
+
+# torchdata 0.11 calls torch.set_vital, which torch 2.13 deprecates.
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resumes_through_stateful_dataloader(bucket: str, workers: int) -> None:
+    def make() -> StatefulDataLoader:
+        ds = BucketIterableDataset.from_prefix(
+            f"memory://{bucket}/train/", shuffle=True, seed=3, fetch=FetchConfig(prefetch=6)
+        )
+        return StatefulDataLoader(
+            ds,
+            batch_size=4,
+            num_workers=workers,
+            multiprocessing_context="fork" if workers else None,
+        )
+
+    def set_epoch(loader: StatefulDataLoader, epoch: int) -> None:
+        loader.dataset.set_epoch(epoch)
+
+    check_resumable(make, epochs=2, set_epoch=set_epoch, key=tuple)
+
+
+def test_state_from_another_dataset_or_layout_is_refused(bucket: str) -> None:
+    ds = BucketIterableDataset.from_prefix(f"memory://{bucket}/train/", shuffle=True)
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict()
+    assert state["position"] == 1 and state["epoch"] == 0
+    with pytest.raises(ConfigError, match="seed"):
+        BucketIterableDataset.from_prefix(
+            f"memory://{bucket}/train/", shuffle=True, seed=1
+        ).load_state_dict(state)
+    other = BucketIterableDataset.from_prefix(
+        f"memory://{bucket}/train/", shuffle=True, sharding=ShardingConfig(rank=0, world_size=2)
+    )
+    other.load_state_dict(state)
+    with pytest.raises(ConfigError, match="same number of ranks"):
+        iter(other)
+    with pytest.raises(ConfigError):
+        ds.set_epoch(-1)
+
+
+def test_state_at_the_start_resumes_with_any_layout(bucket: str) -> None:
+    state = BucketIterableDataset.from_prefix(f"memory://{bucket}/train/").state_dict()
+    other = BucketIterableDataset.from_prefix(
+        f"memory://{bucket}/train/", sharding=ShardingConfig(rank=1, world_size=2)
+    )
+    other.load_state_dict(state)
+    assert list(other) == [payload(i) for i in range(1, N, 2)]
