@@ -12,6 +12,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
+from torchbucket.emulator._fields import parse_fields
 from torchbucket.emulator._http import (
     ApiError,
     Call,
@@ -143,7 +144,7 @@ class ModelBackend:
         return obj
 
     async def _metadata(self, call: Call) -> web.Response:
-        return json_response(self._read_target(call).resource())
+        return _object_response(call, self._read_target(call))
 
     async def _list(self, call: Call) -> web.Response:
         q = call.query
@@ -162,15 +163,16 @@ class ModelBackend:
             max_results=max_results,
             delimiter=q.get("delimiter", ""),
         )
-        parts = [b'{"kind":"storage#objects"']
-        if token is not None:
-            parts.append(b',"nextPageToken":"' + token.encode() + b'"')
-        if prefixes:
-            parts.append(b',"prefixes":' + json.dumps(prefixes).encode())
-        if items:
-            parts.append(b',"items":[' + b",".join([o.resource() for o in items]) + b"]")
-        parts.append(b"}")
-        return json_response(b"".join(parts))
+        mask = parse_fields(q.get("fields"))
+        parts = [b'"kind":"storage#objects"'] if mask.wants("kind") else []
+        if token is not None and mask.wants("nextPageToken"):
+            parts.append(b'"nextPageToken":"' + token.encode() + b'"')
+        if prefixes and mask.wants("prefixes"):
+            parts.append(b'"prefixes":' + json.dumps(prefixes).encode())
+        if items and mask.wants("items"):
+            fields = mask.items
+            parts.append(b'"items":[' + b",".join([o.resource(fields) for o in items]) + b"]")
+        return json_response(b"{" + b",".join(parts) + b"}")
 
     # -- writes --------------------------------------------------------------
 
@@ -187,7 +189,7 @@ class ModelBackend:
             metadata=meta.get("metadata"),
             pre=Preconditions.from_query(call.query),
         )
-        return json_response(obj.resource())
+        return _object_response(call, obj)
 
     @staticmethod
     def _check_hashes(meta: dict[str, Any], data: bytes) -> None:
@@ -289,7 +291,7 @@ class ModelBackend:
                 raise
             session.done = obj
             session.buf = bytearray()
-            return json_response(obj.resource())
+            return _object_response(call, obj)
         headers = {"X-GUploader-UploadID": upload_id}
         if buf:
             headers["Range"] = f"bytes=0-{len(buf) - 1}"
@@ -308,7 +310,7 @@ class ModelBackend:
             dest.get("contentType"),
             Preconditions.from_query(call.query),
         )
-        return json_response(obj.resource())
+        return _object_response(call, obj)
 
     async def _delete(self, call: Call) -> web.Response:
         gen = call.query.get("generation")
@@ -350,7 +352,7 @@ class ModelBackend:
         )
 
     async def _copy(self, call: Call) -> web.Response:
-        return json_response(self._copy_object(call).resource())
+        return _object_response(call, self._copy_object(call))
 
     async def _patch(self, call: Call) -> web.Response:
         obj = self.store.get(call.route.bucket, call.route.name)
@@ -384,6 +386,14 @@ class ModelBackend:
         del self.store.buckets[bucket.name]
         await asyncio.sleep(0)
         return web.Response(status=204)
+
+
+def _object_response(call: Call, obj: ModelObject) -> web.Response:
+    """An object resource, narrowed to the call's ``fields`` mask."""
+    fields = call.query.get("fields")
+    if not fields:
+        return json_response(obj.resource())
+    return json_response(obj.resource(parse_fields(fields, collection=False).items))
 
 
 def _json_body(call: Call) -> dict[str, Any]:

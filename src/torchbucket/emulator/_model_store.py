@@ -30,6 +30,7 @@ class ModelObject:
     __slots__ = (
         "_headers",
         "_json",
+        "_partial",
         "bucket",
         "component_count",
         "content_type",
@@ -71,31 +72,53 @@ class ModelObject:
             self.crc32c = crc32c_b64(data)
             self.md5 = None
         self._json: bytes | None = None
+        self._partial: tuple[tuple[str, ...], bytes] | None = None
         self._headers: dict[str, str] | None = None
 
-    def resource(self) -> bytes:
-        """The object's JSON API resource, encoded once and cached."""
-        if self._json is None:
-            quoted = json.dumps(self.name)
-            bucket = json.dumps(self.bucket)
-            extra = ""
-            if self.md5 is not None:
-                extra += f',"md5Hash":"{self.md5}"'
-            if self.component_count is not None:
-                extra += f',"componentCount":{self.component_count}'
-            if self.metadata:
-                extra += f',"metadata":{json.dumps(self.metadata)}'
-            gen = self.generation
-            self._json = (
-                f'{{"kind":"storage#object","id":{json.dumps(f"{self.bucket}/{self.name}/{gen}")},'
-                f'"name":{quoted},"bucket":{bucket},"generation":"{gen}",'
-                f'"metageneration":"{self.metageneration}",'
-                f'"contentType":{json.dumps(self.content_type)},"storageClass":"STANDARD",'
-                f'"size":"{len(self.data)}","crc32c":"{self.crc32c}"{extra},'
-                f'"etag":"{self.etag}","timeCreated":"{self.created}",'
-                f'"updated":"{self.created}","timeStorageClassUpdated":"{self.created}"}}'
+    def resource(self, fields: tuple[str, ...] | None = None) -> bytes:
+        """The object's JSON API resource, encoded once and cached.
+
+        Args:
+            fields: Only these fields (a ``fields`` mask), or ``None`` for all.
+                The encoding for the last mask used is cached too.
+        """
+        if fields is not None:
+            cached = self._partial
+            if cached is not None and cached[0] is fields:
+                return cached[1]
+            full = self._resource_dict()
+            encoded = json.dumps(
+                {k: full[k] for k in fields if k in full}, separators=(",", ":")
             ).encode()
+            self._partial = (fields, encoded)
+            return encoded
+        if self._json is None:
+            self._json = json.dumps(self._resource_dict(), separators=(",", ":")).encode()
         return self._json
+
+    def _resource_dict(self) -> dict[str, Any]:
+        gen = self.generation
+        out: dict[str, Any] = {
+            "kind": "storage#object",
+            "id": f"{self.bucket}/{self.name}/{gen}",
+            "name": self.name,
+            "bucket": self.bucket,
+            "generation": str(gen),
+            "metageneration": str(self.metageneration),
+            "contentType": self.content_type,
+            "storageClass": "STANDARD",
+            "size": str(len(self.data)),
+            "crc32c": self.crc32c,
+        }
+        if self.md5 is not None:
+            out["md5Hash"] = self.md5
+        if self.component_count is not None:
+            out["componentCount"] = self.component_count
+        if self.metadata:
+            out["metadata"] = self.metadata
+        out["etag"] = self.etag
+        out["timeCreated"] = out["updated"] = out["timeStorageClassUpdated"] = self.created
+        return out
 
     @property
     def etag(self) -> str:
@@ -124,6 +147,7 @@ class ModelObject:
     def invalidate(self) -> None:
         """Forget cached encodings after a metadata change."""
         self._json = None
+        self._partial = None
         self._headers = None
 
 

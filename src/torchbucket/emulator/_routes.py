@@ -8,7 +8,7 @@ expressions run per request.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from urllib.parse import unquote
+from urllib.parse import unquote as _unquote
 
 from torchbucket.emulator._http import Route
 
@@ -16,6 +16,11 @@ __all__ = ["parse_route"]
 
 _JSON_PREFIXES = ("/storage/v1/b", "/download/storage/v1/b")
 _UPLOAD_PREFIX = "/upload/storage/v1/b/"
+
+
+def unquote(text: str) -> str:
+    """Percent-decode ``text`` (most names need no decoding: skip the work)."""
+    return _unquote(text) if "%" in text else text
 
 
 def parse_route(method: str, path: str, query: Mapping[str, str]) -> Route:
