@@ -51,11 +51,14 @@ def render(index: int, seed: int = 0) -> bytes:
     label = index % len(CLASSES)
     size = IMAGE_SIZE
     dark_background = bool(rng.integers(0, 2))
-    background = _colour(rng, 0, 90) if dark_background else _colour(rng, 165, 256)
-    ink = _colour(rng, 150, 256) if dark_background else _colour(rng, 0, 110)
+    background = _colour(rng, 0, 120) if dark_background else _colour(rng, 135, 256)
+    ink = _colour(rng, 110, 256) if dark_background else _colour(rng, 0, 146)
     image = Image.new("RGB", (size, size), background)
     draw = ImageDraw.Draw(image)
-    r = float(rng.uniform(6.0, 12.0))
+    # A distractor: a thin line in a third colour, somewhere, under the shape.
+    x0, y0, x1, y1 = (float(v) for v in rng.uniform(0, size, size=4))
+    draw.line((x0, y0, x1, y1), fill=_colour(rng, 0, 256), width=1)
+    r = float(rng.uniform(4.5, 11.0))
     cx, cy = (float(v) for v in rng.uniform(r + 1, size - r - 1, size=2))
     width = max(2, round(r / 3))
     shape = CLASSES[label]
@@ -79,10 +82,10 @@ def render(index: int, seed: int = 0) -> bytes:
         ]
         draw.polygon(points, fill=ink)
     else:  # cross
-        draw.rectangle((cx - r, cy - width, cx + r, cy + width), fill=ink)
-        draw.rectangle((cx - width, cy - r, cx + width, cy + r), fill=ink)
+        draw.rectangle((cx - r, cy - width / 2, cx + r, cy + width / 2), fill=ink)
+        draw.rectangle((cx - width / 2, cy - r, cx + width / 2, cy + r), fill=ink)
     pixels = np.asarray(image, dtype=np.int16)
-    noise = rng.normal(0.0, 18.0, size=pixels.shape).astype(np.int16)
+    noise = rng.normal(0.0, 30.0, size=pixels.shape).astype(np.int16)
     noisy = np.clip(pixels + noise, 0, 255).astype(np.uint8)
     out = io.BytesIO()
     Image.fromarray(noisy).save(out, format="PNG", compress_level=1)

@@ -1,0 +1,409 @@
+"""The demo job, step by step: data into a bucket, train, checkpoint, restart, evaluate."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any, cast
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from torchbucket import runtime
+from torchbucket._uri import parse_uri
+from torchbucket.checkpoint import BucketCheckpoint
+from torchbucket.cli._common import human_bytes, open_target, plural
+from torchbucket.cli._cp import copy
+from torchbucket.datasets import BucketMapDataset
+from torchbucket.demo._data import CLASSES, decode, generate
+from torchbucket.demo._model import SmallCNN
+from torchbucket.demo._train import Labelled, evaluate, make_loader, train_epoch
+from torchbucket.errors import ConfigError
+from torchbucket.listing import alist_objects
+from torchbucket.storage import HIDDEN_PREFIXES
+from torchbucket.storage.gcs import GCSConfig
+
+__all__ = ["DemoConfig", "DemoResult", "run_demo"]
+
+_EMULATOR_BUCKET = "torchbucket-demo"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DemoConfig:
+    """What the demo does.
+
+    Attributes:
+        objects: Images generated, a sixth of them held out. Default 20,000.
+        epochs: Epochs in all, over both jobs. Default 3.
+        restart_after: Epochs the first job trains before it "crashes"; the
+            restarted job trains the rest. Default ``None``: ``epochs - 1``.
+        workers: DataLoader worker processes. Default 2.
+        batch_size: Images per batch. Default 64.
+        out: Folder for the figure and ``summary.json``. Default ``demo-output``.
+        bucket: ``gs://bucket/prefix`` to use instead of the local emulator.
+            Default ``None``: the emulator.
+        latency: Model a same-region bucket's latency in the emulator. Default
+            ``True``.
+        seed: Picks the images and the initial weights. Default 0.
+        learning_rate: Adam's learning rate. Default 3e-3.
+    """
+
+    objects: int = 20_000
+    epochs: int = 3
+    restart_after: int | None = None
+    workers: int = 2
+    batch_size: int = 64
+    out: str = "demo-output"
+    bucket: str | None = None
+    latency: bool = True
+    seed: int = 0
+    learning_rate: float = 3e-3
+
+    def __post_init__(self) -> None:
+        if self.objects < 12:
+            raise ConfigError(f"DemoConfig.objects must be >= 12, got {self.objects}")
+        if self.epochs < 2:
+            raise ConfigError(
+                f"DemoConfig.epochs must be >= 2 (one before and one after the restart), got {self.epochs}"
+            )
+        if self.restart_after is not None and not 1 <= self.restart_after < self.epochs:
+            raise ConfigError(
+                f"DemoConfig.restart_after must be in [1, epochs), got {self.restart_after}"
+            )
+        if self.workers < 0 or self.batch_size < 1:
+            raise ConfigError("DemoConfig.workers must be >= 0 and batch_size >= 1")
+        if self.bucket is not None and parse_uri(self.bucket).scheme != "gs":
+            raise ConfigError(f"--bucket must be a gs:// URI, got {self.bucket!r}")
+
+    @property
+    def first_job_epochs(self) -> int:
+        """Epochs trained before the restart."""
+        return self.restart_after if self.restart_after is not None else self.epochs - 1
+
+
+@dataclass
+class EpochRecord:
+    """What one epoch did."""
+
+    epoch: int
+    job: int
+    loss: float
+    train_accuracy: float
+    val_accuracy: float
+    seconds: float
+    samples_per_s: float
+    batch_losses: list[float] = field(default_factory=list)
+
+
+@dataclass
+class DemoResult:
+    """Everything the summary and the figure show."""
+
+    where: str
+    objects: int = 0
+    dataset_bytes: int = 0
+    generate_s: float = 0.0
+    upload_s: float = 0.0
+    upload_mb_s: float = 0.0
+    list_s: float = 0.0
+    history: list[EpochRecord] = field(default_factory=list)
+    checkpoint_uris: list[str] = field(default_factory=list)
+    save_s: list[float] = field(default_factory=list)
+    load_s: float = 0.0
+    resumed_from_epoch: int = 0
+    final_accuracy: float = 0.0
+    per_class_accuracy: dict[str, float] = field(default_factory=dict)
+    requests: dict[str, dict[str, int]] = field(default_factory=dict)
+    server_cpu_s: float | None = None
+    composites_left: int | None = None
+    uploads_left: int = 0
+    total_s: float = 0.0
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+class _Requests:
+    """Requests by class per phase, from the emulator's counters."""
+
+    def __init__(self, emulator: Any) -> None:
+        self.emulator = emulator
+        self.phases: dict[str, dict[str, int]] = {}
+        self.cpu = 0.0
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if self.emulator is None:
+            yield
+            return
+        before = self.emulator.stats()
+        try:
+            yield
+        finally:
+            after = self.emulator.stats()
+            got = self.phases.setdefault(name, {"A": 0, "B": 0})
+            for cls in ("A", "B"):
+                got[cls] += int(after["by_class"].get(cls, 0)) - int(before["by_class"].get(cls, 0))
+            self.cpu += float(after["cpu_seconds_total"]) - float(before["cpu_seconds_total"])
+
+
+def _write_dataset(folder: str, config: DemoConfig, n_train: int, n_val: int) -> tuple[int, int]:
+    """Draw the images into ``folder`` as ``<split>/<class>/<n>.png``; returns count and bytes."""
+    count = size = 0
+    made: set[str] = set()
+    with tqdm(
+        total=n_train + n_val,
+        desc="drawing images",
+        unit=" img",
+        file=sys.stderr,
+        leave=False,
+        disable=not sys.stderr.isatty(),
+    ) as bar:
+        for chunk in generate(
+            {"train": n_train, "val": n_val},
+            seed=config.seed,
+            processes=min(2, os.cpu_count() or 1),
+        ):
+            for name, data in chunk:
+                path = os.path.join(folder, name)
+                parent = os.path.dirname(path)
+                if parent not in made:
+                    os.makedirs(parent, exist_ok=True)
+                    made.add(parent)
+                with open(path, "wb") as f:
+                    f.write(data)
+                count += 1
+                size += len(data)
+            bar.update(len(chunk))
+    return count, size
+
+
+def _count(uri: str, gcs: GCSConfig) -> int:
+    target = open_target(uri, gcs.endpoint)
+    try:
+        return len(runtime.run(alist_objects(target.store, target.key)))
+    finally:
+        runtime.run(target.store.close())
+
+
+def _new_model(config: DemoConfig) -> tuple[nn.Module, torch.optim.Optimizer]:
+    model = SmallCNN(len(CLASSES))
+    return model, torch.optim.Adam(model.parameters(), lr=config.learning_rate)
+
+
+def _train_epochs(
+    *,
+    job: int,
+    epochs: range,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    train: Labelled,
+    val: Labelled,
+    config: DemoConfig,
+    checkpoint: BucketCheckpoint,
+    checkpoint_prefix: str,
+    result: DemoResult,
+    requests: _Requests,
+) -> None:
+    for epoch in epochs:
+        loader = make_loader(
+            train,
+            batch_size=config.batch_size,
+            workers=config.workers,
+            shuffle=True,
+            seed=config.seed * 1000 + epoch,
+        )
+        with requests.phase("training"):
+            loss, train_acc, seconds, batch_losses = train_epoch(
+                model, optimizer, loader, f"job {job} epoch {epoch}/{config.epochs}"
+            )
+        val_loader = make_loader(val, batch_size=256, workers=config.workers, shuffle=False, seed=0)
+        with requests.phase("evaluation"):
+            val_acc, per_class = evaluate(model, val_loader, f"job {job} validating")
+        record = EpochRecord(
+            epoch=epoch,
+            job=job,
+            loss=loss,
+            train_accuracy=train_acc,
+            val_accuracy=val_acc,
+            seconds=seconds,
+            samples_per_s=len(train) / seconds,
+            batch_losses=batch_losses,
+        )
+        result.history.append(record)
+        result.final_accuracy = val_acc
+        result.per_class_accuracy = dict(zip(CLASSES, per_class, strict=True))
+        uri = f"{checkpoint_prefix}epoch-{epoch:04d}.pt"
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "epoch": epoch,
+            "history": [asdict(r) for r in result.history],
+        }
+        started = time.perf_counter()
+        with requests.phase("checkpoint save"), checkpoint.writer(uri) as f:
+            torch.save(state, cast(IO[bytes], f))
+        result.save_s.append(time.perf_counter() - started)
+        result.checkpoint_uris.append(uri)
+        _say(
+            f"  job {job} epoch {epoch}: loss {loss:.3f}, train accuracy {train_acc:.1%}, "
+            f"held-out accuracy {val_acc:.1%}, {record.samples_per_s:,.0f} samples/s "
+            f"({seconds:.1f} s); checkpoint {uri} in {result.save_s[-1]:.2f} s"
+        )
+
+
+def run_demo(config: DemoConfig) -> DemoResult:
+    """Run the demo end to end and return what it measured.
+
+    Raises:
+        StorageError: The bucket could not be used.
+        ConfigError: Bad options.
+    """
+    wall = time.perf_counter()
+    torch.manual_seed(config.seed)
+    os.makedirs(config.out, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        emulator: Any = None
+        if config.bucket is None:
+            from torchbucket.emulator import Emulator
+
+            latency = "same-region" if config.latency else None
+            _say(
+                "Starting a local GCS emulator (in-memory model store"
+                + (
+                    ", same-region latency: ~20 ms to first byte, ~40 ms per write, "
+                    "~60 ms per list page)"
+                    if latency
+                    else ", no modelled latency)"
+                )
+            )
+            emulator = stack.enter_context(Emulator(backend="model", latency=latency))
+            emulator.create_bucket(_EMULATOR_BUCKET)
+            base = f"gs://{_EMULATOR_BUCKET}/"
+            gcs = GCSConfig(endpoint=emulator.endpoint)
+            where = f"local GCS emulator, {latency or 'no'} latency"
+            _say(f"  endpoint {emulator.endpoint}, bucket gs://{_EMULATOR_BUCKET}")
+        else:
+            base = config.bucket if config.bucket.endswith("/") else config.bucket + "/"
+            gcs = GCSConfig()
+            where = base
+        result = DemoResult(where=where)
+        requests = _Requests(emulator)
+        n_val = max(len(CLASSES), config.objects // 6)
+        n_train = config.objects - n_val
+        data_uri = f"{base}shapes-{config.objects}-seed{config.seed}/"
+
+        # 1. A dataset of many small files, put in place the way a user would.
+        if emulator is None and _count(data_uri, gcs) == config.objects:
+            _say(f"Reusing the {config.objects:,} images already under {data_uri}")
+            result.objects = config.objects
+        else:
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="torchbucket-demo-"))
+            started = time.perf_counter()
+            result.objects, result.dataset_bytes = _write_dataset(folder, config, n_train, n_val)
+            result.generate_s = time.perf_counter() - started
+            _say(
+                f"Drew {result.objects:,} PNG images of {len(CLASSES)} shapes "
+                f"({human_bytes(result.dataset_bytes)}) in {result.generate_s:.1f} s"
+            )
+            with requests.phase("upload"):
+                stats = copy(folder, data_uri, endpoint=gcs.endpoint, jobs=128, desc="uploading")
+            result.upload_s, result.upload_mb_s = stats.seconds, stats.mb_per_s
+            _say(
+                f"Uploaded them to {data_uri} (torchbucket cp {folder} {data_uri}): "
+                f"{stats.objects:,} objects in {stats.seconds:.1f} s, "
+                f"{stats.objects / stats.seconds:,.0f} objects/s"
+            )
+            shutil.rmtree(folder, ignore_errors=True)
+
+        # 2. List once, in the main process, before the DataLoader forks.
+        started = time.perf_counter()
+        with requests.phase("listing"):
+            train = Labelled(
+                BucketMapDataset.from_prefix(
+                    data_uri + "train/", data_format_fn=decode, gcs_config=gcs
+                )
+            )
+            val = Labelled(
+                BucketMapDataset.from_prefix(
+                    data_uri + "val/", data_format_fn=decode, gcs_config=gcs
+                )
+            )
+        result.list_s = time.perf_counter() - started
+        _say(
+            f"Listed {len(train):,} training and {len(val):,} held-out images in "
+            f"{result.list_s:.2f} s"
+        )
+
+        checkpoint = BucketCheckpoint(gcs_config=gcs)
+        checkpoint_prefix = f"{base}checkpoints/run-{uuid.uuid4().hex[:8]}/"
+        common = dict(
+            train=train,
+            val=val,
+            config=config,
+            checkpoint=checkpoint,
+            checkpoint_prefix=checkpoint_prefix,
+            result=result,
+            requests=requests,
+        )
+
+        # 3. The first job trains a few epochs, checkpointing each, then "crashes".
+        first = config.first_job_epochs
+        _say(
+            f"Job 1: training a small CNN for epochs 1-{first} with "
+            f"{config.workers} DataLoader workers, batch {config.batch_size}"
+        )
+        model, optimizer = _new_model(config)
+        _train_epochs(job=1, epochs=range(1, first + 1), model=model, optimizer=optimizer, **common)  # type: ignore[arg-type]
+        del model, optimizer
+        _say(
+            "Job 1 stops here, as if its node were lost. Job 2 starts from nothing but the bucket."
+        )
+
+        # 4. A restarted job finds the latest checkpoint and carries on from it.
+        started = time.perf_counter()
+        with requests.phase("checkpoint load"):
+            target = open_target(checkpoint_prefix, gcs.endpoint)
+            names = [o.name for o in runtime.run(alist_objects(target.store, target.key))]
+            latest = target.uri_of(max(names))
+            with checkpoint.reader(latest) as f:
+                state = torch.load(cast(IO[bytes], f), map_location="cpu", weights_only=True)
+        result.load_s = time.perf_counter() - started
+        model, optimizer = _new_model(config)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        result.resumed_from_epoch = int(state["epoch"])
+        _say(
+            f"Job 2: found {plural(len(names), 'checkpoint')}, loaded {latest} (epoch "
+            f"{result.resumed_from_epoch}, {plural(len(state['history']), 'epoch')} of history) in "
+            f"{result.load_s:.2f} s; resuming at epoch {result.resumed_from_epoch + 1}"
+        )
+        _train_epochs(
+            job=2,
+            epochs=range(result.resumed_from_epoch + 1, config.epochs + 1),
+            model=model,
+            optimizer=optimizer,
+            **common,  # type: ignore[arg-type]
+        )
+
+        # 5. Nothing may be left behind: no composed object, no incomplete upload.
+        store = open_target(base, gcs.endpoint).store
+        if emulator is not None:
+            result.composites_left = len(
+                emulator.object_names(_EMULATOR_BUCKET, HIDDEN_PREFIXES[0])
+            )
+        result.uploads_left = len(runtime.run(store.multipart_list(parse_uri(base).key)))
+        runtime.run(store.close())
+        result.requests = requests.phases
+        result.server_cpu_s = requests.cpu if emulator is not None else None
+    result.total_s = time.perf_counter() - wall
+    return result
