@@ -1,15 +1,14 @@
-"""Requests and byte transfer for :class:`~torchbucket.storage.gcs.GCSStore`.
+"""Requests and reads for :class:`~torchbucket.storage.gcs.GCSStore`.
 
 :class:`GCSTransport` holds what every request needs (the session of the running
-loop, the limiter, the credentials) and the transfers that are more than one
-request: verified reads into bytes, into a caller's buffer and as a stream that
-resumes where it broke, and resumable uploads chunk by chunk.
+loop, the limiter, the credentials), sends one request with the one error
+mapping, and performs the reads that are more than one request: verified reads
+into bytes, into a caller's buffer, and as a stream that resumes where it broke.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -17,7 +16,6 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 import aiohttp
-import google_crc32c
 import yarl
 from multidict import CIMultiDictProxy
 
@@ -25,14 +23,24 @@ from torchbucket import retry
 from torchbucket.config import ConcurrencyConfig, RetryConfig
 from torchbucket.errors import (
     IntegrityError,
-    RetryableError,
+    NotFoundError,
     StorageError,
     TransientError,
 )
 from torchbucket.storage import _gcs_http as _http
+from torchbucket.storage._gcs_wire import (
+    INFO_FIELDS,
+    content_range,
+    crc_b64,
+    extend_crc,
+    hash_header_crc32c,
+    object_info,
+    range_header,
+    stream_end,
+)
 from torchbucket.storage.base import ObjectInfo
 
-__all__ = ["GCSTransport", "object_info"]
+__all__ = ["GCSTransport"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,78 +49,11 @@ T = TypeVar("T")
 _Response = tuple[int, "CIMultiDictProxy[str]", bytes]
 _MAX_STREAM_RESUMES = 10
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
-
-
-def object_info(doc: Mapping[str, Any]) -> ObjectInfo:
-    """An :class:`ObjectInfo` from a JSON API object resource."""
-    generation = doc.get("generation")
-    return ObjectInfo(
-        name=doc["name"],
-        size=int(doc.get("size", 0)),
-        generation=int(generation) if generation is not None else None,
-        crc32c=doc.get("crc32c"),
-        storage_class=doc.get("storageClass"),
-    )
-
-
-_extend: Callable[[int, bytes], int] = google_crc32c.extend
-
-
-def _crc_b64(crc: int) -> str:
-    return base64.b64encode(crc.to_bytes(4, "big")).decode("ascii")
-
-
-def _hash_header_crc32c(headers: Mapping[str, str]) -> str | None:
-    values: list[str] = (
-        headers.getall("x-goog-hash", [])  # type: ignore[attr-defined]
-        if hasattr(headers, "getall")
-        else [headers.get("x-goog-hash", "")]
-    )
-    for value in values:
-        for part in value.split(","):
-            part = part.strip()
-            if part.startswith("crc32c="):
-                return part[7:]
-    return None
-
-
-def _content_range(headers: Mapping[str, str]) -> tuple[int, int, int | None] | None:
-    """``(first, last, total)`` of ``Content-Range: bytes first-last/total``."""
-    value = headers.get("Content-Range")
-    if not value or not value.startswith("bytes "):
-        return None
-    span, _, total = value[6:].partition("/")
-    first, _, last = span.partition("-")
-    try:
-        return int(first), int(last), (int(total) if total and total != "*" else None)
-    except ValueError:
-        return None
-
-
-def _range_header(start: int, end: int | None) -> dict[str, str] | None:
-    if start == 0 and end is None:
-        return None
-    return {"Range": f"bytes={start}-{'' if end is None else end - 1}"}
-
-
-def _persisted(headers: Mapping[str, str]) -> int:
-    """Bytes a resumable session holds, from the ``Range: bytes=0-N`` of a 308."""
-    value = headers.get("Range")
-    if not value:
-        return 0
-    _, _, last = value.partition("-")
-    return int(last) + 1
-
-
-def _stream_end(end: int | None, total: int | None) -> int | None:
-    """Where a stream of ``[..., end)`` of an object of ``total`` bytes stops."""
-    if total is None:
-        return end
-    return total if end is None else min(end, total)
+_HEAD_QUERY = "fields=" + quote(INFO_FIELDS, safe="")
 
 
 class GCSTransport:
-    """Sessions, limiter, credentials and multi-request transfers of one bucket."""
+    """Sessions, limiter, credentials, one request, and verified reads of one bucket."""
 
     def __init__(
         self,
@@ -134,6 +75,11 @@ class GCSTransport:
             tuple[asyncio.AbstractEventLoop, aiohttp.ClientSession, retry.AdaptiveLimiter] | None
         ) = None
         self._uri_prefix = f"gs://{bucket}/"
+        b = quote(bucket, safe="")
+        self._json_base = f"{endpoint}/storage/v1/b/{b}"
+        self._object_base = f"{endpoint}/storage/v1/b/{b}/o/"
+        self._upload_base = f"{endpoint}/upload/storage/v1/b/{b}/o"
+        self._xml_base = f"{endpoint}/{b}"
 
     @property
     def bucket(self) -> str:
@@ -148,6 +94,10 @@ class GCSTransport:
     def uri(self, key: str = "") -> str:
         """``gs://bucket/key``."""
         return self._uri_prefix + key
+
+    def _object_url(self, key: str, query: str = "") -> yarl.URL:
+        url = self._object_base + quote(key, safe="")
+        return yarl.URL(url + "?" + query if query else url, encoded=True)
 
     # ------------------------------------------------------------ one request
 
@@ -237,8 +187,41 @@ class GCSTransport:
 
     # ------------------------------------------------------------ reads
 
+    async def head(self, key: str) -> ObjectInfo:
+        """Metadata of one object.
+
+        Raises:
+            NotFoundError: No such object.
+        """
+        url = self._object_url(key, _HEAD_QUERY)
+        uri = self.uri(key)
+
+        async def attempt() -> ObjectInfo:
+            _, _, body = await self.request("GET", url, operation="head", uri=uri)
+            return object_info(json.loads(body))
+
+        return await self.call(attempt, "head", uri)
+
+    async def _head_or_none(self, key: str) -> ObjectInfo | None:
+        try:
+            return await self.head(key)
+        except NotFoundError:
+            return None
+
+    def check_written(
+        self, info: ObjectInfo, size: int, crc32c: str | None, operation: str, uri: str
+    ) -> ObjectInfo:
+        """Raise ``IntegrityError`` if the server stored other bytes than we sent."""
+        if info.size != size or (crc32c and info.crc32c and info.crc32c != crc32c):
+            raise IntegrityError(
+                f"stored {info.size} bytes with CRC32C {info.crc32c}, sent {size} with {crc32c}",
+                operation=operation,
+                uri=uri,
+            )
+        return info
+
     def _verify_whole(self, headers: Mapping[str, str], checksum: str, uri: str) -> None:
-        expected = _hash_header_crc32c(headers)
+        expected = hash_header_crc32c(headers)
         if expected is not None and expected != checksum:
             raise IntegrityError(
                 f"CRC32C mismatch: server says {expected}, received bytes give {checksum}",
@@ -249,7 +232,7 @@ class GCSTransport:
     async def read_object(self, url: yarl.URL, key: str, start: int, end: int | None) -> bytes:
         """GET ``url`` (``alt=media``), the range ``[start, end)``, verified."""
         uri = self.uri(key)
-        headers = _range_header(start, end)
+        headers = range_header(start, end)
 
         async def attempt() -> bytes:
             status, resp_headers, body = await self.request(
@@ -258,7 +241,7 @@ class GCSTransport:
             if status == 416:
                 return b""
             if status == 206:
-                span = _content_range(resp_headers)
+                span = content_range(resp_headers)
                 if span is not None:
                     first, last, total = span
                     if len(body) != last - first + 1 or first != start:
@@ -269,9 +252,9 @@ class GCSTransport:
                             uri=uri,
                         )
                     if first == 0 and total == len(body):
-                        self._verify_whole(resp_headers, _crc_b64(_extend(0, body)), uri)
+                        self._verify_whole(resp_headers, crc_b64(extend_crc(0, body)), uri)
                 return body
-            self._verify_whole(resp_headers, _crc_b64(_extend(0, body)), uri)
+            self._verify_whole(resp_headers, crc_b64(extend_crc(0, body)), uri)
             if headers is not None:  # the server ignored the Range header
                 return body[start:end]
             return body
@@ -300,11 +283,11 @@ class GCSTransport:
                         )
                     if resp.status == 200:  # Range ignored: take our slice of the whole
                         whole = await resp.read()
-                        self._verify_whole(resp.headers, _crc_b64(_extend(0, whole)), uri)
+                        self._verify_whole(resp.headers, crc_b64(extend_crc(0, whole)), uri)
                         piece = whole[start : start + size]
                         buffer[: len(piece)] = piece
                         return len(piece)
-                    span = _content_range(resp.headers)
+                    span = content_range(resp.headers)
                     crc = 0
                     pos = 0
                     async for chunk in resp.content.iter_any():
@@ -316,7 +299,7 @@ class GCSTransport:
                                 uri=uri,
                             )
                         buffer[pos : pos + n] = chunk
-                        crc = _extend(crc, chunk)
+                        crc = extend_crc(crc, chunk)
                         pos += n
                     if span is not None:
                         first, last, total = span
@@ -327,7 +310,7 @@ class GCSTransport:
                                 uri=uri,
                             )
                         if first == 0 and total == pos:
-                            self._verify_whole(resp.headers, _crc_b64(crc), uri)
+                            self._verify_whole(resp.headers, crc_b64(crc), uri)
                     return pos
             except StorageError:
                 raise  # NotFoundError is an OSError too: keep it as it is
@@ -357,7 +340,7 @@ class GCSTransport:
         resumes = 0
         while True:
             url = url_for(generation)
-            headers = _range_header(pos, end)
+            headers = range_header(pos, end)
 
             async def open_response(
                 url: yarl.URL = url, headers: Mapping[str, str] | None = headers
@@ -385,7 +368,7 @@ class GCSTransport:
                     return
                 if generation is None and resp.headers.get("x-goog-generation"):
                     generation = int(resp.headers["x-goog-generation"])
-                span = _content_range(resp.headers)
+                span = content_range(resp.headers)
                 if span is not None and span[2] is not None:
                     total = span[2]
                 elif resp.status == 200 and resp.content_length is not None:
@@ -408,7 +391,7 @@ class GCSTransport:
                             continue
                         pos += len(chunk)
                         if crc is not None:
-                            crc = _extend(crc, chunk)
+                            crc = extend_crc(crc, chunk)
                         yield chunk
                         if end is not None and pos >= end:
                             break
@@ -416,7 +399,7 @@ class GCSTransport:
                     broken = exc
             finally:
                 resp.release()
-            stop = _stream_end(end, total)
+            stop = stream_end(end, total)
             if broken is None and (stop is None or pos >= stop):
                 break
             resumes += 1
@@ -428,190 +411,4 @@ class GCSTransport:
                 )
             logger.debug("stream of %s broke at byte %d; resuming", uri, pos)
         if crc is not None:
-            self._verify_whole(resp.headers, _crc_b64(crc), uri)
-
-    # ------------------------------------------------------------ resumable uploads
-
-    async def _resumable_start(
-        self,
-        upload_base: str,
-        key: str,
-        content_type: str | None,
-        if_generation_match: int | None,
-        crc32c: str | None,
-        size: int | None,
-    ) -> yarl.URL:
-        uri = self.uri(key)
-        query = "uploadType=resumable&name=" + quote(key, safe="")
-        if if_generation_match is not None:
-            query += f"&ifGenerationMatch={if_generation_match}"
-        url = yarl.URL(f"{upload_base}?{query}", encoded=True)
-        meta: dict[str, Any] = {
-            "name": key,
-            "contentType": content_type or "application/octet-stream",
-        }
-        if crc32c is not None:
-            meta["crc32c"] = crc32c
-        headers = {
-            "Content-Type": "application/json; charset=UTF-8",
-            "X-Upload-Content-Type": meta["contentType"],
-        }
-        if size is not None:
-            headers["X-Upload-Content-Length"] = str(size)
-        body = json.dumps(meta).encode()
-
-        async def attempt() -> yarl.URL:
-            _, resp_headers, _ = await self.request(
-                "POST", url, operation="put", uri=uri, headers=headers, data=body
-            )
-            location = resp_headers.get("Location")
-            if not location:
-                raise StorageError("resumable upload got no session URL", operation="put", uri=uri)
-            return yarl.URL(location, encoded=True)
-
-        # Starting a session twice only leaves an unused session, which expires.
-        return await self.call(attempt, "put", uri)
-
-    async def _resumable_send(
-        self,
-        session_url: yarl.URL,
-        chunk: bytes | memoryview,
-        offset: int,
-        total: int | None,
-        uri: str,
-    ) -> tuple[ObjectInfo | None, int]:
-        """Send ``chunk`` at ``offset``; ``total`` is set on the last one.
-
-        Returns the object when the upload is complete, and the number of bytes
-        the session holds. A retry first asks the session how much it holds.
-        """
-        size = "*" if total is None else str(total)
-        lost = False
-
-        async def attempt() -> tuple[ObjectInfo | None, int]:
-            nonlocal lost
-            begin = offset
-            try:
-                if lost:
-                    status, headers, body = await self.request(
-                        "PUT",
-                        session_url,
-                        operation="put",
-                        uri=uri,
-                        headers={"Content-Range": f"bytes */{size}"},
-                        allow=(308,),
-                    )
-                    if status != 308:
-                        return object_info(json.loads(body)), offset + len(chunk)
-                    begin = _persisted(headers)
-                    if not offset <= begin <= offset + len(chunk):
-                        raise StorageError(
-                            f"upload session holds {begin} bytes, expected {offset} to "
-                            f"{offset + len(chunk)}",
-                            operation="put",
-                            uri=uri,
-                        )
-                piece = chunk[begin - offset :]
-                if len(piece):
-                    crange = f"bytes {begin}-{begin + len(piece) - 1}/{size}"
-                else:
-                    crange = f"bytes */{size}"
-                status, headers, body = await self.request(
-                    "PUT",
-                    session_url,
-                    operation="put",
-                    uri=uri,
-                    headers={"Content-Range": crange},
-                    data=piece,
-                    allow=(308,),
-                )
-            except RetryableError:
-                lost = True
-                raise
-            if status == 308:
-                return None, _persisted(headers)
-            return object_info(json.loads(body)), offset + len(chunk)
-
-        return await self.call(attempt, "put", uri)
-
-    async def _resumable_cancel(self, session_url: yarl.URL, uri: str) -> None:
-        try:
-            await self.request("DELETE", session_url, operation="put", uri=uri, allow=(499,))
-        except StorageError:
-            logger.debug("could not cancel the upload session of %s", uri, exc_info=True)
-
-    def check_written(
-        self, info: ObjectInfo, size: int, crc32c: str | None, operation: str, uri: str
-    ) -> ObjectInfo:
-        """Raise ``IntegrityError`` if the server stored other bytes than we sent."""
-        if info.size != size or (crc32c and info.crc32c and info.crc32c != crc32c):
-            raise IntegrityError(
-                f"stored {info.size} bytes with CRC32C {info.crc32c}, sent {size} with {crc32c}",
-                operation=operation,
-                uri=uri,
-            )
-        return info
-
-    async def resumable_put(
-        self,
-        upload_base: str,
-        key: str,
-        data: bytes | bytearray | memoryview,
-        if_generation_match: int | None,
-        content_type: str | None,
-        chunk_size: int,
-    ) -> ObjectInfo:
-        """Upload ``data`` through a resumable session, ``chunk_size`` bytes a request."""
-        uri = self.uri(key)
-        view = memoryview(data).cast("B")
-        crc = _crc_b64(_extend(0, bytes(view)))
-        total = len(view)
-        session_url = await self._resumable_start(
-            upload_base, key, content_type, if_generation_match, crc, total
-        )
-        offset = 0
-        while True:
-            stop = min(offset + chunk_size, total)
-            info, offset = await self._resumable_send(
-                session_url, view[offset:stop], offset, total if stop == total else None, uri
-            )
-            if info is not None:
-                return self.check_written(info, total, crc, "put", uri)
-
-    async def resumable_put_stream(
-        self,
-        upload_base: str,
-        key: str,
-        chunks: AsyncIterator[bytes],
-        content_type: str | None,
-        chunk_size: int,
-    ) -> ObjectInfo:
-        """Upload a stream of chunks; nothing becomes visible if the stream fails."""
-        uri = self.uri(key)
-        session_url = await self._resumable_start(upload_base, key, content_type, None, None, None)
-        crc = 0
-        buf = bytearray()
-        offset = 0
-        try:
-            async for chunk in chunks:
-                chunk = bytes(chunk)
-                crc = _extend(crc, chunk)
-                buf += chunk
-                while len(buf) > chunk_size:
-                    piece = bytes(buf[:chunk_size])
-                    _, held = await self._resumable_send(session_url, piece, offset, None, uri)
-                    del buf[: held - offset]
-                    offset = held
-            while True:
-                piece = bytes(buf)
-                info, held = await self._resumable_send(
-                    session_url, piece, offset, offset + len(piece), uri
-                )
-                if info is not None:
-                    break
-                del buf[: held - offset]
-                offset = held
-        except (Exception, asyncio.CancelledError):
-            await asyncio.shield(self._resumable_cancel(session_url, uri))
-            raise
-        return self.check_written(info, offset + len(buf), _crc_b64(crc), "put", uri)
+            self._verify_whole(resp.headers, crc_b64(crc), uri)

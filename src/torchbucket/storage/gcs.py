@@ -17,113 +17,33 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
-from urllib.parse import quote, urlsplit
+from typing import Any
+from urllib.parse import quote
 
 import yarl
 
-from torchbucket.config import ConcurrencyConfig, RetryConfig
 from torchbucket.errors import (
-    ConfigError,
-    IntegrityError,
     NotFoundError,
     PreconditionFailedError,
     RetryableError,
     StorageError,
 )
 from torchbucket.storage import _gcs_http as _http
-from torchbucket.storage import _gcs_xml as _xml
-from torchbucket.storage._common import check_compose_sources, check_part_number, crc32c_b64
-from torchbucket.storage._gcs_io import GCSTransport, object_info
-from torchbucket.storage.base import ListPage, MultipartUpload, ObjectInfo, Part
+from torchbucket.storage._common import check_compose_sources, crc32c_b64
+from torchbucket.storage._gcs_config import DEFAULT_ENDPOINT, GCSConfig
+from torchbucket.storage._gcs_multipart import GCSMultipart
+from torchbucket.storage._gcs_wire import INFO_FIELDS, object_info
+from torchbucket.storage.base import ListPage, ObjectInfo
 
 __all__ = ["DEFAULT_ENDPOINT", "GCSConfig", "GCSStore"]
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-#: The public GCS endpoint.
-DEFAULT_ENDPOINT = "https://storage.googleapis.com"
-_CHUNK_ALIGN = 256 * 1024
-_INFO_FIELDS = "name,size,generation,crc32c,storageClass"
-_LIST_FIELDS = f"items({_INFO_FIELDS}),nextPageToken"
+_LIST_FIELDS = f"items({INFO_FIELDS}),nextPageToken"
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class GCSConfig:
-    """How a :class:`GCSStore` reaches GCS.
-
-    Attributes:
-        endpoint: Base URL of the service. Default ``None``: the value of
-            ``$STORAGE_EMULATOR_HOST`` when set (``http://`` added when it has no
-            scheme), else ``https://storage.googleapis.com``.
-        project: Project to bill or attribute requests to. Default ``None``
-            (the credentials' project).
-        retry: Backoff, deadline and timeouts. Default ``RetryConfig()``.
-        concurrency: Adaptive limit on requests in flight per process and
-            endpoint; its ``maximum`` also sizes the connection pool. Default
-            ``ConcurrencyConfig()``.
-        anonymous: Send no credentials. Default ``None``: anonymous for an
-            emulator (an endpoint from ``$STORAGE_EMULATOR_HOST``, or one whose
-            host is not under ``googleapis.com``), credentialed otherwise.
-        resumable_threshold: ``put`` of more bytes than this uses a resumable
-            upload instead of one request. Default 8 MiB.
-        chunk_size: Bytes per request of a resumable upload, a multiple of
-            256 KiB. Default 16 MiB.
-        connect_timeout: Seconds to open a connection. Default 10.
-    """
-
-    endpoint: str | None = None
-    project: str | None = None
-    retry: RetryConfig = field(default_factory=RetryConfig)
-    concurrency: ConcurrencyConfig = field(default_factory=ConcurrencyConfig)
-    anonymous: bool | None = None
-    resumable_threshold: int = 8 << 20
-    chunk_size: int = 16 << 20
-    connect_timeout: float = 10.0
-
-    def __post_init__(self) -> None:
-        if self.endpoint is not None and not self.endpoint.startswith(("http://", "https://")):
-            raise ConfigError(
-                f"GCSConfig.endpoint must start with http:// or https://, got {self.endpoint!r}"
-            )
-        if self.chunk_size <= 0 or self.chunk_size % _CHUNK_ALIGN:
-            raise ConfigError(
-                f"GCSConfig.chunk_size must be a positive multiple of 256 KiB, got {self.chunk_size}"
-            )
-        if self.resumable_threshold < 0:
-            raise ConfigError(
-                f"GCSConfig.resumable_threshold must be >= 0, got {self.resumable_threshold}"
-            )
-        if self.connect_timeout <= 0:
-            raise ConfigError(f"GCSConfig.connect_timeout must be > 0, got {self.connect_timeout}")
-
-    def resolved_endpoint(self) -> tuple[str, bool]:
-        """The endpoint to use and whether it is anonymous (see the attributes)."""
-        endpoint = self.endpoint
-        emulator = False
-        if endpoint is None:
-            host = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
-            if host:
-                endpoint = host if "://" in host else f"http://{host}"
-                emulator = True
-            else:
-                endpoint = DEFAULT_ENDPOINT
-        endpoint = endpoint.rstrip("/")
-        anonymous = self.anonymous
-        if anonymous is None:
-            hostname = urlsplit(endpoint).hostname or ""
-            anonymous = emulator or not (
-                hostname == "googleapis.com" or hostname.endswith(".googleapis.com")
-            )
-        return endpoint, anonymous
-
-
-class GCSStore(GCSTransport):
+class GCSStore(GCSMultipart):
     """An :class:`~torchbucket.storage.base.ObjectStore` on one GCS bucket.
 
     Args:
@@ -147,12 +67,6 @@ class GCSStore(GCSTransport):
                 connect_timeout=self._config.connect_timeout,
             ),
         )
-        b = quote(bucket, safe="")
-        self._json_base = f"{endpoint}/storage/v1/b/{b}"
-        self._object_base = f"{endpoint}/storage/v1/b/{b}/o/"
-        self._upload_base = f"{endpoint}/upload/storage/v1/b/{b}/o"
-        self._xml_base = f"{endpoint}/{b}"
-        self._part_sizes: dict[str, dict[int, int]] = {}
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (GCSStore, (self._bucket,), self._config)
@@ -167,15 +81,6 @@ class GCSStore(GCSTransport):
     def config(self) -> GCSConfig:
         """The store's configuration."""
         return self._config
-
-    # ------------------------------------------------------------ URLs
-
-    def _object_url(self, key: str, query: str = "") -> yarl.URL:
-        url = self._object_base + quote(key, safe="")
-        return yarl.URL(url + "?" + query if query else url, encoded=True)
-
-    def _xml_url(self, key: str, query: str) -> yarl.URL:
-        return yarl.URL(f"{self._xml_base}/{quote(key, safe='')}?{query}", encoded=True)
 
     # ------------------------------------------------------------ reads
 
@@ -211,16 +116,6 @@ class GCSStore(GCSTransport):
             return ListPage(items, doc.get("nextPageToken") or None)
 
         return await self.call(attempt, "list", uri)
-
-    async def head(self, key: str) -> ObjectInfo:
-        url = self._object_url(key, "fields=" + quote(_INFO_FIELDS, safe=""))
-        uri = self.uri(key)
-
-        async def attempt() -> ObjectInfo:
-            _, _, body = await self.request("GET", url, operation="head", uri=uri)
-            return object_info(json.loads(body))
-
-        return await self.call(attempt, "head", uri)
 
     async def get(
         self,
@@ -308,7 +203,7 @@ class GCSStore(GCSTransport):
         crc = crc32c_b64(data)
         meta: dict[str, Any] = {"name": key, "crc32c": crc}
         meta["contentType"] = content_type or "application/octet-stream"
-        query = "uploadType=multipart&fields=" + quote(_INFO_FIELDS, safe="")
+        query = "uploadType=multipart&fields=" + quote(INFO_FIELDS, safe="")
         if if_generation_match is not None:
             query += f"&ifGenerationMatch={if_generation_match}"
         url = yarl.URL(f"{self._upload_base}?{query}", encoded=True)
@@ -382,12 +277,6 @@ class GCSStore(GCSTransport):
 
         return wrapped
 
-    async def _head_or_none(self, key: str) -> ObjectInfo | None:
-        try:
-            return await self.head(key)
-        except NotFoundError:
-            return None
-
     async def compose(
         self,
         destination: str,
@@ -409,7 +298,7 @@ class GCSStore(GCSTransport):
                 "destination": {"contentType": "application/octet-stream"},
             }
         ).encode()
-        query = "fields=" + quote(_INFO_FIELDS, safe="")
+        query = "fields=" + quote(INFO_FIELDS, safe="")
         if if_generation_match is not None:
             query += f"&ifGenerationMatch={if_generation_match}"
         url = yarl.URL(
@@ -454,7 +343,7 @@ class GCSStore(GCSTransport):
         base = (
             f"{self._object_base}{quote(source, safe='')}/rewriteTo/b/"
             f"{quote(self._bucket, safe='')}/o/{quote(destination, safe='')}?fields="
-            + quote(f"done,rewriteToken,resource({_INFO_FIELDS})", safe="")
+            + quote(f"done,rewriteToken,resource({INFO_FIELDS})", safe="")
         )
         uri = self.uri(destination)
         headers = {"Content-Type": "application/json"}
@@ -481,144 +370,6 @@ class GCSStore(GCSTransport):
                 raise StorageError(
                     "rewrite answered neither done nor a token", operation="copy", uri=uri
                 )
-
-    # ------------------------------------------------------------ multipart (XML API)
-
-    async def multipart_initiate(self, key: str, *, content_type: str | None = None) -> str:
-        url = self._xml_url(key, "uploads")
-        uri = self.uri(key)
-        headers = {"Content-Type": content_type or "application/octet-stream"}
-
-        async def attempt() -> str:
-            _, _, body = await self.request(
-                "POST", url, operation="multipart initiate", uri=uri, headers=headers, data=b""
-            )
-            upload_id = _xml.parse_upload_id(body)
-            if not upload_id:
-                raise StorageError(
-                    "initiate answered no UploadId", operation="multipart initiate", uri=uri
-                )
-            return upload_id
-
-        # A repeat only leaves an empty upload behind, which abort_incomplete_uploads clears.
-        return await self.call(attempt, "multipart initiate", uri)
-
-    async def multipart_upload_part(
-        self, key: str, upload_id: str, number: int, data: bytes | bytearray | memoryview
-    ) -> Part:
-        check_part_number(number)
-        url = self._xml_url(key, f"partNumber={number}&uploadId={quote(upload_id, safe='')}")
-        uri = self.uri(key)
-        headers = {"x-goog-hash": f"crc32c={crc32c_b64(data)}"}
-
-        async def attempt() -> Part:
-            _, resp_headers, _ = await self.request(
-                "PUT", url, operation="multipart upload part", uri=uri, headers=headers, data=data
-            )
-            etag = resp_headers.get("ETag")
-            if not etag:
-                raise StorageError(
-                    f"part {number} answered no ETag", operation="multipart upload part", uri=uri
-                )
-            return Part(number, etag)
-
-        part = await self.call(attempt, "multipart upload part", uri)
-        self._part_sizes.setdefault(upload_id, {})[number] = len(data)
-        return part
-
-    async def multipart_complete(
-        self, key: str, upload_id: str, parts: Sequence[Part]
-    ) -> ObjectInfo:
-        if not parts:
-            raise ValueError("multipart complete needs at least one part")
-        url = self._xml_url(key, f"uploadId={quote(upload_id, safe='')}")
-        uri = self.uri(key)
-        body = _xml.complete_body(parts)
-        headers = {"Content-Type": "application/xml"}
-        sizes = self._part_sizes.get(upload_id, {})
-        expected = (
-            sum(sizes[p.number] for p in parts) if all(p.number in sizes for p in parts) else None
-        )
-        ambiguous = False
-
-        async def attempt() -> None:
-            nonlocal ambiguous
-            try:
-                _, _, resp = await self.request(
-                    "POST", url, operation="multipart complete", uri=uri, headers=headers, data=body
-                )
-            except NotFoundError:
-                # NoSuchUpload on a retry: the lost first attempt completed it.
-                if ambiguous and await self._head_or_none(key) is not None:
-                    return
-                raise
-            except RetryableError:
-                ambiguous = True
-                raise
-            code, _ = _http.error_code(resp)
-            if code:  # an error document inside a 200
-                raise _http.error_for_response(
-                    500, {}, resp, operation="multipart complete", uri=uri
-                )
-
-        await self.call(attempt, "multipart complete", uri)
-        self._part_sizes.pop(upload_id, None)
-        info = await self.head(key)
-        if expected is not None and info.size != expected:
-            raise IntegrityError(
-                f"completed object has {info.size} bytes, the parts held {expected}",
-                operation="multipart complete",
-                uri=uri,
-            )
-        return info
-
-    async def multipart_abort(self, key: str, upload_id: str) -> None:
-        url = self._xml_url(key, f"uploadId={quote(upload_id, safe='')}")
-        uri = self.uri(key)
-        ambiguous = False
-
-        async def attempt() -> None:
-            nonlocal ambiguous
-            try:
-                await self.request("DELETE", url, operation="multipart abort", uri=uri)
-            except NotFoundError:
-                if not ambiguous:
-                    raise
-            except RetryableError:
-                ambiguous = True
-                raise
-
-        await self.call(attempt, "multipart abort", uri)
-        self._part_sizes.pop(upload_id, None)
-
-    async def multipart_list(self, prefix: str = "") -> list[MultipartUpload]:
-        uri = self.uri(prefix)
-        uploads: list[MultipartUpload] = []
-        key_marker: str | None = None
-        upload_marker: str | None = None
-        while True:
-            query = "uploads"
-            if prefix:
-                query += "&prefix=" + quote(prefix, safe="")
-            if key_marker:
-                query += "&key-marker=" + quote(key_marker, safe="")
-            if upload_marker:
-                query += "&upload-id-marker=" + quote(upload_marker, safe="")
-            url = yarl.URL(f"{self._xml_base}?{query}", encoded=True)
-
-            async def attempt(url: yarl.URL = url) -> _xml.ListUploadsPage:
-                _, _, body = await self.request(
-                    "GET", url, operation="multipart list", uri=uri, bucket_op=True
-                )
-                return _xml.parse_list_uploads(body)
-
-            page = await self.call(attempt, "multipart list", uri)
-            uploads.extend(page.uploads)
-            if page.next_key_marker is None:
-                break
-            key_marker, upload_marker = page.next_key_marker, page.next_upload_id_marker
-        uploads.sort(key=lambda u: (u.key, u.upload_id))
-        return uploads
 
     # ------------------------------------------------------------ misc
 

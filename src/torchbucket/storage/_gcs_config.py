@@ -1,0 +1,86 @@
+"""Configuration of the GCS backend."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from torchbucket.config import ConcurrencyConfig, RetryConfig
+from torchbucket.errors import ConfigError
+
+__all__ = ["DEFAULT_ENDPOINT", "GCSConfig"]
+
+#: The public GCS endpoint.
+DEFAULT_ENDPOINT = "https://storage.googleapis.com"
+_CHUNK_ALIGN = 256 * 1024
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GCSConfig:
+    """How a :class:`GCSStore` reaches GCS.
+
+    Attributes:
+        endpoint: Base URL of the service. Default ``None``: the value of
+            ``$STORAGE_EMULATOR_HOST`` when set (``http://`` added when it has no
+            scheme), else ``https://storage.googleapis.com``.
+        project: Project to bill or attribute requests to. Default ``None``
+            (the credentials' project).
+        retry: Backoff, deadline and timeouts. Default ``RetryConfig()``.
+        concurrency: Adaptive limit on requests in flight per process and
+            endpoint; its ``maximum`` also sizes the connection pool. Default
+            ``ConcurrencyConfig()``.
+        anonymous: Send no credentials. Default ``None``: anonymous for an
+            emulator (an endpoint from ``$STORAGE_EMULATOR_HOST``, or one whose
+            host is not under ``googleapis.com``), credentialed otherwise.
+        resumable_threshold: ``put`` of more bytes than this uses a resumable
+            upload instead of one request. Default 8 MiB.
+        chunk_size: Bytes per request of a resumable upload, a multiple of
+            256 KiB. Default 16 MiB.
+        connect_timeout: Seconds to open a connection. Default 10.
+    """
+
+    endpoint: str | None = None
+    project: str | None = None
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    concurrency: ConcurrencyConfig = field(default_factory=ConcurrencyConfig)
+    anonymous: bool | None = None
+    resumable_threshold: int = 8 << 20
+    chunk_size: int = 16 << 20
+    connect_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.endpoint is not None and not self.endpoint.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"GCSConfig.endpoint must start with http:// or https://, got {self.endpoint!r}"
+            )
+        if self.chunk_size <= 0 or self.chunk_size % _CHUNK_ALIGN:
+            raise ConfigError(
+                f"GCSConfig.chunk_size must be a positive multiple of 256 KiB, got {self.chunk_size}"
+            )
+        if self.resumable_threshold < 0:
+            raise ConfigError(
+                f"GCSConfig.resumable_threshold must be >= 0, got {self.resumable_threshold}"
+            )
+        if self.connect_timeout <= 0:
+            raise ConfigError(f"GCSConfig.connect_timeout must be > 0, got {self.connect_timeout}")
+
+    def resolved_endpoint(self) -> tuple[str, bool]:
+        """The endpoint to use and whether it is anonymous (see the attributes)."""
+        endpoint = self.endpoint
+        emulator = False
+        if endpoint is None:
+            host = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
+            if host:
+                endpoint = host if "://" in host else f"http://{host}"
+                emulator = True
+            else:
+                endpoint = DEFAULT_ENDPOINT
+        endpoint = endpoint.rstrip("/")
+        anonymous = self.anonymous
+        if anonymous is None:
+            hostname = urlsplit(endpoint).hostname or ""
+            anonymous = emulator or not (
+                hostname == "googleapis.com" or hostname.endswith(".googleapis.com")
+            )
+        return endpoint, anonymous

@@ -1,0 +1,204 @@
+"""Resumable uploads for :class:`~torchbucket.storage.gcs.GCSStore`.
+
+A session is started once; chunks (multiples of 256 KiB but the last) are sent
+one request each. A chunk whose answer was lost is not resent blindly: the retry
+first asks the session how many bytes it holds and sends the rest, so a repeat
+never duplicates or skips bytes, and a final chunk that had in fact completed
+the upload is recognised by the object the session returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import quote
+
+import yarl
+
+from torchbucket.errors import RetryableError, StorageError
+from torchbucket.storage._gcs_io import GCSTransport
+from torchbucket.storage._gcs_wire import crc_b64, extend_crc, object_info, persisted
+from torchbucket.storage.base import ObjectInfo
+
+__all__ = ["GCSUploads"]
+
+logger = logging.getLogger(__name__)
+
+
+class GCSUploads(GCSTransport):
+    """Resumable uploads on top of :class:`GCSTransport`."""
+
+    async def _resumable_start(
+        self,
+        upload_base: str,
+        key: str,
+        content_type: str | None,
+        if_generation_match: int | None,
+        crc32c: str | None,
+        size: int | None,
+    ) -> yarl.URL:
+        uri = self.uri(key)
+        query = "uploadType=resumable&name=" + quote(key, safe="")
+        if if_generation_match is not None:
+            query += f"&ifGenerationMatch={if_generation_match}"
+        url = yarl.URL(f"{upload_base}?{query}", encoded=True)
+        meta: dict[str, Any] = {
+            "name": key,
+            "contentType": content_type or "application/octet-stream",
+        }
+        if crc32c is not None:
+            meta["crc32c"] = crc32c
+        headers = {
+            "Content-Type": "application/json; charset=UTF-8",
+            "X-Upload-Content-Type": meta["contentType"],
+        }
+        if size is not None:
+            headers["X-Upload-Content-Length"] = str(size)
+        body = json.dumps(meta).encode()
+
+        async def attempt() -> yarl.URL:
+            _, resp_headers, _ = await self.request(
+                "POST", url, operation="put", uri=uri, headers=headers, data=body
+            )
+            location = resp_headers.get("Location")
+            if not location:
+                raise StorageError("resumable upload got no session URL", operation="put", uri=uri)
+            return yarl.URL(location, encoded=True)
+
+        # Starting a session twice only leaves an unused session, which expires.
+        return await self.call(attempt, "put", uri)
+
+    async def _resumable_send(
+        self,
+        session_url: yarl.URL,
+        chunk: bytes | memoryview,
+        offset: int,
+        total: int | None,
+        uri: str,
+    ) -> tuple[ObjectInfo | None, int]:
+        """Send ``chunk`` at ``offset``; ``total`` is set on the last one.
+
+        Returns the object when the upload is complete, and the number of bytes
+        the session holds. A retry first asks the session how much it holds.
+        """
+        size = "*" if total is None else str(total)
+        lost = False
+
+        async def attempt() -> tuple[ObjectInfo | None, int]:
+            nonlocal lost
+            begin = offset
+            try:
+                if lost:
+                    status, headers, body = await self.request(
+                        "PUT",
+                        session_url,
+                        operation="put",
+                        uri=uri,
+                        headers={"Content-Range": f"bytes */{size}"},
+                        allow=(308,),
+                    )
+                    if status != 308:
+                        return object_info(json.loads(body)), offset + len(chunk)
+                    begin = persisted(headers)
+                    if not offset <= begin <= offset + len(chunk):
+                        raise StorageError(
+                            f"upload session holds {begin} bytes, expected {offset} to "
+                            f"{offset + len(chunk)}",
+                            operation="put",
+                            uri=uri,
+                        )
+                piece = chunk[begin - offset :]
+                if len(piece):
+                    crange = f"bytes {begin}-{begin + len(piece) - 1}/{size}"
+                else:
+                    crange = f"bytes */{size}"
+                status, headers, body = await self.request(
+                    "PUT",
+                    session_url,
+                    operation="put",
+                    uri=uri,
+                    headers={"Content-Range": crange},
+                    data=piece,
+                    allow=(308,),
+                )
+            except RetryableError:
+                lost = True
+                raise
+            if status == 308:
+                return None, persisted(headers)
+            return object_info(json.loads(body)), offset + len(chunk)
+
+        return await self.call(attempt, "put", uri)
+
+    async def _resumable_cancel(self, session_url: yarl.URL, uri: str) -> None:
+        try:
+            await self.request("DELETE", session_url, operation="put", uri=uri, allow=(499,))
+        except StorageError:
+            logger.debug("could not cancel the upload session of %s", uri, exc_info=True)
+
+    async def resumable_put(
+        self,
+        upload_base: str,
+        key: str,
+        data: bytes | bytearray | memoryview,
+        if_generation_match: int | None,
+        content_type: str | None,
+        chunk_size: int,
+    ) -> ObjectInfo:
+        """Upload ``data`` through a resumable session, ``chunk_size`` bytes a request."""
+        uri = self.uri(key)
+        view = memoryview(data).cast("B")
+        crc = crc_b64(extend_crc(0, bytes(view)))
+        total = len(view)
+        session_url = await self._resumable_start(
+            upload_base, key, content_type, if_generation_match, crc, total
+        )
+        offset = 0
+        while True:
+            stop = min(offset + chunk_size, total)
+            info, offset = await self._resumable_send(
+                session_url, view[offset:stop], offset, total if stop == total else None, uri
+            )
+            if info is not None:
+                return self.check_written(info, total, crc, "put", uri)
+
+    async def resumable_put_stream(
+        self,
+        upload_base: str,
+        key: str,
+        chunks: AsyncIterator[bytes],
+        content_type: str | None,
+        chunk_size: int,
+    ) -> ObjectInfo:
+        """Upload a stream of chunks; nothing becomes visible if the stream fails."""
+        uri = self.uri(key)
+        session_url = await self._resumable_start(upload_base, key, content_type, None, None, None)
+        crc = 0
+        buf = bytearray()
+        offset = 0
+        try:
+            async for chunk in chunks:
+                chunk = bytes(chunk)
+                crc = extend_crc(crc, chunk)
+                buf += chunk
+                while len(buf) > chunk_size:
+                    piece = bytes(buf[:chunk_size])
+                    _, held = await self._resumable_send(session_url, piece, offset, None, uri)
+                    del buf[: held - offset]
+                    offset = held
+            while True:
+                piece = bytes(buf)
+                info, held = await self._resumable_send(
+                    session_url, piece, offset, offset + len(piece), uri
+                )
+                if info is not None:
+                    break
+                del buf[: held - offset]
+                offset = held
+        except (Exception, asyncio.CancelledError):
+            await asyncio.shield(self._resumable_cancel(session_url, uri))
+            raise
+        return self.check_written(info, offset + len(buf), crc_b64(crc), "put", uri)

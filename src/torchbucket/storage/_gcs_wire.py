@@ -1,0 +1,98 @@
+"""Pure helpers of the GCS backend: object resources, CRC32C and header parsing."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import google_crc32c
+
+from torchbucket.storage.base import ObjectInfo
+
+__all__ = [
+    "INFO_FIELDS",
+    "content_range",
+    "crc_b64",
+    "extend_crc",
+    "hash_header_crc32c",
+    "object_info",
+    "persisted",
+    "range_header",
+    "stream_end",
+]
+
+#: The object fields torchbucket reads: the ``fields`` mask of every request.
+INFO_FIELDS = "name,size,generation,crc32c,storageClass"
+
+
+def object_info(doc: Mapping[str, Any]) -> ObjectInfo:
+    """An :class:`ObjectInfo` from a JSON API object resource."""
+    generation = doc.get("generation")
+    return ObjectInfo(
+        name=doc["name"],
+        size=int(doc.get("size", 0)),
+        generation=int(generation) if generation is not None else None,
+        crc32c=doc.get("crc32c"),
+        storage_class=doc.get("storageClass"),
+    )
+
+
+#: ``extend_crc(crc, data)``: the CRC32C of what ``crc`` covered followed by ``data``.
+extend_crc: Callable[[int, bytes], int] = google_crc32c.extend
+
+
+def crc_b64(crc: int) -> str:
+    """A CRC32C value as GCS writes it: base64 of the 4 big-endian bytes."""
+    return base64.b64encode(crc.to_bytes(4, "big")).decode("ascii")
+
+
+def hash_header_crc32c(headers: Mapping[str, str]) -> str | None:
+    """The ``crc32c=`` part of the ``x-goog-hash`` headers, if any."""
+    values: list[str] = (
+        headers.getall("x-goog-hash", [])  # type: ignore[attr-defined]
+        if hasattr(headers, "getall")
+        else [headers.get("x-goog-hash", "")]
+    )
+    for value in values:
+        for part in value.split(","):
+            part = part.strip()
+            if part.startswith("crc32c="):
+                return part[7:]
+    return None
+
+
+def content_range(headers: Mapping[str, str]) -> tuple[int, int, int | None] | None:
+    """``(first, last, total)`` of ``Content-Range: bytes first-last/total``."""
+    value = headers.get("Content-Range")
+    if not value or not value.startswith("bytes "):
+        return None
+    span, _, total = value[6:].partition("/")
+    first, _, last = span.partition("-")
+    try:
+        return int(first), int(last), (int(total) if total and total != "*" else None)
+    except ValueError:
+        return None
+
+
+def range_header(start: int, end: int | None) -> dict[str, str] | None:
+    """The ``Range`` header for ``[start, end)``, or ``None`` for the whole object."""
+    if start == 0 and end is None:
+        return None
+    return {"Range": f"bytes={start}-{'' if end is None else end - 1}"}
+
+
+def persisted(headers: Mapping[str, str]) -> int:
+    """Bytes a resumable session holds, from the ``Range: bytes=0-N`` of a 308."""
+    value = headers.get("Range")
+    if not value:
+        return 0
+    _, _, last = value.partition("-")
+    return int(last) + 1
+
+
+def stream_end(end: int | None, total: int | None) -> int | None:
+    """Where a stream of ``[..., end)`` of an object of ``total`` bytes stops."""
+    if total is None:
+        return end
+    return total if end is None else min(end, total)
