@@ -107,3 +107,52 @@ def gcs_bucket_factory() -> Iterator[Callable[..., Any]]:
 def bucket_name() -> str:
     """A fresh, valid bucket name (not created)."""
     return f"t-{uuid.uuid4().hex[:16]}"
+
+
+class Reply:
+    """One HTTP answer: ``status``, ``headers`` (case-insensitive), ``body``."""
+
+    def __init__(self, status: int, headers: Any, body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def json(self) -> Any:
+        import json
+
+        return json.loads(self.body)
+
+    def __repr__(self) -> str:
+        return f"Reply({self.status}, {self.body[:200]!r})"
+
+
+def http_call(
+    endpoint: str,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 10.0,
+) -> Reply:
+    """One request on a fresh connection; any status is returned, not raised."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    url = urlsplit(endpoint)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return Reply(resp.status, resp.headers, resp.read())
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def raw_http() -> Callable[..., Reply]:
+    """``raw_http(emu, method, path, body=None, headers=None) -> Reply``: plain HTTP."""
+
+    def call(emu: Emulator, method: str, path: str, body: bytes | None = None, **kw: Any) -> Reply:
+        return http_call(emu.endpoint, method, path, body, **kw)
+
+    return call

@@ -1,7 +1,7 @@
 """Preconditions that fake-gcs-server ignores, checked by the front server.
 
-fake-gcs-server ignores generation preconditions on compose, reads, deletes,
-copies and resumable uploads, answers a compose of a missing source with 500,
+fake-gcs-server ignores generation preconditions on uploads, compose, reads,
+deletes and copies, answers a compose of a missing source with 500,
 and deletes the live object whatever ``generation`` says. Before forwarding
 such a call, the proxy reads the objects' current generations and answers the
 way GCS would (404 or 412). The check and the call are not atomic, which is
@@ -49,6 +49,18 @@ def _check(current: int | None, query: Any, prefix: str, what: str) -> None:
         raise ApiError(412, f"{what} generation is {gen} ({prefix}GenerationNotMatch)")
 
 
+def _multipart_name(call: Call) -> str:
+    from torchbucket.emulator._model_api import parse_multipart_related
+
+    meta = parse_multipart_related(call)[0]
+    return str(meta.get("name", ""))
+
+
+def check_generation(current: int | None, query: Any, what: str = "live object") -> None:
+    """Raise 412 where ``query``'s ``ifGeneration*`` fails against ``current``."""
+    _check(current, query, "if", what)
+
+
 class PreconditionShim:
     """Checks a call's preconditions through metadata reads before forwarding.
 
@@ -58,8 +70,6 @@ class PreconditionShim:
 
     def __init__(self, forward: Forward) -> None:
         self.forward = forward
-        # resumable upload id -> (bucket, name, query of the initiating call)
-        self.sessions: dict[str, tuple[str, str, dict[str, str]]] = {}
 
     async def generation(self, bucket: str, name: str, host: str) -> int | None:
         """The live generation of ``bucket/name``, or ``None`` when missing."""
@@ -95,8 +105,12 @@ class PreconditionShim:
             if "ifGenerationMatch" in q or "ifGenerationNotMatch" in q:
                 dst = await self.generation(route.bucket2, route.name2, call.host)
                 _check(dst, q, "if", "destination object")
-        elif kind == "resumable_chunk":
-            await self._resumable_final(call)
+        elif kind in ("upload_media", "upload_multipart") and (
+            "ifGenerationMatch" in q or "ifGenerationNotMatch" in q
+        ):
+            name = call.route.name or _multipart_name(call)
+            gen = await self.generation(call.route.bucket, name, call.host)
+            _check(gen, q, "if", "live object")
 
     async def _compose(self, call: Call) -> None:
         try:
@@ -127,35 +141,3 @@ class PreconditionShim:
         if "ifGenerationMatch" in call.query or "ifGenerationNotMatch" in call.query:
             dst = await self.generation(route.bucket, route.name, call.host)
             _check(dst, call.query, "if", "destination object")
-
-    def remember(self, call: Call, resp: web.Response) -> None:
-        """Note a new resumable session's preconditions (from its initiation)."""
-        if "ifGenerationMatch" not in call.query and "ifGenerationNotMatch" not in call.query:
-            return
-        location = resp.headers.get("Location", "")
-        upload_id = location.rpartition("upload_id=")[2].partition("&")[0]
-        if upload_id:
-            name = call.route.name
-            if not name and call.body:
-                try:
-                    name = str(json.loads(call.body).get("name", ""))
-                except (ValueError, AttributeError):
-                    name = ""
-            self.sessions[upload_id] = (call.route.bucket, name, dict(call.query))
-
-    async def _resumable_final(self, call: Call) -> None:
-        upload_id = call.query.get("upload_id", "")
-        session = self.sessions.get(upload_id)
-        if session is None:
-            return
-        header = call.headers.get("Content-Range", "")
-        total = header.rpartition("/")[2]
-        if total in ("", "*"):
-            return  # not the last chunk
-        bucket, name, query = session
-        gen = await self.generation(bucket, name, call.host)
-        try:
-            _check(gen, query, "if", "live object")
-        except ApiError:
-            del self.sessions[upload_id]
-            raise

@@ -28,8 +28,9 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from torchbucket.emulator._fake_shims import PreconditionShim
+from torchbucket.emulator._fake_shims import PreconditionShim, check_generation
 from torchbucket.emulator._http import ApiError, Call, api_error_response, error_response
+from torchbucket.emulator._resumable import ResumableSessions, Session
 from torchbucket.emulator._xml_multipart import json_call
 
 __all__ = ["FakeGcsBackend", "fake_gcs_binary"]
@@ -114,6 +115,7 @@ class FakeGcsBackend:
         self._log: IO[bytes] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._shim = PreconditionShim(self._forward)
+        self._resumable = ResumableSessions(self._finalize, self._check_bucket)
 
     async def start(self) -> None:
         """Launch the process and wait until it answers."""
@@ -181,14 +183,48 @@ class FakeGcsBackend:
 
     async def handle(self, call: Call) -> web.Response:
         """Check what fake-gcs-server ignores, then forward one JSON API call."""
+        kind = call.route.kind
         try:
+            if kind == "resumable_start":
+                return await self._resumable.start(call)
+            if kind == "resumable_chunk":
+                return await self._resumable.chunk(call)
             await self._shim.check(call)
         except ApiError as exc:
             return api_error_response(exc, xml=call.route.xml)
         resp = await self._forward(call)
-        if call.route.kind == "resumable_start" and resp.status < 300:
-            self._shim.remember(call, resp)
+        if kind == "delete" and resp.status == 200:
+            return web.Response(status=204)  # fake-gcs-server answers 200 "null"
         return resp
+
+    async def _check_bucket(self, bucket: str) -> None:
+        resp = await self._forward(json_call("GET", "bucket_get", bucket))
+        if resp.status >= 400:
+            raise ApiError(resp.status, f"The specified bucket {bucket} does not exist.")
+
+    async def _finalize(self, session: Session, data: bytes) -> web.Response:
+        """Write a finished resumable upload as one multipart upload."""
+        gen = await self._shim.generation(session.bucket, session.name, "127.0.0.1")
+        check_generation(gen, session.query)
+        boundary = "torchbucket-emulator-" + os.urandom(8).hex()
+        body = b"".join(
+            [
+                f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode(),
+                json.dumps(session.meta).encode(),
+                f"\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n".encode(),
+                data,
+                f"\r\n--{boundary}--\r\n".encode(),
+            ]
+        )
+        call = json_call(
+            "POST",
+            "upload_multipart",
+            session.bucket,
+            session.name,
+            headers={"Content-Type": f"multipart/related; boundary={boundary}"},
+            body=body,
+        )
+        return await self._forward(call)
 
     async def _forward(self, call: Call) -> web.Response:
         """Forward one JSON API call and relay the answer."""

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
-from urllib.parse import quote
 
 from aiohttp import web
 
@@ -21,34 +18,11 @@ from torchbucket.emulator._http import (
     parse_range,
 )
 from torchbucket.emulator._model_store import ModelObject, ModelStore, Preconditions
+from torchbucket.emulator._resumable import ResumableSessions, Session
 
 __all__ = ["ModelBackend"]
 
 _MAX_PAGE = 1000
-# Completed resumable sessions are kept this long, so a retried final PUT
-# still gets the object.
-_SESSION_TTL = 600.0
-
-
-class _Resumable:
-    __slots__ = ("bucket", "buf", "content_type", "done", "metadata", "name", "pre", "started")
-
-    def __init__(
-        self,
-        bucket: str,
-        name: str,
-        content_type: str | None,
-        metadata: dict[str, str] | None,
-        pre: Preconditions,
-    ) -> None:
-        self.bucket = bucket
-        self.name = name
-        self.content_type = content_type
-        self.metadata = metadata
-        self.pre = pre
-        self.buf = bytearray()
-        self.done: ModelObject | None = None
-        self.started = time.monotonic()
 
 
 class ModelBackend:
@@ -59,7 +33,7 @@ class ModelBackend:
 
     def __init__(self) -> None:
         self.store = ModelStore()
-        self._sessions: dict[str, _Resumable] = {}
+        self.resumable = ResumableSessions(self._finalize, self._check_bucket)
         self._handlers: dict[str, Callable[[Call], Awaitable[web.Response]]] = {
             "media": self._media,
             "metadata": self._metadata,
@@ -67,8 +41,8 @@ class ModelBackend:
             "upload_media": self._upload_media,
             "upload_multipart": self._upload_multipart,
             "insert_metadata": self._insert_metadata,
-            "resumable_start": self._resumable_start,
-            "resumable_chunk": self._resumable_chunk,
+            "resumable_start": self.resumable.start,
+            "resumable_chunk": self.resumable.chunk,
             "compose": self._compose,
             "delete": self._delete,
             "rewrite": self._rewrite,
@@ -220,82 +194,21 @@ class ModelBackend:
             meta["contentType"] = media_type
         return self._put(call, meta.get("name") or call.query.get("name", ""), data, meta)
 
-    async def _resumable_start(self, call: Call) -> web.Response:
-        meta = _json_body(call) if call.body else {}
-        name = meta.get("name") or call.query.get("name", "")
-        if not name:
-            raise ApiError(400, "Required parameter 'name' is missing.")
-        self.store.bucket(call.route.bucket)
-        content_type = meta.get("contentType") or call.headers.get("X-Upload-Content-Type")
-        upload_id = secrets.token_urlsafe(24)
-        self._expire_sessions()
-        self._sessions[upload_id] = _Resumable(
-            call.route.bucket,
-            name,
-            content_type,
-            meta.get("metadata"),
-            Preconditions.from_query(call.query),
-        )
-        location = (
-            f"http://{call.host}/upload/storage/v1/b/{quote(call.route.bucket, safe='')}/o"
-            f"?uploadType=resumable&name={quote(name, safe='')}&upload_id={upload_id}"
-        )
-        return web.Response(
-            status=200, headers={"Location": location, "X-GUploader-UploadID": upload_id}
-        )
+    async def _check_bucket(self, bucket: str) -> None:
+        self.store.bucket(bucket)
 
-    def _expire_sessions(self) -> None:
-        if len(self._sessions) < 1024:
-            return
-        cutoff = time.monotonic() - _SESSION_TTL
-        for key in [k for k, s in self._sessions.items() if s.started < cutoff]:
-            del self._sessions[key]
-
-    async def _resumable_chunk(self, call: Call) -> web.Response:
-        upload_id = call.query.get("upload_id", "")
-        session = self._sessions.get(upload_id)
-        if session is None:
-            raise ApiError(404, f"No such upload session {upload_id!r}")
-        if call.method == "DELETE":
-            del self._sessions[upload_id]
-            return web.Response(status=499)
-        if session.done is not None:
-            return json_response(session.done.resource())
-        first, last, total = _content_range(call.headers.get("Content-Range"), len(call.body))
-        buf = session.buf
-        if first is not None:
-            if first > len(buf):
-                raise ApiError(
-                    400, f"Chunk starts at {first} but only {len(buf)} bytes were received."
-                )
-            assert last is not None
-            if last - first + 1 != len(call.body):
-                raise ApiError(400, "Content-Range does not match the body length.")
-            skip = len(buf) - first  # bytes the server already has (a retried chunk)
-            if skip < len(call.body):
-                buf += call.body[skip:]
-        if total is not None and len(buf) >= total:
-            if len(buf) > total:
-                raise ApiError(400, f"Received {len(buf)} bytes, more than the total {total}.")
-            try:
-                obj = self.store.put(
-                    session.bucket,
-                    session.name,
-                    bytes(buf),
-                    content_type=session.content_type,
-                    metadata=session.metadata,
-                    pre=session.pre,
-                )
-            except ApiError:
-                del self._sessions[upload_id]
-                raise
-            session.done = obj
-            session.buf = bytearray()
-            return _object_response(call, obj)
-        headers = {"X-GUploader-UploadID": upload_id}
-        if buf:
-            headers["Range"] = f"bytes=0-{len(buf) - 1}"
-        return web.Response(status=308, headers=headers)
+    async def _finalize(self, session: Session, data: bytes) -> web.Response:
+        meta = session.meta
+        self._check_hashes(meta, data)
+        obj = self.store.put(
+            session.bucket,
+            session.name,
+            data,
+            content_type=meta.get("contentType"),
+            metadata=meta.get("metadata"),
+            pre=Preconditions.from_query(session.query),
+        )
+        return json_response(obj.resource())
 
     async def _compose(self, call: Call) -> web.Response:
         body = _json_body(call)
@@ -452,26 +365,3 @@ def parse_multipart_related(call: Call) -> tuple[dict[str, Any], bytes, str | No
     except ValueError:
         raise ApiError(400, "multipart metadata part is not valid JSON") from None
     return meta, media, media_headers.get("content-type")
-
-
-def _content_range(header: str | None, body_len: int) -> tuple[int | None, int | None, int | None]:
-    """Parse a resumable chunk's ``Content-Range``.
-
-    Returns:
-        ``(first, last, total)``: ``first``/``last`` are ``None`` for ``bytes */N``
-        status queries, ``total`` is ``None`` while unknown (``/*``).
-    """
-    if not header:
-        # A single-request resumable upload: the whole body, total known.
-        return (0, body_len - 1, body_len) if body_len else (None, None, 0)
-    if not header.startswith("bytes "):
-        raise ApiError(400, f"Invalid Content-Range {header!r}")
-    span, _, total_s = header[6:].partition("/")
-    try:
-        total = None if total_s == "*" else int(total_s)
-        if span == "*":
-            return None, None, total
-        first_s, _, last_s = span.partition("-")
-        return int(first_s), int(last_s), total
-    except ValueError:
-        raise ApiError(400, f"Invalid Content-Range {header!r}") from None

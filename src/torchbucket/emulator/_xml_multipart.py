@@ -73,6 +73,7 @@ def json_call(
     Args:
         method: HTTP method.
         kind: Route kind: ``media``, ``metadata``, ``delete``, ``upload_media``,
+            ``upload_multipart``,
             ``list``, ``bucket_get`` or ``bucket_create``.
         bucket: Bucket name.
         name: Object name.
@@ -92,6 +93,9 @@ def json_call(
     elif kind == "upload_media":
         path = f"/upload/storage/v1/b/{qb}/o"
         query = {"uploadType": "media", "name": name, **query}
+    elif kind == "upload_multipart":
+        path = f"/upload/storage/v1/b/{qb}/o"
+        query = {"uploadType": "multipart", **query}
     elif kind == "list":
         path = f"/storage/v1/b/{qb}/o"
     elif kind == "bucket_get":
@@ -103,7 +107,9 @@ def json_call(
     path_qs = path + ("?" + urlencode(query) if query else "")
     hdrs: CIMultiDict[str] = CIMultiDict(headers or {})
     hdrs["Host"] = host
-    op = {"media": "get", "metadata": "head", "upload_media": "put"}.get(kind, kind)
+    op = {"media": "get", "metadata": "head", "upload_media": "put", "upload_multipart": "put"}.get(
+        kind, kind
+    )
     return Call(method, Route(op, kind, bucket, name), path_qs, query, hdrs, body, host)
 
 
