@@ -18,7 +18,9 @@ from torchbucket.cli._common import (
     EXIT_CODES_HELP,
     EXIT_INTERRUPTED,
     HelpFormatter,
+    configure_gcs,
     exit_code_for,
+    positive_float,
 )
 
 __all__ = ["build_parser", "main"]
@@ -26,7 +28,7 @@ __all__ = ["build_parser", "main"]
 logger = logging.getLogger("torchbucket.cli")
 
 _GLOBAL_FLAGS = {"-v", "--verbose", "-vv"}
-_GLOBAL_WITH_VALUE = {"--endpoint"}
+_GLOBAL_WITH_VALUE = {"--endpoint", "--deadline"}
 
 
 def _common_options(*, top_level: bool) -> argparse.ArgumentParser:
@@ -42,6 +44,14 @@ def _common_options(*, top_level: bool) -> argparse.ArgumentParser:
         default=default,
         help="GCS endpoint for gs:// URIs, e.g. http://127.0.0.1:4443 "
         "(default: $STORAGE_EMULATOR_HOST, else https://storage.googleapis.com)",
+    )
+    group.add_argument(
+        "--deadline",
+        metavar="SECONDS",
+        type=positive_float,
+        default=default,
+        help="give up retrying one request after this long, e.g. when the endpoint is "
+        "down or throttles (default: 300)",
     )
     group.add_argument(
         "-v",
@@ -100,7 +110,7 @@ def _emulator_argv(argv: Sequence[str]) -> list[str] | None:
         arg = argv[i]
         if arg in _GLOBAL_WITH_VALUE:
             i += 2
-        elif arg in _GLOBAL_FLAGS or arg.startswith("--endpoint="):
+        elif arg in _GLOBAL_FLAGS or arg.startswith(("--endpoint=", "--deadline=")):
             i += 1
         else:
             return list(argv[i + 1 :]) if arg == "emulator" else None
@@ -131,7 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if emulator_args is not None:
         from torchbucket.emulator._cli import main as emulator_main
 
-        return int(emulator_main(emulator_args) or 0)
+        try:
+            return int(emulator_main(emulator_args) or 0)
+        except SystemExit as exc:  # its own --help or usage error
+            return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
 
     parser = build_parser()
     try:
@@ -139,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version, or a usage error already printed
         return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
     _configure_logging(args.verbose)
+    configure_gcs(endpoint=args.endpoint, deadline=args.deadline)
     try:
         return int(args.func(args))
     except KeyboardInterrupt:

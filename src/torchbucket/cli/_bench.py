@@ -268,7 +268,7 @@ def add_bench(
 
 
 def _bench(args: argparse.Namespace) -> int:
-    target = open_target(args.uri, args)
+    target = open_target(args.uri, args.endpoint)
     try:
         rows = runtime.run(
             run_bench(

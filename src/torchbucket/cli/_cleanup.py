@@ -130,7 +130,7 @@ def add_cleanup(
 
 
 def _cleanup(args: argparse.Namespace) -> int:
-    target: Target = open_target(args.uri, args)
+    target: Target = open_target(args.uri, args.endpoint)
     store = target.store
     try:
         composed, uploads = runtime.run(

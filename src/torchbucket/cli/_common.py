@@ -18,6 +18,7 @@ from typing import Any
 from tqdm import tqdm
 
 from torchbucket._uri import ObjectURI, parse_uri
+from torchbucket.config import RetryConfig
 from torchbucket.errors import (
     ConfigError,
     InvalidURIError,
@@ -26,6 +27,7 @@ from torchbucket.errors import (
     TorchBucketError,
 )
 from torchbucket.storage import ObjectStore, store_for
+from torchbucket.storage.gcs import GCSConfig
 
 __all__ = [
     "EXIT_CODES_HELP",
@@ -140,8 +142,35 @@ def local_path(text: str) -> str:
     return os.path.abspath(os.path.expanduser(text))
 
 
-def open_target(uri: str, args: argparse.Namespace) -> Target:
-    """Parse ``uri`` and open its store, honouring ``--endpoint`` for ``gs://``.
+_gcs_options: dict[str, Any] = {}
+
+
+def configure_gcs(*, endpoint: str | None = None, deadline: float | None = None) -> None:
+    """Set what :func:`gcs_config` builds for this command (the global options)."""
+    _gcs_options.clear()
+    if endpoint:
+        _gcs_options["endpoint"] = endpoint
+    if deadline is not None:
+        _gcs_options["retry"] = RetryConfig(
+            deadline=deadline, attempt_timeout=min(RetryConfig().attempt_timeout, deadline)
+        )
+
+
+def gcs_config(endpoint: str | None = None) -> GCSConfig:
+    """The GCS configuration of this command, with ``endpoint`` if given."""
+    options = dict(_gcs_options)
+    if endpoint:
+        options["endpoint"] = endpoint
+    return GCSConfig(**options)
+
+
+def open_target(uri: str, endpoint: str | None = None) -> Target:
+    """Parse ``uri`` and open its store.
+
+    Args:
+        uri: ``gs://``, ``memory://`` or ``file://`` URI.
+        endpoint: The GCS endpoint for ``gs://``; ``None`` for ``--endpoint``,
+            else ``$STORAGE_EMULATOR_HOST`` or Google's.
 
     Raises:
         InvalidURIError: The URI is malformed.
@@ -149,17 +178,9 @@ def open_target(uri: str, args: argparse.Namespace) -> Target:
     parsed = parse_uri(uri)
     options: dict[str, Any] = {}
     if parsed.scheme == "gs":
-        options["config"] = gcs_config(args)
+        options["config"] = gcs_config(endpoint)
     store, key = store_for(parsed, **options)
     return Target(parsed, store, key)
-
-
-def gcs_config(args: argparse.Namespace) -> Any:
-    """The :class:`~torchbucket.storage.gcs.GCSConfig` the global options ask for."""
-    from torchbucket.storage.gcs import GCSConfig
-
-    endpoint = getattr(args, "endpoint", None)
-    return GCSConfig(endpoint=endpoint) if endpoint else GCSConfig()
 
 
 def plural(count: int, noun: str) -> str:
@@ -210,6 +231,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
     return value
 
 

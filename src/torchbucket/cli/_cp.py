@@ -213,7 +213,7 @@ def _parent(key: str) -> str:
 
 
 async def _resolve(
-    src_text: str, dst_text: str, args: argparse.Namespace
+    src_text: str, dst_text: str, endpoint: str | None
 ) -> tuple[_Side, _Side, list[_Item]]:
     """The two sides and what to copy: one file/object, or all under a folder/prefix.
 
@@ -224,7 +224,7 @@ async def _resolve(
     single: tuple[str, int] | None = None  # (name, size) when copying one file/object
     src: _Side
     if is_remote(src_text):
-        target = open_target(src_text, args)
+        target = open_target(src_text, endpoint)
         key = target.key
         info = None
         if key and not key.endswith("/"):
@@ -251,7 +251,7 @@ async def _resolve(
     dst: _Side
     rename: str | None = None
     if is_remote(dst_text):
-        target = open_target(dst_text, args)
+        target = open_target(dst_text, endpoint)
         key = target.key
         if single is not None and key and not key.endswith("/"):
             dst, rename = _Remote(target, _parent(key)), posixpath.basename(key)
@@ -300,8 +300,8 @@ async def _copy_all(
 def copy(
     src: str,
     dst: str,
-    args: argparse.Namespace,
     *,
+    endpoint: str | None = None,
     jobs: int = 64,
     stream_threshold: int = 32 << 20,
     desc: str = "copying",
@@ -311,7 +311,7 @@ def copy(
     Args:
         src: Local path or URI to copy from.
         dst: Local path or URI to copy to.
-        args: The parsed global options (``--endpoint``).
+        endpoint: The GCS endpoint for ``gs://`` URIs; ``None`` for the default.
         jobs: Objects copied at once.
         stream_threshold: Objects at least this big are streamed.
         desc: The progress bar's label.
@@ -324,7 +324,7 @@ def copy(
         StorageError: A read or write failed.
     """
     started = time.perf_counter()
-    source, dest, items = runtime.run(_resolve(src, dst, args))
+    source, dest, items = runtime.run(_resolve(src, dst, endpoint))
     for item in items:
         if isinstance(dest, _Local):
             dest.child(item.dst)  # refuse '..' before anything is written
@@ -380,7 +380,13 @@ def add_cp(
 
 
 def _cp(args: argparse.Namespace) -> int:
-    stats = copy(args.src, args.dst, args, jobs=args.jobs, stream_threshold=args.stream_threshold)
+    stats = copy(
+        args.src,
+        args.dst,
+        endpoint=args.endpoint,
+        jobs=args.jobs,
+        stream_threshold=args.stream_threshold,
+    )
     print(
         f"copied {plural(stats.objects, 'object')}, {stats.bytes} bytes ({human_bytes(stats.bytes)}) "
         f"in {stats.seconds:.2f} s, {stats.mb_per_s:.1f} MB/s"

@@ -84,7 +84,7 @@ def add_ls(
 
 
 def _ls(args: argparse.Namespace) -> int:
-    target = open_target(args.uri, args)
+    target = open_target(args.uri, args.endpoint)
     objects, _ = list_target(target)
     if not objects:
         raise _nothing_matched(target)
@@ -124,7 +124,7 @@ def add_du(
 
 
 def _du(args: argparse.Namespace) -> int:
-    target = open_target(args.uri, args)
+    target = open_target(args.uri, args.endpoint)
     objects, _ = list_target(target, what="counting")
     if not objects:
         raise _nothing_matched(target)
