@@ -1,0 +1,168 @@
+"""Datasets over HTTP against the emulator: DataLoader with fork and spawn workers,
+compose on and off, composites always deleted, faults, and a killed worker."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from torch.utils.data import DataLoader
+
+from torchbucket import runtime
+from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig, cleanup_composites
+from torchbucket.compose import _fetch as compose_fetch
+from torchbucket.config import RetryConfig
+from torchbucket.datasets import BucketIterableDataset, BucketMapDataset, FetchConfig
+from torchbucket.emulator import Emulator
+from torchbucket.errors import NotFoundError
+from torchbucket.storage.gcs import GCSConfig, GCSStore
+
+pytestmark = pytest.mark.emulator
+
+N = 200
+# Fast retries: a fault costs milliseconds, a broken test fails in seconds.
+RETRY = RetryConfig(
+    initial_backoff=0.01, max_backoff=0.05, deadline=20.0, attempt_timeout=10.0, read_timeout=5.0
+)
+
+
+def payload(i: int) -> bytes:
+    return f"gcs-object-{i:05d};".encode() * (1 + i % 11)
+
+
+def _as_list(batch: list[bytes]) -> list[bytes]:
+    return list(batch)
+
+
+@pytest.fixture
+def bucket(emulator: Emulator) -> str:
+    name = f"ds-{uuid.uuid4().hex[:16]}"
+    emulator.create_bucket(name)
+    emulator.seed(name, {f"train/{i:05d}": payload(i) for i in range(N)})
+    return name
+
+
+def _gcs(emulator: Emulator) -> GCSConfig:
+    return GCSConfig(endpoint=emulator.endpoint, anonymous=True, retry=RETRY)
+
+
+@pytest.mark.parametrize(
+    ("kind", "context", "compose"),
+    [
+        ("map", "fork", True),
+        ("map", "spawn", False),
+        ("iterable", "fork", True),
+        ("iterable", "fork", False),
+        ("iterable", "spawn", True),
+    ],
+)
+def test_epoch_through_workers_reads_each_object_once_and_leaves_no_composite(
+    emulator: Emulator, bucket: str, kind: str, context: str, compose: bool
+) -> None:
+    uri = f"gs://{bucket}/train/"
+    config = ComposeConfig(disable=not compose, max_composite_object_size=2000)
+    ds: Any
+    if kind == "map":
+        ds = BucketMapDataset.from_prefix(uri, gcs_config=_gcs(emulator), compose=config)
+        loader = DataLoader(
+            ds,
+            batch_size=32,
+            shuffle=True,
+            num_workers=2,
+            multiprocessing_context=context,
+            collate_fn=_as_list,
+        )
+    else:
+        ds = BucketIterableDataset.from_prefix(
+            uri,
+            gcs_config=_gcs(emulator),
+            compose=config,
+            shuffle=True,
+            fetch=FetchConfig(prefetch=48),
+        )
+        loader = DataLoader(
+            ds, batch_size=32, num_workers=2, multiprocessing_context=context, collate_fn=_as_list
+        )
+    before = emulator.stats()["by_op"].get("compose", 0)
+    seen = [sample for batch in loader for sample in batch]
+    assert sorted(seen) == sorted(payload(i) for i in range(N))
+    composed = emulator.stats()["by_op"].get("compose", 0) - before
+    assert (composed > 0) is compose
+    assert emulator.object_names(bucket, COMPOSITE_PREFIX) == []
+
+
+def test_compose_refused_over_http_falls_back_with_one_warning(
+    emulator: Emulator, bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    compose_fetch._warned.discard("refused")
+    emulator.add_fault("compose", "403", count=None)
+    ds = BucketMapDataset.from_prefix(f"gs://{bucket}/train/", gcs_config=_gcs(emulator))
+    with caplog.at_level(logging.WARNING, logger="torchbucket"):
+        got = ds.__getitems__(list(range(64))) + ds.__getitems__(list(range(64, 128)))
+    assert got == [payload(i) for i in range(128)]
+    refusals = [r for r in caplog.records if "compose refused" in r.getMessage()]
+    assert len(refusals) == 1
+    assert emulator.object_names(bucket, COMPOSITE_PREFIX) == []
+
+
+def test_object_rewritten_after_listing_raises_over_http(emulator: Emulator, bucket: str) -> None:
+    ds = BucketMapDataset.from_prefix(f"gs://{bucket}/train/", gcs_config=_gcs(emulator))
+    emulator.seed(bucket, {"train/00007": payload(7)})  # same bytes, a new generation
+    with pytest.raises(NotFoundError, match="train/00007"):
+        ds.__getitems__(list(range(16)))
+    assert emulator.object_names(bucket, COMPOSITE_PREFIX) == []
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_worker_killed_mid_epoch_leaves_composites_that_cleanup_removes(
+    emulator: Emulator, bucket: str
+) -> None:
+    # Deletes hang, so the worker is caught holding composites when it dies.
+    emulator.add_fault("delete", "stall", count=None, stall_seconds=30.0)
+    ds = BucketMapDataset.from_prefix(
+        f"gs://{bucket}/train/",
+        gcs_config=_gcs(emulator),
+        compose=ComposeConfig(max_composite_object_size=2000),
+    )
+    loader = DataLoader(
+        ds, batch_size=64, num_workers=1, multiprocessing_context="fork", collate_fn=_as_list
+    )
+    iterator = iter(loader)
+
+    def consume() -> None:
+        try:
+            next(iterator)
+        except Exception:  # the DataLoader reports the killed worker here too
+            pass
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    assert _wait_for(lambda: bool(emulator.object_names(bucket, COMPOSITE_PREFIX)))
+    worker_pid = iterator._workers[0].pid  # type: ignore[attr-defined]
+    # The DataLoader's SIGCHLD handler reports the death in the main thread.
+    with pytest.raises(RuntimeError, match="killed by signal"):
+        os.kill(worker_pid, signal.SIGKILL)
+        time.sleep(30)
+    thread.join(60)
+    emulator.clear_faults()
+    left = emulator.object_names(bucket, COMPOSITE_PREFIX)
+    assert left
+    store = GCSStore(bucket, config=_gcs(emulator))
+    assert runtime.run(cleanup_composites(store)) == len(left)
+    assert emulator.object_names(bucket, COMPOSITE_PREFIX) == []
+    assert len(emulator.object_names(bucket, "train/")) == N
