@@ -123,6 +123,7 @@ class Emulator:
         self._proc: subprocess.Popen[bytes] | None = None
         self._endpoint: str | None = None
         self.pid: int | None = None
+        self.backend_pid: int | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
 
     # -- lifecycle -----------------------------------------------------------
@@ -180,6 +181,7 @@ class Emulator:
             ) from exc
         self._endpoint = str(info["endpoint"])
         self.pid = int(info["pid"])
+        self.backend_pid = info.get("backend_pid")
         logger.debug("emulator (%s) listening at %s", self.backend, self._endpoint)
         return self
 

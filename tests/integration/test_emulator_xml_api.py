@@ -1,0 +1,147 @@
+"""The emulator's XML API (path-style objects and multipart uploads) on both stores."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from torchbucket.emulator import Emulator
+
+pytestmark = pytest.mark.emulator
+
+Http = Callable[..., Any]
+
+
+@pytest.fixture(params=["model", "fake-gcs"])
+def emu(request: pytest.FixtureRequest) -> Emulator:
+    return request.getfixturevalue(  # type: ignore[no-any-return]
+        "emulator" if request.param == "model" else "fake_gcs"
+    )
+
+
+@pytest.fixture
+def bucket(emu: Emulator) -> str:
+    name = f"x-{uuid.uuid4().hex[:16]}"
+    emu.create_bucket(name)
+    return name
+
+
+def _text(body: bytes, tag: str) -> list[str]:
+    root = ET.fromstring(body)
+    return [el.text or "" for el in root.iter() if el.tag.rsplit("}", 1)[-1] == tag]
+
+
+def _complete_body(parts: list[tuple[int, str]]) -> bytes:
+    rows = "".join(f"<Part><PartNumber>{n}</PartNumber><ETag>{e}</ETag></Part>" for n, e in parts)
+    return f"<CompleteMultipartUpload>{rows}</CompleteMultipartUpload>".encode()
+
+
+def test_simple_put_and_ranged_get(emu: Emulator, bucket: str, raw_http: Http) -> None:
+    data = b"0123456789" * 10
+    put = raw_http(emu, "PUT", f"/{bucket}/dir/a%20b", data)
+    assert put.status == 200, put
+    assert put.headers["ETag"] == f'"{hashlib.md5(data).hexdigest()}"'
+    assert raw_http(emu, "GET", f"/{bucket}/dir/a%20b").body == data
+    part = raw_http(emu, "GET", f"/{bucket}/dir/a%20b", headers={"Range": "bytes=5-14"})
+    assert part.status == 206 and part.body == data[5:15]
+    assert emu.object_names(bucket) == ["dir/a b"]
+    missing = raw_http(emu, "GET", f"/{bucket}/nope")
+    assert missing.status == 404
+    assert _text(missing.body, "Code") == ["NoSuchKey"]
+
+
+def test_multipart_upload_round_trip(emu: Emulator, bucket: str, raw_http: Http) -> None:
+    key = "ckpt/model.pt"
+    start = raw_http(emu, "POST", f"/{bucket}/{quote(key)}?uploads")
+    assert start.status == 200, start
+    assert _text(start.body, "Bucket") == [bucket]
+    assert _text(start.body, "Key") == [key]
+    (upload_id,) = _text(start.body, "UploadId")
+    chunks = {1: b"a" * 1000, 2: b"b" * 1000, 3: b"c" * 10}
+    etags = {}
+    for number in (3, 1, 2):  # parts may arrive in any order
+        reply = raw_http(
+            emu,
+            "PUT",
+            f"/{bucket}/{quote(key)}?partNumber={number}&uploadId={upload_id}",
+            chunks[number],
+        )
+        assert reply.status == 200
+        etags[number] = reply.headers["ETag"]
+        assert etags[number] == f'"{hashlib.md5(chunks[number]).hexdigest()}"'
+    listed = raw_http(emu, "GET", f"/{bucket}?uploads&prefix=ckpt/")
+    assert upload_id in _text(listed.body, "UploadId")
+    assert raw_http(emu, "GET", f"/{bucket}/{quote(key)}").status == 404  # not visible yet
+    done = raw_http(
+        emu,
+        "POST",
+        f"/{bucket}/{quote(key)}?uploadId={upload_id}",
+        _complete_body([(n, etags[n]) for n in (1, 2, 3)]),
+    )
+    assert done.status == 200, done
+    assert _text(done.body, "Key") == [key]
+    assert raw_http(emu, "GET", f"/{bucket}/{quote(key)}").body == chunks[1] + chunks[2] + chunks[3]
+    after = raw_http(emu, "GET", f"/{bucket}?uploads&prefix=ckpt/")
+    assert upload_id not in _text(after.body, "UploadId")
+
+
+def test_multipart_complete_validates_parts(emu: Emulator, bucket: str, raw_http: Http) -> None:
+    start = raw_http(emu, "POST", f"/{bucket}/obj?uploads")
+    (upload_id,) = _text(start.body, "UploadId")
+    e1 = raw_http(emu, "PUT", f"/{bucket}/obj?partNumber=1&uploadId={upload_id}", b"x").headers[
+        "ETag"
+    ]
+    e2 = raw_http(emu, "PUT", f"/{bucket}/obj?partNumber=2&uploadId={upload_id}", b"y").headers[
+        "ETag"
+    ]
+    path = f"/{bucket}/obj?uploadId={upload_id}"
+    backwards = raw_http(emu, "POST", path, _complete_body([(2, e2), (1, e1)]))
+    assert backwards.status == 400
+    assert _text(backwards.body, "Code") == ["InvalidPartOrder"]
+    wrong = raw_http(emu, "POST", path, _complete_body([(1, e2)]))
+    assert wrong.status == 400
+    assert _text(wrong.body, "Code") == ["InvalidPart"]
+    assert emu.object_names(bucket) == []
+    aborted = raw_http(emu, "DELETE", path)
+    assert aborted.status == 204
+    gone = raw_http(emu, "POST", path, _complete_body([(1, e1)]))
+    assert gone.status == 404
+    assert _text(gone.body, "Code") == ["NoSuchUpload"]
+
+
+def test_multipart_on_a_missing_bucket(emu: Emulator, raw_http: Http) -> None:
+    reply = raw_http(emu, "POST", "/no-such-bucket-xyz/obj?uploads")
+    assert reply.status == 404
+    assert _text(reply.body, "Code") == ["NoSuchBucket"]
+
+
+def test_minimum_part_size_when_configured(raw_http: Http) -> None:
+    with Emulator(min_part_size=1000) as emu:
+        emu.create_bucket("b")
+        start = raw_http(emu, "POST", "/b/obj?uploads")
+        (upload_id,) = _text(start.body, "UploadId")
+        etags = [
+            raw_http(emu, "PUT", f"/b/obj?partNumber={n}&uploadId={upload_id}", data).headers[
+                "ETag"
+            ]
+            for n, data in ((1, b"s" * 10), (2, b"t" * 10))
+        ]
+        small = raw_http(
+            emu,
+            "POST",
+            f"/b/obj?uploadId={upload_id}",
+            _complete_body([(1, etags[0]), (2, etags[1])]),
+        )
+        assert small.status == 400
+        assert _text(small.body, "Code") == ["EntityTooSmall"]
+        # A single part may be small: it is the last one.
+        single = raw_http(
+            emu, "POST", f"/b/obj?uploadId={upload_id}", _complete_body([(1, etags[0])])
+        )
+        assert single.status == 200
