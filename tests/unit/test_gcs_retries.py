@@ -296,3 +296,33 @@ def test_missing_bucket_on_listing(server: Any) -> None:
         runtime.run(store.list_page("p/"))
     assert type(info.value).__name__ == "BucketNotFoundError"
     assert "gs://bkt/p/" in str(info.value)
+
+
+def test_close_releases_the_pool_and_the_store_opens_it_again(
+    server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    scripted, store = server
+    other = GCSStore("bkt", config=store.config)
+    scripted.handlers += [media(DATA)] * 4
+    assert runtime.run(store.get("k")) == DATA
+    assert runtime.run(other.get("k")) == DATA
+    runtime.run(store.close())
+    assert runtime.run(other.get("k")) == DATA  # the shared pool is still open for it
+    runtime.run(other.close())
+    assert runtime.run(store.get("k")) == DATA  # usable again after close
+
+    async def own_loop() -> bytes:
+        data: bytes = await other.get("k")
+        await other.close()
+        return data
+
+    from torchbucket.storage import _gcs_http
+
+    pools = len(_gcs_http._sessions)
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    scripted.handlers += [media(DATA)] * 2
+    # Two loops one after the other: the store never reuses a dead loop's pool.
+    assert asyncio.run(own_loop()) == DATA
+    assert asyncio.run(own_loop()) == DATA
+    assert len(_gcs_http._sessions) == pools  # each loop's pool was closed with it
+    assert "Unclosed" not in caplog.text

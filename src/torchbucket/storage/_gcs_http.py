@@ -43,10 +43,12 @@ __all__ = [
     "READ_WRITE_SCOPE",
     "Credentials",
     "SessionKey",
+    "acquire_session",
+    "close_sessions",
     "error_code",
     "error_for_exception",
     "error_for_response",
-    "get_session",
+    "release_session",
     "user_agent",
 ]
 
@@ -76,9 +78,14 @@ class SessionKey:
     connect_timeout: float
 
 
-_sessions: dict[
-    tuple[int, SessionKey], tuple[asyncio.AbstractEventLoop, aiohttp.ClientSession]
-] = {}
+@dataclass(slots=True)
+class _Entry:
+    loop: asyncio.AbstractEventLoop
+    session: aiohttp.ClientSession
+    users: int = 0
+
+
+_sessions: dict[tuple[int, SessionKey], _Entry] = {}
 # Sessions inherited over fork: kept referenced and marked closed, never closed,
 # because closing them would unregister the parent's sockets from the epoll set
 # that parent and child share.
@@ -94,44 +101,61 @@ def _keepalive_socket_factory(addr_info: Any) -> socket.socket:
     return sock
 
 
-def get_session(key: SessionKey) -> aiohttp.ClientSession:
-    """The session for ``key`` on the running loop, created on first use."""
+def acquire_session(key: SessionKey) -> aiohttp.ClientSession:
+    """The session for ``key`` on the running loop, created on first use.
+
+    Each store acquires it once per loop and releases it in ``close``; the
+    session closes when its last store does, or at process exit.
+    """
     loop = asyncio.get_running_loop()
     entry = _sessions.get((id(loop), key))
-    if entry is not None and entry[0] is loop and not entry[1].closed:
-        return entry[1]
-    connector = aiohttp.TCPConnector(
-        limit=key.limit,
-        limit_per_host=key.limit,
-        ttl_dns_cache=300,
-        use_dns_cache=True,
-        keepalive_timeout=30.0,
-        socket_factory=_keepalive_socket_factory,
-    )
-    session = aiohttp.ClientSession(
-        connector=connector,
-        timeout=aiohttp.ClientTimeout(
-            total=None, sock_read=key.read_timeout, sock_connect=key.connect_timeout
-        ),
-        headers={"User-Agent": user_agent()},
-        auto_decompress=False,  # stored bytes, so that they match the stored CRC32C
-        skip_auto_headers=("Content-Type",),
-    )
-    _sessions[(id(loop), key)] = (loop, session)
-    return session
+    if entry is None or entry.loop is not loop or entry.session.closed:
+        connector = aiohttp.TCPConnector(
+            limit=key.limit,
+            limit_per_host=key.limit,
+            ttl_dns_cache=300,
+            use_dns_cache=True,
+            keepalive_timeout=30.0,
+            socket_factory=_keepalive_socket_factory,
+        )
+        session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_read=key.read_timeout, sock_connect=key.connect_timeout
+            ),
+            headers={"User-Agent": user_agent()},
+            auto_decompress=False,  # stored bytes, so that they match the stored CRC32C
+            skip_auto_headers=("Content-Type",),
+        )
+        entry = _sessions[(id(loop), key)] = _Entry(loop, session)
+    entry.users += 1
+    return entry.session
+
+
+async def release_session(key: SessionKey, session: aiohttp.ClientSession) -> None:
+    """Give back a session from :func:`acquire_session`; the last user closes it."""
+    loop = asyncio.get_running_loop()
+    entry = _sessions.get((id(loop), key))
+    if entry is None or entry.session is not session:
+        return
+    entry.users -= 1
+    if entry.users <= 0:
+        del _sessions[(id(loop), key)]
+        await session.close()
 
 
 async def close_sessions() -> None:
     """Close this process's sessions that belong to the running loop."""
     loop = asyncio.get_running_loop()
-    for map_key, (owner, session) in list(_sessions.items()):
-        if owner is loop:
+    for map_key, entry in list(_sessions.items()):
+        if entry.loop is loop:
             del _sessions[map_key]
-            await session.close()
+            await entry.session.close()
 
 
 def _after_fork_in_child() -> None:
-    for _, session in _sessions.values():
+    for entry in _sessions.values():
+        session = entry.session
         connector = session.connector
         if connector is not None:
             connector._closed = True  # the parent owns its connections

@@ -109,7 +109,7 @@ class GCSTransport:
         if state is None or state[0] is not loop or state[1].closed:
             state = self._state = (
                 loop,
-                _http.get_session(self._session_key),
+                _http.acquire_session(self._session_key),
                 retry.get_limiter(self._endpoint, self._concurrency),
             )
         return state
@@ -165,6 +165,10 @@ class GCSTransport:
                 resp_headers = resp.headers
         except _TRANSPORT_ERRORS as exc:
             raise self._transport_error(exc, operation, uri) from exc
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "%s %s: %s -> HTTP %d, %d bytes", operation, uri, method, status, len(body)
+            )
         if status >= 300 and status not in allow:
             raise _http.error_for_response(
                 status, resp_headers, body, operation=operation, uri=uri, bucket_op=bucket_op
@@ -179,11 +183,11 @@ class GCSTransport:
         )
 
     async def close_session(self) -> None:
-        """Close this loop's session for the store's settings (others may reopen it)."""
+        """Release this loop's session; it closes when no other store uses it."""
         state = self._state
         self._state = None
         if state is not None and state[0] is asyncio.get_running_loop():
-            await state[1].close()
+            await _http.release_session(self._session_key, state[1])
 
     # ------------------------------------------------------------ reads
 
