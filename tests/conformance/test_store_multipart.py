@@ -98,3 +98,14 @@ def test_part_numbers_outside_the_range_are_rejected(s: SyncStore) -> None:
         with pytest.raises(ValueError):
             s.mpu("upload_part", "obj", upload_id, number, b"x")
     s.mpu("abort", "obj", upload_id)
+
+
+@pytest.mark.parametrize("name", ["dir/ünï cødé #?%+.pt", "a/b/c/d.bin"])
+def test_unusual_names_upload_and_list(s: SyncStore, name: str) -> None:
+    upload_id = s.mpu("initiate", name)
+    assert [(s.rel(u.key), u.upload_id) for u in s.multipart_list()] == [(name, upload_id)]
+    part = s.mpu("upload_part", name, upload_id, 1, b"payload")
+    info = s.mpu("complete", name, upload_id, [part])
+    assert info.name == s.k(name)
+    assert s.get(name) == b"payload"
+    assert s.list_all() == [name]

@@ -168,3 +168,12 @@ def test_store_pickles_as_its_bucket_and_config() -> None:
     assert clone.bucket == "my-bucket"
     assert clone.config == config
     assert clone.uri("a/b") == "gs://my-bucket/a/b"
+
+
+def test_store_for_a_gs_uri_gives_a_gcs_store_with_the_config() -> None:
+    from torchbucket.storage import store_for
+
+    config = GCSConfig(endpoint="http://127.0.0.1:1")
+    store, key = store_for("gs://my-bucket/train/shard-", config=config)
+    assert isinstance(store, GCSStore)
+    assert (store.bucket, key, store.config) == ("my-bucket", "train/shard-", config)
