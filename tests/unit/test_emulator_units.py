@@ -246,3 +246,17 @@ def test_rate_cap_refuses_beyond_its_burst() -> None:
     results = [cap.take() for _ in range(20)]
     assert results[:5] == [0.0] * 5  # a burst of one second's worth
     assert any(wait > 0 for wait in results[5:])
+
+
+def test_a_fields_mask_selects_a_subset_of_the_full_resource() -> None:
+    import json
+
+    store = ModelStore()
+    store.create_bucket("b")
+    plain = store.put("b", 'dir/"quoted" é', b"data", metadata={"k": "v"})
+    composite = store.compose("b", "c", [{"name": plain.name}], None, Preconditions())
+    for obj in (plain, composite):
+        full = json.loads(obj.resource())
+        for fields in [("name", "size", "generation", "crc32c"), tuple(full), ("md5Hash", "nope")]:
+            partial = json.loads(obj.resource(fields))
+            assert partial == {k: full[k] for k in fields if k in full}

@@ -138,6 +138,12 @@ async def _serve(args: argparse.Namespace, latency: object) -> None:
     }
     sys.stdout.write(json.dumps(line) + "\n")
     sys.stdout.flush()
+    if not args.watch_stdin:
+        sys.stderr.write(
+            f"GCS emulator ({front.backend.name}) listening; point clients at it with\n"
+            f"  export STORAGE_EMULATOR_HOST=http://127.0.0.1:{port}\n"
+            "Ctrl-C stops it.\n"
+        )
     await front.stopped.wait()
     try:
         await asyncio.wait_for(front.close(), timeout=5)

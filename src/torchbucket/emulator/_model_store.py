@@ -12,7 +12,7 @@ import base64
 import bisect
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from torchbucket.emulator._http import ApiError, checksums, crc32c_b64, rfc3339
@@ -86,10 +86,13 @@ class ModelObject:
             cached = self._partial
             if cached is not None and cached[0] is fields:
                 return cached[1]
-            full = self._resource_dict()
-            encoded = json.dumps(
-                {k: full[k] for k in fields if k in full}, separators=(",", ":")
-            ).encode()
+            frags = []
+            for field in fields:
+                getter = _FIELD_FRAGMENTS.get(field)
+                frag = getter(self) if getter is not None else None
+                if frag is not None:
+                    frags.append(frag)
+            encoded = ("{" + ",".join(frags) + "}").encode()
             self._partial = (fields, encoded)
             return encoded
         if self._json is None:
@@ -149,6 +152,35 @@ class ModelObject:
         self._json = None
         self._partial = None
         self._headers = None
+
+
+def _meta_fragment(o: ModelObject) -> str | None:
+    return f'"metadata":{json.dumps(o.metadata)}' if o.metadata else None
+
+
+# Field -> its JSON fragment: a fields mask is served without building the whole
+# resource (a first listing of a big bucket encodes every object once).
+_FIELD_FRAGMENTS: dict[str, Callable[[ModelObject], str | None]] = {
+    "kind": lambda o: '"kind":"storage#object"',
+    "id": lambda o: f'"id":{json.dumps(f"{o.bucket}/{o.name}/{o.generation}")}',
+    "name": lambda o: f'"name":{json.dumps(o.name)}',
+    "bucket": lambda o: f'"bucket":{json.dumps(o.bucket)}',
+    "generation": lambda o: f'"generation":"{o.generation}"',
+    "metageneration": lambda o: f'"metageneration":"{o.metageneration}"',
+    "contentType": lambda o: f'"contentType":{json.dumps(o.content_type)}',
+    "storageClass": lambda o: '"storageClass":"STANDARD"',
+    "size": lambda o: f'"size":"{len(o.data)}"',
+    "crc32c": lambda o: f'"crc32c":"{o.crc32c}"',
+    "md5Hash": lambda o: f'"md5Hash":"{o.md5}"' if o.md5 is not None else None,
+    "componentCount": lambda o: (
+        f'"componentCount":{o.component_count}' if o.component_count is not None else None
+    ),
+    "metadata": _meta_fragment,
+    "etag": lambda o: f'"etag":"{o.etag}"',
+    "timeCreated": lambda o: f'"timeCreated":"{o.created}"',
+    "updated": lambda o: f'"updated":"{o.created}"',
+    "timeStorageClassUpdated": lambda o: f'"timeStorageClassUpdated":"{o.created}"',
+}
 
 
 class ModelBucket:
