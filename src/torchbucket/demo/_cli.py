@@ -74,6 +74,12 @@ def add_demo(
         action="store_true",
         help=f"a small run: {_QUICK['objects']} images, {_QUICK['epochs']} epochs",
     )
+    parser.add_argument(
+        "--no-compose",
+        action="store_true",
+        help="read every image with its own GET instead of coalescing small objects "
+        "server-side (compose makes class A requests; compare the summaries)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="picks the images (default: 0)")
     parser.set_defaults(func=_demo)
 
@@ -94,6 +100,7 @@ def _demo(args: argparse.Namespace) -> int:
         bucket=args.bucket,
         latency=not args.no_latency,
         seed=args.seed,
+        compose=not args.no_compose,
     )
     result = run_demo(config)
     figure = write_figure(result, os.path.join(config.out, "demo.png"))

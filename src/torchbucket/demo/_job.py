@@ -22,6 +22,7 @@ from torchbucket._uri import parse_uri
 from torchbucket.checkpoint import BucketCheckpoint
 from torchbucket.cli._common import human_bytes, open_target, plural
 from torchbucket.cli._cp import copy
+from torchbucket.compose import ComposeConfig
 from torchbucket.datasets import BucketMapDataset
 from torchbucket.demo._data import CLASSES, decode, generate
 from torchbucket.demo._model import SmallCNN
@@ -53,6 +54,9 @@ class DemoConfig:
         latency: Model a same-region bucket's latency in the emulator. Default
             ``True``.
         seed: Picks the images and the initial weights. Default 0.
+        compose: Coalesce small reads server-side (the datasets' default
+            ``ComposeConfig()``); ``False`` reads each image with its own GET.
+            Default ``True``.
         learning_rate: Adam's learning rate. Default 3e-3.
     """
 
@@ -65,6 +69,7 @@ class DemoConfig:
     bucket: str | None = None
     latency: bool = True
     seed: int = 0
+    compose: bool = True
     learning_rate: float = 3e-3
 
     def __post_init__(self) -> None:
@@ -325,17 +330,19 @@ def run_demo(config: DemoConfig) -> DemoResult:
             )
             shutil.rmtree(folder, ignore_errors=True)
 
+        compose = None if config.compose else ComposeConfig(disable=True)
+
         # 2. List once, in the main process, before the DataLoader forks.
         started = time.perf_counter()
         with requests.phase("listing"):
             train = Labelled(
                 BucketMapDataset.from_prefix(
-                    data_uri + "train/", data_format_fn=decode, gcs_config=gcs
+                    data_uri + "train/", data_format_fn=decode, gcs_config=gcs, compose=compose
                 )
             )
             val = Labelled(
                 BucketMapDataset.from_prefix(
-                    data_uri + "val/", data_format_fn=decode, gcs_config=gcs
+                    data_uri + "val/", data_format_fn=decode, gcs_config=gcs, compose=compose
                 )
             )
         result.list_s = time.perf_counter() - started
