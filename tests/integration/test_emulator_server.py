@@ -165,3 +165,17 @@ def test_latency_can_be_set_and_is_reported(emulator: Emulator, raw_http: Http) 
     assert raw_http(emulator, "GET", "/_emulator/latency").json()["latency"]["read"] == 0.020
     with pytest.raises(ConfigError):
         emulator.set_latency("far-away")
+
+
+def test_big_bodies_arrive_intact_under_the_bandwidth_model(
+    emulator: Emulator, raw_http: Http
+) -> None:
+    bucket = _bucket(emulator)
+    data = os.urandom(5 << 20)  # above the size streamed at the modelled rate
+    emulator.seed(bucket, {"big": data})
+    emulator.set_latency(LatencyModel(read=0.0, list_page=0.0, write=0.0, bandwidth=2e9))
+    whole = raw_http(emulator, "GET", f"/storage/v1/b/{bucket}/o/big?alt=media")
+    assert whole.status == 200 and whole.body == data
+    assert whole.headers["x-goog-hash"].startswith("crc32c=")
+    head = raw_http(emulator, "HEAD", f"/{bucket}/big")
+    assert head.status == 200 and head.headers["Content-Length"] == str(len(data))

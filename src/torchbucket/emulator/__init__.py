@@ -66,7 +66,9 @@ _SEED_BATCH_BYTES = 64 << 20
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def _stop_process(proc: subprocess.Popen[bytes]) -> None:
+def _stop_process(proc: subprocess.Popen[bytes], owner: int) -> None:
+    if os.getpid() != owner:  # a forked child: the server is its parent's to stop
+        return
     if proc.poll() is not None:
         return
     if proc.stdin is not None:
@@ -159,6 +161,7 @@ class Emulator:
             fd, self.log_path = tempfile.mkstemp(prefix="torchbucket-emulator-", suffix=".log")
             os.close(fd)
         cmd = [sys.executable, "-m", "torchbucket.emulator", "--port", "0", "--watch-stdin"]
+        cmd += ["--parent-pid", str(os.getpid())]
         cmd += ["--backend", self.backend, "--min-part-size", str(self.min_part_size)]
         cmd += ["--latency", json.dumps(self._latency.to_dict()) if self._latency else "none"]
         cmd += ["--fake-gcs-log", self.log_path]
@@ -169,7 +172,7 @@ class Emulator:
                 cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, close_fds=True
             )
         self._proc = proc
-        self._finalizer = weakref.finalize(self, _stop_process, proc)
+        self._finalizer = weakref.finalize(self, _stop_process, proc, os.getpid())
         try:
             line = self._read_line(proc)
             info = json.loads(line)

@@ -55,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--watch-stdin", action="store_true", help="exit when stdin reaches end of file"
     )
+    parser.add_argument(
+        "--parent-pid",
+        type=int,
+        default=None,
+        help="exit when this process is no longer the parent",
+    )
     return parser
 
 
@@ -129,6 +135,16 @@ async def _serve(args: argparse.Namespace, latency: object) -> None:
                 front.stopped.set()
 
         loop.add_reader(fd, on_stdin)
+    if args.parent_pid is not None:
+        # Forked children of the parent may keep the stdin pipe open after the
+        # parent died; a changed parent pid says it is gone all the same.
+        def check_parent() -> None:
+            if os.getppid() != args.parent_pid:
+                front.stopped.set()
+            else:
+                loop.call_later(1.0, check_parent)
+
+        check_parent()
     line = {
         "endpoint": f"http://127.0.0.1:{port}",
         "port": port,

@@ -33,6 +33,9 @@ logger = logging.getLogger(__name__)
 
 # Large uploads (a resumable chunk, a multipart part) are read whole.
 _CLIENT_MAX_SIZE = 1 << 36
+# Bodies above this size are streamed at the modelled bandwidth.
+_STREAM_THRESHOLD = 4 << 20
+_STREAM_CHUNK = 1 << 20
 _STATUS_FAULTS = {"403": 403, "404": 404, "429": 429, "503": 503}
 _FAULT_MESSAGES = {
     403: "Permission denied (injected fault).",
@@ -171,9 +174,21 @@ class FrontServer:
         else:
             resp = await self.backend.handle(call)
         out_len = len(resp.body) if resp.body is not None else 0  # type: ignore[arg-type]
-        if self.latency is not None:
-            await asyncio.sleep(self.latency.delay(op, len(body), out_len))
         stats.count(op, resp.status, len(body), out_len)
+        latency = self.latency
+        if latency is not None:
+            bandwidth = latency.bandwidth
+            if (
+                bandwidth is not None
+                and out_len > _STREAM_THRESHOLD
+                and rule is None
+                and request.method != "HEAD"
+            ):
+                # A big body flows at the modelled rate after the first byte,
+                # so a client's read timeout sees steady progress, not silence.
+                await asyncio.sleep(latency.delay(op, len(body), 0))
+                return await _stream(request, resp, bandwidth)
+            await asyncio.sleep(latency.delay(op, len(body), out_len))
         if rule is not None:
             return await self._mangle(request, resp, rule.kind)
         return resp
@@ -243,6 +258,23 @@ class FrontServer:
         if perms:
             payload["permissions"] = perms
         return json_response(json.dumps(payload).encode())
+
+
+async def _stream(
+    request: web.BaseRequest, resp: web.Response, bandwidth: float
+) -> web.StreamResponse:
+    """Send ``resp``'s body in chunks, each after its share of transfer time."""
+    body = memoryview(bytes(resp.body or b""))  # type: ignore[arg-type]
+    out = web.StreamResponse(status=resp.status, reason=resp.reason)
+    out.headers.update(resp.headers)
+    out.content_length = len(body)
+    await out.prepare(request)
+    for start in range(0, len(body), _STREAM_CHUNK):
+        chunk = body[start : start + _STREAM_CHUNK]
+        await asyncio.sleep(len(chunk) / bandwidth)
+        await out.write(chunk)
+    await out.write_eof()
+    return out
 
 
 def _reset(request: web.BaseRequest) -> None:
