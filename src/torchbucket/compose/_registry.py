@@ -166,9 +166,11 @@ def install_sigterm_handler() -> bool:
     Installed at most once per process, and only from the main thread (Python
     allows signal handlers nowhere else). The handler replaced is called
     afterwards; where it was the default, the signal is re-raised so the process
-    still ends as it would have. Where the current handler was installed from C
-    (PyTorch does so in DataLoader workers), it cannot be chained and nothing is
-    installed: the worker's ``Finalize`` still runs on a normal exit.
+    still ends as it would have. Where Python reports a handler it did not
+    install (``None``), nothing is installed, since it could not be chained.
+    In a DataLoader worker Python sees the default (PyTorch's C-level handler
+    is invisible to it), so a worker sent SIGTERM deletes its composites and
+    then ends by the signal.
 
     Returns:
         Whether the handler is in place.
