@@ -17,6 +17,7 @@ import collections
 import logging
 import os
 import random
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -172,6 +173,20 @@ class AdaptiveLimiter:
         logger.debug("throttled: concurrency limit now %d", self.limit)
 
 
+if sys.version_info >= (3, 11):
+
+    async def _attempt(fn: Callable[[], Awaitable[T]], timeout: float) -> T:
+        # asyncio.timeout runs fn in the caller's task; wait_for would create a
+        # task per request, a measurable share of a small read's client CPU.
+        async with asyncio.timeout(timeout):
+            return await fn()
+
+else:
+
+    async def _attempt(fn: Callable[[], Awaitable[T]], timeout: float) -> T:
+        return await asyncio.wait_for(fn(), timeout)
+
+
 _limiters: dict[tuple[int, int, str], AdaptiveLimiter] = {}
 
 
@@ -223,7 +238,7 @@ async def call(
         if limiter is not None:
             await limiter.acquire()
         try:
-            result = await asyncio.wait_for(fn(), timeout)
+            result = await _attempt(fn, timeout)
         except asyncio.TimeoutError:
             error: StorageError = TransientError(
                 f"no answer within {timeout:.1f} s", operation=operation, uri=uri
