@@ -60,6 +60,8 @@ class BucketIterableDataset(IterableDataset[Any]):
         catalog: The objects (use the classmethods instead).
         data_format_fn: Turns an object's bytes into a sample; default: the
             bytes unchanged. Runs in the consuming thread (a DataLoader worker).
+            An error it raises keeps its type and gains a note naming the
+            object's URI.
         shuffle: Visit objects in a seeded random order. Default ``False``
             (listing order).
         seed: Seed of the order; must be the same on every rank. Default 0.

@@ -33,11 +33,22 @@ class BucketMapDataset(Dataset[Any]):
     small objects. Any sampler works, ``DistributedSampler`` included. The
     dataset pickles as its listing and configuration, for spawned workers.
 
+    Compose saves requests and client CPU (measured on the emulator's
+    same-region model with 10 KiB objects: 0.11 instead of 0.28 ms per object)
+    but adds a compose and a delete round trip to every batch, which a
+    map-style dataset cannot hide (each worker fetches one batch at a time):
+    about 7% fewer objects/s at 10 KiB, a third fewer at 100 KiB. For the
+    highest throughput use :class:`BucketIterableDataset`, whose prefetch
+    window hides both; or pass ``ComposeConfig(disable=True)``.
+
     Args:
         catalog: The objects (use the classmethods instead).
         data_format_fn: Turns an object's bytes into a sample; default: the
             bytes unchanged. Runs in the process and thread that asked for the
-            sample (a DataLoader worker), so it must pickle for spawn.
+            sample (a DataLoader worker), so it must pickle for spawn. An
+            error it raises keeps its type and gains a note naming the
+            object's URI (shown in the traceback, and in the message the
+            DataLoader re-raises a worker's error with).
         compose: Small-object coalescing; default ``ComposeConfig()`` (on).
     """
 
