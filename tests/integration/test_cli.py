@@ -221,3 +221,28 @@ def test_the_module_runs_as_a_program(emulator: Emulator, bucket: Any) -> None:
     done = _cli("emulator", "--help")
     assert done.returncode == 0
     assert "--latency" in done.stdout
+
+
+def test_a_failing_download_exits_1_and_leaves_no_partial_file(
+    emulator: Emulator, bucket: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    emulator.seed(bucket.bucket, {f"d/{i:03d}": os.urandom(2000) for i in range(50)})
+    emulator.add_fault("get", "503", match="d/007", count=None)
+    dst = tmp_path / "dst"
+    assert (
+        main(
+            [
+                "--endpoint",
+                emulator.endpoint,
+                "--deadline",
+                "1",
+                "cp",
+                f"gs://{bucket.bucket}/d/",
+                str(dst),
+            ]
+        )
+        == 1
+    )
+    one_line_error(capsys.readouterr().err, f"gs://{bucket.bucket}/d/007")
+    assert not (dst / "007").exists()
+    assert not list(dst.rglob("*.tbpart-*"))

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,3 +46,43 @@ def test_quick_demo_trains_resumes_and_leaves_the_bucket_clean(tmp_path: Path) -
     figure = out / "demo.png"
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"figure            {figure}" in stdout
+
+
+def test_demo_on_a_given_bucket_reuses_its_dataset(
+    emulator: Any, gcs_bucket_factory: Any, tmp_path: Path
+) -> None:
+    # --bucket takes the endpoint from STORAGE_EMULATOR_HOST, as it would take
+    # credentials for real GCS.
+    bucket = gcs_bucket_factory(emulator, prefix="demo").bucket
+    argv = [
+        "demo",
+        "--objects",
+        "240",
+        "--epochs",
+        "2",
+        "--no-latency",
+        "--bucket",
+        f"gs://{bucket}/team/",
+    ]
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": emulator.endpoint}
+    outputs = []
+    for run in range(2):
+        done = subprocess.run(
+            [sys.executable, "-m", "torchbucket", *argv, "--out", str(tmp_path / str(run))],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+            env=env,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        outputs.append(done.stdout)
+    assert "Uploaded them to" in outputs[0]
+    assert (
+        f"Reusing the 240 images already under gs://{bucket}/team/shapes-240-seed0/" in outputs[1]
+    )
+    names = emulator.object_names(bucket)
+    assert sum(n.startswith("team/shapes-240-seed0/") for n in names) == 240
+    # Each run checkpointed both epochs under its own run folder.
+    assert sum(n.startswith("team/checkpoints/") for n in names) == 4
+    assert not [n for n in names if n.startswith("dataflux-composed-objects/")]

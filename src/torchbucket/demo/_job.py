@@ -20,6 +20,7 @@ from tqdm import tqdm
 from torchbucket import runtime
 from torchbucket._uri import parse_uri
 from torchbucket.checkpoint import BucketCheckpoint
+from torchbucket.cli._cleanup import find_leftovers
 from torchbucket.cli._common import human_bytes, open_target, plural
 from torchbucket.cli._cp import copy
 from torchbucket.compose import ComposeConfig
@@ -128,7 +129,7 @@ class DemoResult:
     per_class_accuracy: dict[str, float] = field(default_factory=dict)
     requests: dict[str, dict[str, int]] = field(default_factory=dict)
     server_cpu_s: float | None = None
-    composites_left: int | None = None
+    composites_left: int = 0
     uploads_left: int = 0
     total_s: float = 0.0
 
@@ -404,12 +405,14 @@ def run_demo(config: DemoConfig) -> DemoResult:
 
         # 5. Nothing may be left behind: no composed object, no incomplete upload.
         store = open_target(base, gcs.endpoint).store
-        if emulator is not None:
+        composed, uploads = runtime.run(find_leftovers(store, parse_uri(base).key))
+        runtime.run(store.close())
+        result.composites_left = len(composed)
+        if emulator is not None:  # the server's own view, not only what a listing shows
             result.composites_left = len(
                 emulator.object_names(_EMULATOR_BUCKET, HIDDEN_PREFIXES[0])
             )
-        result.uploads_left = len(runtime.run(store.multipart_list(parse_uri(base).key)))
-        runtime.run(store.close())
+        result.uploads_left = len(uploads)
         result.requests = requests.phases
         result.server_cpu_s = requests.cpu if emulator is not None else None
     result.total_s = time.perf_counter() - wall

@@ -70,10 +70,9 @@ def format_summary(result: DemoResult, figure: str | None) -> str:
         f"held-out accuracy {result.final_accuracy:.1%} (chance {chance:.1%}); "
         + ", ".join(f"{k} {v:.0%}" for k, v in result.per_class_accuracy.items())
     )
-    composites = "not checked" if result.composites_left is None else str(result.composites_left)
-    clean = result.uploads_left == 0 and result.composites_left in (0, None)
+    clean = result.uploads_left == 0 and result.composites_left == 0
     out.append(
-        f"left in bucket    {composites} composed objects, {result.uploads_left} incomplete "
+        f"left in bucket    {result.composites_left} composed objects, {result.uploads_left} incomplete "
         f"uploads: {'clean' if clean else 'NOT CLEAN'}"
     )
     out.append(f"total time        {result.total_s:.0f} s")
