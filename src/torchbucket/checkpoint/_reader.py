@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+from collections.abc import Sequence
 from types import TracebackType
 
 import numpy as np
@@ -21,7 +22,7 @@ from torchbucket.checkpoint._crc import Crc32c
 from torchbucket.errors import IntegrityError, NotFoundError
 from torchbucket.storage.base import ObjectInfo, ObjectStore
 
-__all__ = ["CheckpointReader", "fetch_into", "split_ranges"]
+__all__ = ["CheckpointReader", "MemoryFile", "allocate", "fetch_ranges", "split_ranges"]
 
 
 def split_ranges(size: int, chunk: int) -> list[tuple[int, int]]:
@@ -31,110 +32,71 @@ def split_ranges(size: int, chunk: int) -> list[tuple[int, int]]:
     return [(start, min(start + chunk, size)) for start in range(0, size, chunk)]
 
 
-async def fetch_into(
+async def fetch_ranges(
     store: ObjectStore,
-    key: str,
-    buffer: memoryview,
+    jobs: Sequence[tuple[str, memoryview, int]],
     *,
-    generation: int | None,
+    generation: int | None = None,
     chunk_size: int,
     parallelism: int,
-    offset: int = 0,
 ) -> None:
-    """Fill ``buffer`` with the object's bytes from ``offset``, in parallel ranges.
+    """Fill each ``(key, buffer, start)`` job's buffer from ``key`` at ``start``.
+
+    Buffers larger than ``chunk_size`` are split into ranges; at most
+    ``parallelism`` ranges are in flight across all jobs.
 
     Raises:
-        NotFoundError: The object is gone, or was rewritten (its generation is
-            gone) while it was read.
+        NotFoundError: An object is gone, or (with ``generation``) was rewritten.
         IntegrityError: A range came back short.
     """
     semaphore = asyncio.Semaphore(parallelism)
 
-    async def one(lo: int, hi: int) -> None:
+    async def one(key: str, view: memoryview, start: int) -> None:
         async with semaphore:
-            got = await store.get_into(key, buffer[lo:hi], start=offset + lo, generation=generation)
-        if got != hi - lo:
+            got = await store.get_into(key, view, start=start, generation=generation)
+        if got != len(view):
             raise IntegrityError(
-                f"range {offset + lo}-{offset + hi} returned {got} bytes, expected {hi - lo}",
+                f"range {start}-{start + len(view)} returned {got} bytes, expected {len(view)}",
                 operation="checkpoint load",
                 uri=store.uri(key),
             )
 
-    tasks = [asyncio.ensure_future(one(lo, hi)) for lo, hi in split_ranges(len(buffer), chunk_size)]
+    tasks = [
+        asyncio.ensure_future(one(key, buffer[lo:hi], start + lo))
+        for key, buffer, start in jobs
+        for lo, hi in split_ranges(len(buffer), chunk_size)
+    ]
     try:
         await asyncio.gather(*tasks)
     finally:
         # After a failure (or a cancellation), stop the other ranges before the
-        # caller frees or reuses the buffer.
+        # caller frees or reuses the buffers.
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _allocate(size: int) -> memoryview:
+def allocate(size: int) -> memoryview:
+    """A writable byte buffer of ``size`` bytes, its pages not yet touched."""
     # numpy.empty leaves the pages untouched (bytearray would zero them first,
     # touching every page twice).
     view: memoryview = np.empty(size, dtype=np.uint8).data
     return view.cast("B")
 
 
-class CheckpointReader(io.BufferedIOBase):
-    """A read-only, seekable binary file over a checkpoint loaded into memory.
+class MemoryFile(io.BufferedIOBase):
+    """A read-only, seekable binary file over a buffer, without copying it.
 
-    Made by :meth:`BucketCheckpoint.reader`, which downloads the whole object
-    before returning. ``close`` (or leaving the ``with`` block) frees the buffer.
-
-    Attributes:
-        uri: The object.
-        info: Its metadata; ``info.generation`` is the generation read.
+    Args:
+        uri: What the bytes are, for messages.
+        buffer: The bytes; released on ``close``.
     """
 
-    def __init__(self, uri: str, info: ObjectInfo, buffer: memoryview) -> None:
+    def __init__(self, uri: str, buffer: memoryview) -> None:
         super().__init__()
         self.uri = uri
-        self.info = info
         self._view: memoryview | None = buffer
         self._position = 0
-
-    @classmethod
-    def load(cls, store: ObjectStore, key: str, config: CheckpointConfig) -> CheckpointReader:
-        """Download ``key`` into a new buffer and open a reader over it.
-
-        Raises:
-            NotFoundError: No such checkpoint, or it was rewritten mid-load.
-            IntegrityError: The bytes do not match the object's CRC32C.
-        """
-        uri = store.uri(key)
-        info = runtime.run(store.head(key))
-        buffer = _allocate(info.size)
-        try:
-            runtime.run(
-                fetch_into(
-                    store,
-                    key,
-                    buffer,
-                    generation=info.generation,
-                    chunk_size=config.read_chunk_size,
-                    parallelism=config.read_parallelism,
-                )
-            )
-        except NotFoundError as exc:
-            raise NotFoundError(
-                f"the checkpoint was deleted or rewritten while it was read "
-                f"(generation {info.generation}); load it again",
-                operation="checkpoint load",
-                uri=uri,
-            ) from exc
-        if config.verify_crc32c and info.crc32c is not None:
-            crc = Crc32c()
-            crc.update(buffer)
-            if crc.b64() != info.crc32c:
-                raise IntegrityError(
-                    f"crc32c of the bytes read is {crc.b64()}, the object's is {info.crc32c}",
-                    operation="checkpoint load",
-                    uri=uri,
-                )
-        return cls(uri, info, buffer)
 
     def _live(self) -> memoryview:
         if self._view is None:
@@ -197,7 +159,7 @@ class CheckpointReader(io.BufferedIOBase):
         self._view = None
         super().close()
 
-    def __enter__(self) -> CheckpointReader:
+    def __enter__(self) -> MemoryFile:
         self._live()
         return self
 
@@ -208,3 +170,62 @@ class CheckpointReader(io.BufferedIOBase):
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class CheckpointReader(MemoryFile):
+    """A read-only, seekable binary file over a checkpoint loaded into memory.
+
+    Made by :meth:`BucketCheckpoint.reader`, which downloads the whole object
+    before returning. ``close`` (or leaving the ``with`` block) frees the buffer.
+
+    Attributes:
+        uri: The object.
+        info: Its metadata; ``info.generation`` is the generation read.
+    """
+
+    def __init__(self, uri: str, info: ObjectInfo, buffer: memoryview) -> None:
+        super().__init__(uri, buffer)
+        self.info = info
+
+    def __enter__(self) -> CheckpointReader:
+        self._live()
+        return self
+
+    @classmethod
+    def load(cls, store: ObjectStore, key: str, config: CheckpointConfig) -> CheckpointReader:
+        """Download ``key`` into a new buffer and open a reader over it.
+
+        Raises:
+            NotFoundError: No such checkpoint, or it was rewritten mid-load.
+            IntegrityError: The bytes do not match the object's CRC32C.
+        """
+        uri = store.uri(key)
+        info = runtime.run(store.head(key))
+        buffer = allocate(info.size)
+        try:
+            runtime.run(
+                fetch_ranges(
+                    store,
+                    [(key, buffer, 0)],
+                    generation=info.generation,
+                    chunk_size=config.read_chunk_size,
+                    parallelism=config.read_parallelism,
+                )
+            )
+        except NotFoundError as exc:
+            raise NotFoundError(
+                f"the checkpoint was deleted or rewritten while it was read "
+                f"(generation {info.generation}); load it again",
+                operation="checkpoint load",
+                uri=uri,
+            ) from exc
+        if config.verify_crc32c and info.crc32c is not None:
+            crc = Crc32c()
+            crc.update(buffer)
+            if crc.b64() != info.crc32c:
+                raise IntegrityError(
+                    f"crc32c of the bytes read is {crc.b64()}, the object's is {info.crc32c}",
+                    operation="checkpoint load",
+                    uri=uri,
+                )
+        return cls(uri, info, buffer)
