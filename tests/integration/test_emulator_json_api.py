@@ -103,6 +103,12 @@ def test_object_resource_fields(emu: Emulator, bucket: str, raw_http: Http) -> N
     assert meta["crc32c"] == _crc(data)
     assert meta["storageClass"] == "STANDARD"
     assert "md5Hash" in meta and "timeCreated" in meta
+    gen = meta["generation"]
+    assert raw_http(emu, "GET", _o(bucket, "dir/obj", "ifGenerationMatch=1")).status == 412
+    assert raw_http(emu, "GET", _o(bucket, "dir/obj", f"ifGenerationMatch={gen}")).status == 200
+    assert raw_http(emu, "GET", _o(bucket, "dir/obj", "alt=media&generation=1")).status == 404
+    narrow = raw_http(emu, "GET", _o(bucket, "dir/obj", "fields=name,size")).json()
+    assert narrow["name"] == "dir/obj" and narrow["size"] == str(len(data))
 
 
 def test_ranged_and_whole_downloads(emu: Emulator, bucket: str, raw_http: Http) -> None:

@@ -87,13 +87,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"torchbucket emulator: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    coro = _serve(args, latency)
     try:
         import uvloop  # type: ignore[import-not-found]
-
-        uvloop.run(coro)
     except ImportError:
-        asyncio.run(coro)
+        uvloop = None
+    if uvloop is not None:
+        uvloop.run(_serve(args, latency))
+    else:
+        asyncio.run(_serve(args, latency))
     return 0
 
 

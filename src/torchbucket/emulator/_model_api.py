@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -14,6 +15,7 @@ from torchbucket.emulator._http import (
     ApiError,
     Call,
     api_error_response,
+    checksums,
     json_response,
     parse_range,
 )
@@ -78,8 +80,6 @@ class ModelBackend:
 
     async def object_names(self, bucket: str, prefix: str) -> list[str]:
         """Every object name under ``prefix``, sorted."""
-        import bisect
-
         keys = self.store.bucket(bucket).keys
         lo = bisect.bisect_left(keys, prefix)
         if not prefix:
@@ -98,7 +98,6 @@ class ModelBackend:
     # -- reads ---------------------------------------------------------------
 
     async def _media(self, call: Call) -> web.Response:
-        route = call.route
         obj = self._read_target(call)
         headers = obj.media_headers()
         rng = parse_range(call.headers.get("Range"), len(obj.data))
@@ -106,14 +105,13 @@ class ModelBackend:
             return web.Response(body=obj.data, headers=headers)
         first, last = rng
         headers["Content-Range"] = f"bytes {first}-{last}/{len(obj.data)}"
-        del route
         return web.Response(status=206, body=obj.data[first : last + 1], headers=headers)
 
     def _read_target(self, call: Call) -> ModelObject:
         q = call.query
         gen = q.get("generation")
         obj = self.store.get(call.route.bucket, call.route.name, int(gen) if gen else None)
-        if len(q) > 1 and ("ifGenerationMatch" in q or "ifGenerationNotMatch" in q):
+        if "ifGenerationMatch" in q or "ifGenerationNotMatch" in q or "ifMetagenerationMatch" in q:
             Preconditions.from_query(q).check(obj, "object")
         return obj
 
@@ -167,8 +165,6 @@ class ModelBackend:
 
     @staticmethod
     def _check_hashes(meta: dict[str, Any], data: bytes) -> None:
-        from torchbucket.emulator._http import checksums
-
         want_crc, want_md5 = meta.get("crc32c"), meta.get("md5Hash")
         if want_crc is None and want_md5 is None:
             return

@@ -264,7 +264,8 @@ async def _stream(
     request: web.BaseRequest, resp: web.Response, bandwidth: float
 ) -> web.StreamResponse:
     """Send ``resp``'s body in chunks, each after its share of transfer time."""
-    body = memoryview(bytes(resp.body or b""))  # type: ignore[arg-type]
+    raw = resp.body
+    body = memoryview(raw if isinstance(raw, (bytes, bytearray, memoryview)) else b"")
     out = web.StreamResponse(status=resp.status, reason=resp.reason)
     out.headers.update(resp.headers)
     out.content_length = len(body)
