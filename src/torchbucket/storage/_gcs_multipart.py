@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import quote
 
 import yarl
 
@@ -21,6 +20,7 @@ from torchbucket.storage import _gcs_http as _http
 from torchbucket.storage import _gcs_xml as _xml
 from torchbucket.storage._common import check_part_number, crc32c_b64
 from torchbucket.storage._gcs_resumable import GCSUploads
+from torchbucket.storage._gcs_wire import quote_name
 from torchbucket.storage.base import MultipartUpload, ObjectInfo, Part
 
 __all__ = ["GCSMultipart"]
@@ -37,7 +37,7 @@ class GCSMultipart(GCSUploads):
         self._part_sizes: dict[str, dict[int, int]] = {}
 
     def _xml_url(self, key: str, query: str) -> yarl.URL:
-        return yarl.URL(f"{self._xml_base}/{quote(key, safe='')}?{query}", encoded=True)
+        return yarl.URL(f"{self._xml_base}/{quote_name(key)}?{query}", encoded=True)
 
     async def multipart_initiate(self, key: str, *, content_type: str | None = None) -> str:
         url = self._xml_url(key, "uploads")
@@ -62,7 +62,7 @@ class GCSMultipart(GCSUploads):
         self, key: str, upload_id: str, number: int, data: bytes | bytearray | memoryview
     ) -> Part:
         check_part_number(number)
-        url = self._xml_url(key, f"partNumber={number}&uploadId={quote(upload_id, safe='')}")
+        url = self._xml_url(key, f"partNumber={number}&uploadId={quote_name(upload_id)}")
         uri = self.uri(key)
         headers = {"x-goog-hash": f"crc32c={crc32c_b64(data)}"}
 
@@ -86,7 +86,7 @@ class GCSMultipart(GCSUploads):
     ) -> ObjectInfo:
         if not parts:
             raise ValueError("multipart complete needs at least one part")
-        url = self._xml_url(key, f"uploadId={quote(upload_id, safe='')}")
+        url = self._xml_url(key, f"uploadId={quote_name(upload_id)}")
         uri = self.uri(key)
         body = _xml.complete_body(parts)
         headers = {"Content-Type": "application/xml"}
@@ -128,7 +128,7 @@ class GCSMultipart(GCSUploads):
         return info
 
     async def multipart_abort(self, key: str, upload_id: str) -> None:
-        url = self._xml_url(key, f"uploadId={quote(upload_id, safe='')}")
+        url = self._xml_url(key, f"uploadId={quote_name(upload_id)}")
         uri = self.uri(key)
         ambiguous = False
 
@@ -154,11 +154,11 @@ class GCSMultipart(GCSUploads):
         while True:
             query = "uploads"
             if prefix:
-                query += "&prefix=" + quote(prefix, safe="")
+                query += "&prefix=" + quote_name(prefix)
             if key_marker:
-                query += "&key-marker=" + quote(key_marker, safe="")
+                query += "&key-marker=" + quote_name(key_marker)
             if upload_marker:
-                query += "&upload-id-marker=" + quote(upload_marker, safe="")
+                query += "&upload-id-marker=" + quote_name(upload_marker)
             url = yarl.URL(f"{self._xml_base}?{query}", encoded=True)
 
             async def attempt(url: yarl.URL = url) -> _xml.ListUploadsPage:

@@ -14,13 +14,12 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import quote
 
 import yarl
 
 from torchbucket.errors import RetryableError, StorageError
 from torchbucket.storage._gcs_io import GCSTransport
-from torchbucket.storage._gcs_wire import crc_b64, extend_crc, object_info, persisted
+from torchbucket.storage._gcs_wire import crc_b64, extend_crc, object_info, persisted, quote_name
 from torchbucket.storage.base import ObjectInfo
 
 __all__ = ["GCSUploads"]
@@ -41,7 +40,7 @@ class GCSUploads(GCSTransport):
         size: int | None,
     ) -> yarl.URL:
         uri = self.uri(key)
-        query = "uploadType=resumable&name=" + quote(key, safe="")
+        query = "uploadType=resumable&name=" + quote_name(key)
         if if_generation_match is not None:
             query += f"&ifGenerationMatch={if_generation_match}"
         url = yarl.URL(f"{upload_base}?{query}", encoded=True)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import quote
 
 import google_crc32c
 
@@ -18,9 +20,12 @@ __all__ = [
     "hash_header_crc32c",
     "object_info",
     "persisted",
+    "quote_name",
     "range_header",
     "stream_end",
 ]
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.~/-]*")
 
 #: The object fields torchbucket reads: the ``fields`` mask of every request.
 INFO_FIELDS = "name,size,generation,crc32c,storageClass"
@@ -47,12 +52,30 @@ def crc_b64(crc: int) -> str:
     return base64.b64encode(crc.to_bytes(4, "big")).decode("ascii")
 
 
+def quote_name(name: str) -> str:
+    """Percent-encode an object name (or any value) for a URL path or query.
+
+    Every byte but the unreserved ``A-Z a-z 0-9 - . _ ~`` is encoded, ``/``
+    included. Typical names (letters, digits, ``/``) take a fast path.
+    """
+    if _PLAIN_NAME.fullmatch(name):
+        return name.replace("/", "%2F")
+    return quote(name, safe="")
+
+
 def hash_header_crc32c(headers: Mapping[str, str]) -> str | None:
     """The ``crc32c=`` part of the ``x-goog-hash`` headers, if any."""
+    first = headers.get("x-goog-hash")
+    if first is None:
+        return None
+    start = first.find("crc32c=")
+    if start >= 0:
+        stop = first.find(",", start)
+        return first[start + 7 : None if stop < 0 else stop].strip()
     values: list[str] = (
         headers.getall("x-goog-hash", [])  # type: ignore[attr-defined]
         if hasattr(headers, "getall")
-        else [headers.get("x-goog-hash", "")]
+        else [first]
     )
     for value in values:
         for part in value.split(","):

@@ -19,7 +19,6 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
-from urllib.parse import quote
 
 import yarl
 
@@ -33,7 +32,7 @@ from torchbucket.storage import _gcs_http as _http
 from torchbucket.storage._common import check_compose_sources, crc32c_b64
 from torchbucket.storage._gcs_config import DEFAULT_ENDPOINT, GCSConfig
 from torchbucket.storage._gcs_multipart import GCSMultipart
-from torchbucket.storage._gcs_wire import INFO_FIELDS, object_info
+from torchbucket.storage._gcs_wire import INFO_FIELDS, object_info, quote_name
 from torchbucket.storage.base import ListPage, ObjectInfo
 
 __all__ = ["DEFAULT_ENDPOINT", "GCSConfig", "GCSStore"]
@@ -95,17 +94,17 @@ class GCSStore(GCSMultipart):
     ) -> ListPage:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
-        query = f"maxResults={page_size}&fields={quote(_LIST_FIELDS, safe='')}"
+        query = f"maxResults={page_size}&fields={quote_name(_LIST_FIELDS)}"
         if prefix:
-            query += "&prefix=" + quote(prefix, safe="")
+            query += "&prefix=" + quote_name(prefix)
         if start_offset:
-            query += "&startOffset=" + quote(start_offset, safe="")
+            query += "&startOffset=" + quote_name(start_offset)
         if end_offset:
-            query += "&endOffset=" + quote(end_offset, safe="")
+            query += "&endOffset=" + quote_name(end_offset)
         if page_token:
-            query += "&pageToken=" + quote(page_token, safe="")
+            query += "&pageToken=" + quote_name(page_token)
         if self._config.project:
-            query += "&userProject=" + quote(self._config.project, safe="")
+            query += "&userProject=" + quote_name(self._config.project)
         url = yarl.URL(f"{self._json_base}/o?{query}", encoded=True)
         uri = self.uri(prefix)
 
@@ -203,7 +202,7 @@ class GCSStore(GCSMultipart):
         crc = crc32c_b64(data)
         meta: dict[str, Any] = {"name": key, "crc32c": crc}
         meta["contentType"] = content_type or "application/octet-stream"
-        query = "uploadType=multipart&fields=" + quote(INFO_FIELDS, safe="")
+        query = "uploadType=multipart&fields=" + quote_name(INFO_FIELDS)
         if if_generation_match is not None:
             query += f"&ifGenerationMatch={if_generation_match}"
         url = yarl.URL(f"{self._upload_base}?{query}", encoded=True)
@@ -298,11 +297,11 @@ class GCSStore(GCSMultipart):
                 "destination": {"contentType": "application/octet-stream"},
             }
         ).encode()
-        query = "fields=" + quote(INFO_FIELDS, safe="")
+        query = "fields=" + quote_name(INFO_FIELDS)
         if if_generation_match is not None:
             query += f"&ifGenerationMatch={if_generation_match}"
         url = yarl.URL(
-            f"{self._object_base}{quote(destination, safe='')}/compose?{query}", encoded=True
+            f"{self._object_base}{quote_name(destination)}/compose?{query}", encoded=True
         )
         headers = {"Content-Type": "application/json"}
         uri = self.uri(destination)
@@ -341,16 +340,16 @@ class GCSStore(GCSMultipart):
 
     async def copy(self, source: str, destination: str) -> ObjectInfo:
         base = (
-            f"{self._object_base}{quote(source, safe='')}/rewriteTo/b/"
-            f"{quote(self._bucket, safe='')}/o/{quote(destination, safe='')}?fields="
-            + quote(f"done,rewriteToken,resource({INFO_FIELDS})", safe="")
+            f"{self._object_base}{quote_name(source)}/rewriteTo/b/"
+            f"{quote_name(self._bucket)}/o/{quote_name(destination)}?fields="
+            + quote_name(f"done,rewriteToken,resource({INFO_FIELDS})")
         )
         uri = self.uri(destination)
         headers = {"Content-Type": "application/json"}
         token: str | None = None
         while True:
             url = yarl.URL(
-                base + ("" if token is None else "&rewriteToken=" + quote(token, safe="")),
+                base + ("" if token is None else "&rewriteToken=" + quote_name(token)),
                 encoded=True,
             )
 

@@ -1,0 +1,57 @@
+"""Pure helpers of the GCS backend: name quoting and header parsing."""
+
+from __future__ import annotations
+
+from urllib.parse import quote, unquote
+
+from hypothesis import given
+from hypothesis import strategies as st
+from multidict import CIMultiDict
+
+from torchbucket.storage._gcs_wire import (
+    content_range,
+    hash_header_crc32c,
+    quote_name,
+    range_header,
+    stream_end,
+)
+
+
+@given(st.text())
+def test_quote_name_encodes_like_quote_with_nothing_safe(name: str) -> None:
+    quoted = quote_name(name)
+    assert quoted == quote(name, safe="")
+    assert unquote(quoted) == name
+
+
+def test_quote_name_encodes_slashes_and_reserved_characters() -> None:
+    assert quote_name("train/img_001.jpg") == "train%2Fimg_001.jpg"
+    assert quote_name("a b#?%+") == "a%20b%23%3F%25%2B"
+
+
+def test_crc32c_is_found_among_several_hashes() -> None:
+    assert hash_header_crc32c({"x-goog-hash": "crc32c=n03x6A==,md5=Ojk9c3dhfxgoKVVHYwFbHQ=="}) == (
+        "n03x6A=="
+    )
+    assert hash_header_crc32c({"x-goog-hash": "md5=abc, crc32c=AAAAAA=="}) == "AAAAAA=="
+    two = CIMultiDict([("x-goog-hash", "md5=abc"), ("x-goog-hash", "crc32c=BBBBBB==")])
+    assert hash_header_crc32c(two) == "BBBBBB=="
+    assert hash_header_crc32c({"x-goog-hash": "md5=abc"}) is None
+    assert hash_header_crc32c({}) is None
+
+
+def test_content_range() -> None:
+    assert content_range({"Content-Range": "bytes 10-19/1000"}) == (10, 19, 1000)
+    assert content_range({"Content-Range": "bytes 0-9/*"}) == (0, 9, None)
+    assert content_range({"Content-Range": "bytes */1000"}) is None
+    assert content_range({}) is None
+
+
+def test_range_header_and_stream_end() -> None:
+    assert range_header(0, None) is None
+    assert range_header(5, None) == {"Range": "bytes=5-"}
+    assert range_header(0, 10) == {"Range": "bytes=0-9"}
+    assert stream_end(None, None) is None
+    assert stream_end(50, None) == 50
+    assert stream_end(None, 30) == 30
+    assert stream_end(50, 30) == 30
