@@ -206,8 +206,8 @@ def test_resumes_directly(bucket: str, compose: bool) -> None:
 
 # torchdata 0.11 calls torch.set_vital, which torch 2.13 deprecates.
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
-@pytest.mark.parametrize("workers", [0, 2])
-def test_resumes_through_stateful_dataloader(bucket: str, workers: int) -> None:
+@pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, False), (2, True)])
+def test_resumes_through_stateful_dataloader(bucket: str, workers: int, persistent: bool) -> None:
     def make() -> StatefulDataLoader:
         ds = BucketIterableDataset.from_prefix(
             f"memory://{bucket}/train/", shuffle=True, seed=3, fetch=FetchConfig(prefetch=6)
@@ -217,12 +217,35 @@ def test_resumes_through_stateful_dataloader(bucket: str, workers: int) -> None:
             batch_size=4,
             num_workers=workers,
             multiprocessing_context="fork" if workers else None,
+            persistent_workers=persistent,
         )
 
     def set_epoch(loader: StatefulDataLoader, epoch: int) -> None:
         loader.dataset.set_epoch(epoch)
 
     check_resumable(make, epochs=2, set_epoch=set_epoch, key=tuple)
+
+
+def test_state_of_a_resumed_epoch_without_set_epoch(bucket: str) -> None:
+    def make() -> BucketIterableDataset:
+        return BucketIterableDataset.from_prefix(f"memory://{bucket}/train/", shuffle=True)
+
+    reference = make()
+    reference.set_epoch(2)
+    expected = list(reference)
+    first = make()
+    first.set_epoch(2)
+    it = iter(first)
+    [next(it) for _ in range(10)]
+    second = make()
+    second.load_state_dict(first.state_dict())
+    it = iter(second)  # no set_epoch: the state's epoch is used
+    assert [next(it) for _ in range(5)] == expected[10:15]
+    state = second.state_dict()
+    assert (state["epoch"], state["position"]) == (2, 15)
+    third = make()
+    third.load_state_dict(state)
+    assert list(third) == expected[15:]
 
 
 def test_state_from_another_dataset_or_layout_is_refused(bucket: str) -> None:

@@ -92,7 +92,10 @@ class BucketIterableDataset(IterableDataset[Any]):
         self._epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self._dist = _dist_rank_world()
         self._pending: dict[str, Any] | None = None
+        # The last iterator, and whether it still is what state_dict reports
+        # (until set_epoch moves to another epoch).
         self._last: _EpochIterator | None = None
+        self._last_current = False
 
     @classmethod
     def from_prefix(
@@ -187,6 +190,8 @@ class BucketIterableDataset(IterableDataset[Any]):
         if int(epoch) < 0:
             raise ConfigError(f"epoch must be >= 0, got {epoch!r}")
         self._epoch_cell[0] = int(epoch)
+        if self._last is not None and self._last.epoch != int(epoch):
+            self._last_current = False
         if self._pending is not None and self._pending["epoch"] != int(epoch):
             self._pending = None
 
@@ -195,6 +200,7 @@ class BucketIterableDataset(IterableDataset[Any]):
         # Pickled in the parent when workers spawn: capture the rank there.
         state["_dist"] = _dist_rank_world() or self._dist
         state["_last"] = None
+        state["_last_current"] = False
         return state
 
     def _layout(self) -> Layout:
@@ -210,10 +216,13 @@ class BucketIterableDataset(IterableDataset[Any]):
         if self._last is not None:
             self._last.close()
         iterator = _EpochIterator(self, self.epoch, self._layout(), 0)
-        if self._pending is not None and self._pending["epoch"] == iterator.epoch:
+        if self._pending is not None:
+            # A resumed epoch stays local to this process: a worker restoring
+            # its state never moves the epoch its parent set in shared memory.
             iterator.load_state_dict(self._pending)
-        self._pending = None
+            self._pending = None
         self._last = iterator
+        self._last_current = True
         prepare_compose(self._compose)
         return iterator
 
@@ -240,7 +249,7 @@ class BucketIterableDataset(IterableDataset[Any]):
         """
         if self._pending is not None:
             return dict(self._pending)
-        if self._last is not None and self._last.epoch == self.epoch:
+        if self._last is not None and self._last_current:
             return self._last.state_dict()
         return self._fresh_state()
 
@@ -254,8 +263,6 @@ class BucketIterableDataset(IterableDataset[Any]):
         if self._last is not None:
             self._last.close()
             self._last = None
-        # Not written to the shared epoch: a worker restoring its state must
-        # not move the epoch its parent has set for the next pass.
         self._pending = checked
 
     def _check_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
