@@ -16,9 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
-from torchbucket.emulator._http import ApiError, Call
+from torchbucket.emulator._http import ApiError, Call, json_call
 from torchbucket.emulator._model_store import MAX_COMPOSE_SOURCES
-from torchbucket.emulator._xml_multipart import json_call
 
 __all__ = ["PreconditionShim"]
 

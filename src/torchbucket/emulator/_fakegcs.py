@@ -29,9 +29,14 @@ from aiohttp import web
 from yarl import URL
 
 from torchbucket.emulator._fake_shims import PreconditionShim, check_generation
-from torchbucket.emulator._http import ApiError, Call, api_error_response, error_response
+from torchbucket.emulator._http import (
+    ApiError,
+    Call,
+    api_error_response,
+    error_response,
+    json_call,
+)
 from torchbucket.emulator._resumable import ResumableSessions, Session
-from torchbucket.emulator._xml_multipart import json_call
 
 __all__ = ["FakeGcsBackend", "fake_gcs_binary"]
 

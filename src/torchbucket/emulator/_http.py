@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import quote, urlencode
 
 import google_crc32c
 from aiohttp import web
@@ -22,6 +23,7 @@ __all__ = [
     "Call",
     "checksums",
     "error_response",
+    "json_call",
     "json_response",
     "parse_range",
     "rfc3339",
@@ -235,3 +237,57 @@ class Call:
     headers: CIMultiDictProxy[str] | CIMultiDict[str]
     body: bytes
     host: str
+
+
+def json_call(
+    method: str,
+    kind: str,
+    bucket: str,
+    name: str = "",
+    *,
+    query: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
+    body: bytes = b"",
+    host: str = "127.0.0.1",
+) -> Call:
+    """A synthetic JSON API call (for the XML API and the admin API).
+
+    Args:
+        method: HTTP method.
+        kind: Route kind: ``media``, ``metadata``, ``delete``, ``upload_media``,
+            ``upload_multipart``,
+            ``list``, ``bucket_get`` or ``bucket_create``.
+        bucket: Bucket name.
+        name: Object name.
+        query: Query parameters.
+        headers: Request headers.
+        body: Request body.
+        host: The Host header to send.
+    """
+    query = dict(query or {})
+    qb, qn = quote(bucket, safe=""), quote(name, safe="")
+    if kind in ("media", "metadata", "delete"):
+        path = f"/storage/v1/b/{qb}/o/{qn}"
+        if kind == "media":
+            query["alt"] = "media"
+    elif kind == "upload_media":
+        path = f"/upload/storage/v1/b/{qb}/o"
+        query = {"uploadType": "media", "name": name, **query}
+    elif kind == "upload_multipart":
+        path = f"/upload/storage/v1/b/{qb}/o"
+        query = {"uploadType": "multipart", **query}
+    elif kind == "list":
+        path = f"/storage/v1/b/{qb}/o"
+    elif kind == "bucket_get":
+        path = f"/storage/v1/b/{qb}"
+    elif kind == "bucket_create":
+        path = "/storage/v1/b"
+    else:
+        raise ValueError(f"no synthetic call for {kind!r}")
+    path_qs = path + ("?" + urlencode(query) if query else "")
+    hdrs: CIMultiDict[str] = CIMultiDict(headers or {})
+    hdrs["Host"] = host
+    op = {"media": "get", "metadata": "head", "upload_media": "put", "upload_multipart": "put"}.get(
+        kind, kind
+    )
+    return Call(method, Route(op, kind, bucket, name), path_qs, query, hdrs, body, host)

@@ -21,11 +21,11 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 from torchbucket.emulator._faults import FaultRule, FaultTable
-from torchbucket.emulator._http import Call, error_response, json_response
+from torchbucket.emulator._http import Call, error_response, json_call, json_response
 from torchbucket.emulator._latency import LatencyModel, RateCap
 from torchbucket.emulator._routes import parse_route
 from torchbucket.emulator._stats import Stats
-from torchbucket.emulator._xml_multipart import XmlApi, json_call
+from torchbucket.emulator._xml_multipart import XmlApi
 
 __all__ = ["Backend", "FrontServer"]
 

@@ -15,7 +15,7 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Awaitable, Callable
 from typing import Protocol
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -23,8 +23,8 @@ from torchbucket.emulator._http import (
     XML_TYPE,
     ApiError,
     Call,
-    Route,
     error_response,
+    json_call,
     rfc3339,
     xml_escape,
 )
@@ -55,62 +55,6 @@ class _Upload:
         self.initiated = time.time()
         # part number -> (etag without quotes, data, time)
         self.parts: dict[int, tuple[str, bytes, float]] = {}
-
-
-def json_call(
-    method: str,
-    kind: str,
-    bucket: str,
-    name: str = "",
-    *,
-    query: dict[str, str] | None = None,
-    headers: dict[str, str] | None = None,
-    body: bytes = b"",
-    host: str = "127.0.0.1",
-) -> Call:
-    """A synthetic JSON API call (for the XML API and the admin API).
-
-    Args:
-        method: HTTP method.
-        kind: Route kind: ``media``, ``metadata``, ``delete``, ``upload_media``,
-            ``upload_multipart``,
-            ``list``, ``bucket_get`` or ``bucket_create``.
-        bucket: Bucket name.
-        name: Object name.
-        query: Query parameters.
-        headers: Request headers.
-        body: Request body.
-        host: The Host header to send.
-    """
-    from multidict import CIMultiDict
-
-    query = dict(query or {})
-    qb, qn = quote(bucket, safe=""), quote(name, safe="")
-    if kind in ("media", "metadata", "delete"):
-        path = f"/storage/v1/b/{qb}/o/{qn}"
-        if kind == "media":
-            query["alt"] = "media"
-    elif kind == "upload_media":
-        path = f"/upload/storage/v1/b/{qb}/o"
-        query = {"uploadType": "media", "name": name, **query}
-    elif kind == "upload_multipart":
-        path = f"/upload/storage/v1/b/{qb}/o"
-        query = {"uploadType": "multipart", **query}
-    elif kind == "list":
-        path = f"/storage/v1/b/{qb}/o"
-    elif kind == "bucket_get":
-        path = f"/storage/v1/b/{qb}"
-    elif kind == "bucket_create":
-        path = "/storage/v1/b"
-    else:
-        raise ValueError(f"no synthetic call for {kind!r}")
-    path_qs = path + ("?" + urlencode(query) if query else "")
-    hdrs: CIMultiDict[str] = CIMultiDict(headers or {})
-    hdrs["Host"] = host
-    op = {"media": "get", "metadata": "head", "upload_media": "put", "upload_multipart": "put"}.get(
-        kind, kind
-    )
-    return Call(method, Route(op, kind, bucket, name), path_qs, query, hdrs, body, host)
 
 
 def _xml(body: str, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
