@@ -13,7 +13,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
@@ -27,7 +27,9 @@ from torchbucket.errors import (
     TorchBucketError,
 )
 from torchbucket.storage import ObjectStore, store_for
-from torchbucket.storage.gcs import GCSConfig
+
+if TYPE_CHECKING:
+    from torchbucket.storage.gcs import GCSConfig
 
 __all__ = [
     "EXIT_CODES_HELP",
@@ -158,6 +160,8 @@ def configure_gcs(*, endpoint: str | None = None, deadline: float | None = None)
 
 def gcs_config(endpoint: str | None = None) -> GCSConfig:
     """The GCS configuration of this command, with ``endpoint`` if given."""
+    from torchbucket.storage.gcs import GCSConfig  # aiohttp loads only for gs://
+
     options = dict(_gcs_options)
     if endpoint:
         options["endpoint"] = endpoint

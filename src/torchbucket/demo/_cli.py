@@ -62,7 +62,8 @@ def add_demo(
         "--bucket",
         metavar="gs://BUCKET/PREFIX",
         help="use this bucket (application default credentials) instead of the emulator; "
-        "the dataset is kept there for the next run, checkpoints go under PREFIX/checkpoints/",
+        "the dataset is kept there for the next run, checkpoints go under PREFIX/checkpoints/; "
+        "--endpoint applies to it",
     )
     parser.add_argument(
         "--no-latency",
@@ -98,6 +99,7 @@ def _demo(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         out=args.out,
         bucket=args.bucket,
+        endpoint=args.endpoint,
         latency=not args.no_latency,
         seed=args.seed,
         compose=not args.no_compose,

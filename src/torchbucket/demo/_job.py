@@ -52,6 +52,8 @@ class DemoConfig:
         out: Folder for the figure and ``summary.json``. Default ``demo-output``.
         bucket: ``gs://bucket/prefix`` to use instead of the local emulator.
             Default ``None``: the emulator.
+        endpoint: GCS endpoint for ``bucket`` (``--endpoint``). Default
+            ``None``: ``$STORAGE_EMULATOR_HOST``, else Google's.
         latency: Model a same-region bucket's latency in the emulator. Default
             ``True``.
         seed: Picks the images and the initial weights. Default 0.
@@ -68,6 +70,7 @@ class DemoConfig:
     batch_size: int = 64
     out: str = "demo-output"
     bucket: str | None = None
+    endpoint: str | None = None
     latency: bool = True
     seed: int = 0
     compose: bool = True
@@ -300,7 +303,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
             _say(f"  endpoint {emulator.endpoint}, bucket gs://{_EMULATOR_BUCKET}")
         else:
             base = config.bucket if config.bucket.endswith("/") else config.bucket + "/"
-            gcs = GCSConfig()
+            gcs = GCSConfig(endpoint=config.endpoint)
             where = base
         result = DemoResult(where=where)
         requests = _Requests(emulator)
