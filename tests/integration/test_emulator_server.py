@@ -179,3 +179,11 @@ def test_big_bodies_arrive_intact_under_the_bandwidth_model(
     assert whole.headers["x-goog-hash"].startswith("crc32c=")
     head = raw_http(emulator, "HEAD", f"/{bucket}/big")
     assert head.status == 200 and head.headers["Content-Length"] == str(len(data))
+
+
+def test_constructor_options_reach_the_server(raw_http: Http) -> None:
+    with Emulator(latency="same-region", rps_cap=1.0) as emu:
+        assert raw_http(emu, "GET", "/_emulator/latency").json()["latency"]["list_page"] == 0.060
+        statuses = [raw_http(emu, "GET", "/storage/v1/b").status for _ in range(3)]
+        assert statuses[0] == 200 and 429 in statuses
+    assert not emu.running

@@ -160,7 +160,13 @@ class FrontServer:
                 stats.count(op, 429, 0, 0)
                 return resp
         rule = self.faults.check(op, route.name or route.bucket) if self.faults.rules else None
-        body = await request.read() if request.body_exists else b""
+        if request.body_exists:
+            if request.headers.get("Expect", "").lower() == "100-continue":
+                # The low-level server leaves this to the handler (curl waits a second otherwise).
+                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            body = await request.read()
+        else:
+            body = b""
         if rule is not None:
             stats.faults[rule.kind] += 1
             early = await self._early_fault(request, rule, route.xml, op, len(body))
