@@ -20,11 +20,12 @@ class CheckpointConfig:
 
     A save holds at most ``max_parts_in_flight + 1`` part buffers (the one being
     filled and those uploading), so its extra memory is about
-    ``(max_parts_in_flight + 1) * part_size`` however large the checkpoint: 144 MiB
-    with the defaults.
+    ``(max_parts_in_flight + 1) * part_size`` however large the checkpoint (72 MiB
+    with the defaults), plus what the HTTP stack buffers of the parts in flight
+    (on Python 3.11's asyncio, up to one more copy of each).
 
     Attributes:
-        part_size: Bytes per uploaded part. Default 16 MiB. Parts grow (double
+        part_size: Bytes per uploaded part. Default 8 MiB. Parts grow (double
             every 1,000 parts) so that a checkpoint of any size fits the API's
             10,000-part limit; ``writer(uri, size_hint=...)`` picks a larger
             first size up front when the size is known.
@@ -48,7 +49,7 @@ class CheckpointConfig:
             ``torchbucket cleanup``. Default 3600.
     """
 
-    part_size: int = 16 * MiB
+    part_size: int = 8 * MiB
     min_part_size: int = 5 * MiB
     max_parts_in_flight: int = 8
     upload_method: Literal["multipart", "resumable"] = "multipart"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 from collections.abc import Sequence
 from types import TracebackType
 
@@ -21,6 +22,11 @@ from torchbucket.checkpoint._config import CheckpointConfig
 from torchbucket.checkpoint._crc import Crc32c
 from torchbucket.errors import IntegrityError, NotFoundError
 from torchbucket.storage.base import ObjectInfo, ObjectStore
+
+logger = logging.getLogger(__name__)
+
+#: Whole-object reads before a CRC32C mismatch is reported.
+_LOAD_ATTEMPTS = 2
 
 __all__ = ["CheckpointReader", "MemoryFile", "allocate", "fetch_ranges", "split_ranges"]
 
@@ -202,30 +208,34 @@ class CheckpointReader(MemoryFile):
         uri = store.uri(key)
         info = runtime.run(store.head(key))
         buffer = allocate(info.size)
-        try:
-            runtime.run(
-                fetch_ranges(
-                    store,
-                    [(key, buffer, 0)],
-                    generation=info.generation,
-                    chunk_size=config.read_chunk_size,
-                    parallelism=config.read_parallelism,
+        for attempt in range(1, _LOAD_ATTEMPTS + 1):
+            try:
+                runtime.run(
+                    fetch_ranges(
+                        store,
+                        [(key, buffer, 0)],
+                        generation=info.generation,
+                        chunk_size=config.read_chunk_size,
+                        parallelism=config.read_parallelism,
+                    )
                 )
-            )
-        except NotFoundError as exc:
-            raise NotFoundError(
-                f"the checkpoint was deleted or rewritten while it was read "
-                f"(generation {info.generation}); load it again",
-                operation="checkpoint load",
-                uri=uri,
-            ) from exc
-        if config.verify_crc32c and info.crc32c is not None:
-            crc = Crc32c()
-            crc.update(buffer)
-            if crc.b64() != info.crc32c:
-                raise IntegrityError(
-                    f"crc32c of the bytes read is {crc.b64()}, the object's is {info.crc32c}",
+            except NotFoundError as exc:
+                raise NotFoundError(
+                    f"the checkpoint was deleted or rewritten while it was read "
+                    f"(generation {info.generation}); load it again",
                     operation="checkpoint load",
                     uri=uri,
-                )
+                ) from exc
+            if not config.verify_crc32c or info.crc32c is None:
+                break
+            crc = Crc32c()
+            crc.update(buffer)
+            if crc.b64() == info.crc32c:
+                break
+            # A range is checked only for its length on the way in, so which one
+            # was damaged is unknown: read them all again.
+            message = f"crc32c of the bytes read is {crc.b64()}, the object's is {info.crc32c}"
+            if attempt == _LOAD_ATTEMPTS:
+                raise IntegrityError(message, operation="checkpoint load", uri=uri)
+            logger.warning("%s: %s; reading it again", uri, message)
         return cls(uri, info, buffer)
