@@ -8,6 +8,7 @@ backend's JSON media upload.
 
 from __future__ import annotations
 
+import base64
 import bisect
 import hashlib
 import secrets
@@ -23,6 +24,7 @@ from torchbucket.emulator._http import (
     XML_TYPE,
     ApiError,
     Call,
+    checksums,
     error_response,
     json_call,
     rfc3339,
@@ -226,9 +228,12 @@ class XmlApi:
                 f"partNumber must be in [1, {MAX_PARTS}], got {number}",
                 xml_code="InvalidArgument",
             )
-        etag = hashlib.md5(call.body).hexdigest()
+        crc, md5 = checksums(call.body)
+        etag = base64.b64decode(md5).hex()
         upload.parts[number] = (etag, call.body, time.time())
-        return web.Response(status=200, headers={"ETag": f'"{etag}"'})
+        # GCS reports each part's hashes; google-resumable-media's XMLMPUPart checks them.
+        hashes = f"crc32c={crc},md5={md5}"
+        return web.Response(status=200, headers={"ETag": f'"{etag}"', "x-goog-hash": hashes})
 
     async def _complete(self, call: Call) -> web.Response:
         upload = self._upload(call)
