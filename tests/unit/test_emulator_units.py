@@ -260,3 +260,14 @@ def test_a_fields_mask_selects_a_subset_of_the_full_resource() -> None:
         for fields in [("name", "size", "generation", "crc32c"), tuple(full), ("md5Hash", "nope")]:
             partial = json.loads(obj.resource(fields))
             assert partial == {k: full[k] for k in fields if k in full}
+
+
+@given(st.text(max_size=30))
+def test_name_unquoting_matches_urllib(name: str) -> None:
+    from urllib.parse import quote, unquote
+
+    from torchbucket.emulator._routes import unquote as fast_unquote
+
+    encoded = quote(name, safe="")
+    assert fast_unquote(encoded) == unquote(encoded) == name
+    assert fast_unquote(name.replace("%", "%25")) == unquote(name.replace("%", "%25"))
