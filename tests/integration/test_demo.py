@@ -1,4 +1,4 @@
-"""The demo in --quick mode, end to end on its own emulator, as a user runs it."""
+"""The demo: its dataset, and whole runs on the emulator as a user runs them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 
 
 @pytest.mark.emulator
