@@ -103,7 +103,7 @@ def exit_code_for(exc: BaseException) -> int:
         return EXIT_USAGE
     # NotFoundError and PermissionDeniedError subclass the builtins, so local
     # file errors and store errors share their codes.
-    if isinstance(exc, (NotFoundError, FileNotFoundError, NotADirectoryError)):
+    if isinstance(exc, (NotFoundError, FileNotFoundError)):
         return EXIT_NOT_FOUND
     if isinstance(exc, (PermissionDeniedError, PermissionError)):
         return EXIT_PERMISSION
