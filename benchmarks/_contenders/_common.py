@@ -1,0 +1,229 @@
+"""What every contender script shares (standard library only: it runs in both venvs).
+
+A contender is a small script that ``benchmarks/_harness.run_contender`` starts
+in its own process, so that its CPU time and memory are its own. It gets one
+JSON argument (its spec), does its setup (imports, clients, listing), then
+measures one phase inside :class:`Phase` and prints, as its last stdout line,
+``CONTENDER {json}`` with what it measured::
+
+    spec = load_spec()
+    ...setup...
+    with Phase(spec["endpoint"]) as phase:
+        ...fetch, verify...
+    emit({**phase.result(), "objects": n})
+
+:class:`Phase` resets the emulator's counters when the phase begins, so the
+server's requests and CPU it reports belong to the phase alone (what setup
+cost, a listing for example, is reported apart as ``setup_server``). Its CPU
+figure is ``getrusage`` of this process plus every child it has reaped
+(DataLoader workers are joined when an epoch's iterator is exhausted), so
+imports and interpreter start-up are left out.
+
+Object contents follow ``torchbucket.emulator.generated_bytes``: the 32-byte
+BLAKE2b digest of ``"{seed}:{name}"`` repeated to the object's size. The first
+32 bytes name the object, the rest must repeat them: :class:`Verifier` checks
+every byte of a body and that each expected object arrives exactly once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import resource
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Any
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def load_spec() -> dict[str, Any]:
+    """The contender's spec: the JSON document in ``sys.argv[1]`` (``@path``: in a file)."""
+    if len(sys.argv) != 2:
+        raise SystemExit(f"usage: {sys.argv[0]} '<json spec>' | @spec.json")
+    arg = sys.argv[1]
+    if arg.startswith("@"):
+        with open(arg[1:]) as f:
+            arg = f.read()
+    spec: dict[str, Any] = json.loads(arg)
+    return spec
+
+
+def generated_names(prefix: str, count: int) -> list[str]:
+    """The names ``seed_generated`` gives (``"sequential"``): prefix + padded index."""
+    width = max(8, len(str(max(count - 1, 0))))
+    return [f"{prefix}{i:0{width}d}" for i in range(count)]
+
+
+def emit(payload: dict[str, Any]) -> None:
+    """Print the contender's result line (must be the last line on stdout)."""
+    sys.stdout.write("CONTENDER " + json.dumps(payload, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def digest_of(name: str, seed: int = 0) -> bytes:
+    """The 32-byte digest a generated object's contents repeat."""
+    return hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=32).digest()
+
+
+def expected_bytes(name: str, size: int, seed: int = 0) -> bytes:
+    """The contents of a generated object (as ``generated_bytes``)."""
+    digest = digest_of(name, seed)
+    return (digest * (size // 32 + 1))[:size]
+
+
+def object_url(endpoint: str, bucket: str, name: str) -> str:
+    """The JSON API media URL of one object."""
+    b = urllib.parse.quote(bucket, safe="")
+    n = urllib.parse.quote(name, safe="")
+    return f"{endpoint}/storage/v1/b/{b}/o/{n}?alt=media"
+
+
+class VerifyError(AssertionError):
+    """A body that is not the bytes of the object it claims to be."""
+
+
+class Verifier:
+    """Checks every byte of generated objects and that each arrives once.
+
+    Args:
+        names: The objects expected.
+        size: Their size in bytes.
+        seed: The generator seed.
+    """
+
+    def __init__(self, names: Iterable[str], size: int, seed: int = 0) -> None:
+        self.size = size
+        self._reps = size // 32 + 1
+        self._by_digest = {digest_of(n, seed): n for n in names}
+        self._seen: set[str] = set()
+        self.bytes = 0
+
+    def check(self, data: bytes | bytearray | memoryview, name: str | None = None) -> str:
+        """Check one body; return the object's name.
+
+        Args:
+            data: The body.
+            name: The name the body was fetched as, when the caller knows it.
+
+        Raises:
+            VerifyError: Wrong size, unknown or duplicate object, wrong bytes.
+        """
+        if len(data) != self.size:
+            raise VerifyError(f"{name or '?'}: {len(data)} bytes, expected {self.size}")
+        digest = bytes(data[:32])
+        found = self._by_digest.get(digest)
+        if found is None or (name is not None and found != name):
+            raise VerifyError(f"{name or '?'}: contents of another or no object ({found})")
+        if (digest * self._reps)[: self.size] != data:
+            raise VerifyError(f"{found}: corrupted bytes")
+        if found in self._seen:
+            raise VerifyError(f"{found}: delivered twice")
+        self._seen.add(found)
+        self.bytes += self.size
+        return found
+
+    def finish(self) -> int:
+        """Check that every expected object arrived; return how many did.
+
+        Raises:
+            VerifyError: Some never arrived.
+        """
+        missing = len(self._by_digest) - len(self._seen)
+        if missing:
+            raise VerifyError(f"{missing} of {len(self._by_digest)} objects never arrived")
+        return len(self._seen)
+
+
+def _admin(endpoint: str, method: str, path: str) -> Any:
+    data = b"{}" if method == "POST" else None
+    req = urllib.request.Request(f"{endpoint}/_emulator/{path}", data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    with _OPENER.open(req, timeout=60) as resp:
+        return json.loads(resp.read() or b"null")
+
+
+def server_stats(endpoint: str) -> dict[str, Any]:
+    """The emulator's counters since the last reset, summarised.
+
+    Returns:
+        ``requests``, ``class_a``, ``class_b``, ``by_op``, ``by_status`` and
+        ``cpu_s`` (the server's CPU seconds).
+    """
+    s = _admin(endpoint, "GET", "stats")
+    by_class = s.get("by_class", {})
+    return {
+        "requests": int(s.get("requests", 0)),
+        "class_a": int(by_class.get("A", 0)),
+        "class_b": int(by_class.get("B", 0)),
+        "by_op": dict(s.get("by_op", {})),
+        "by_status": dict(s.get("by_status", {})),
+        "cpu_s": float(s.get("cpu_seconds", 0.0)),
+    }
+
+
+def reset_server_stats(endpoint: str) -> None:
+    """Zero the emulator's counters and CPU clock."""
+    _admin(endpoint, "POST", "stats/reset")
+
+
+def _cpu() -> tuple[float, float]:
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + kids.ru_utime, me.ru_stime + kids.ru_stime
+
+
+class Phase:
+    """The measured part of a contender's run.
+
+    Args:
+        endpoint: The emulator, whose counters are reset on entry and read on
+            exit; ``None`` to leave the server alone.
+    """
+
+    def __init__(self, endpoint: str | None) -> None:
+        self.endpoint = endpoint
+        self.setup_server: dict[str, Any] | None = None
+        self.server: dict[str, Any] | None = None
+        self.wall_s = 0.0
+        self.cpu_user_s = 0.0
+        self.cpu_sys_s = 0.0
+        self._t0 = 0.0
+        self._c0 = (0.0, 0.0)
+
+    def __enter__(self) -> Phase:
+        if self.endpoint is not None:
+            self.setup_server = server_stats(self.endpoint)
+            reset_server_stats(self.endpoint)
+        self._c0 = _cpu()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.wall_s = time.perf_counter() - self._t0
+        user, system = _cpu()
+        self.cpu_user_s = user - self._c0[0]
+        self.cpu_sys_s = system - self._c0[1]
+        if exc_type is None and self.endpoint is not None:
+            self.server = server_stats(self.endpoint)
+
+    def result(self) -> dict[str, Any]:
+        """The phase's figures as a JSON-able dict."""
+        return {
+            "wall_s": self.wall_s,
+            "cpu_s": self.cpu_user_s + self.cpu_sys_s,
+            "cpu_user_s": self.cpu_user_s,
+            "cpu_sys_s": self.cpu_sys_s,
+            "server": self.server,
+            "setup_server": self.setup_server,
+        }
