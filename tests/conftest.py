@@ -61,8 +61,9 @@ def _reset_emulators() -> Iterator[None]:
     for emu in list(_started):
         if not emu.running:
             continue
-        emu.clear_faults()
-        if emu._latency is not None:
+        if emu.faults_active:
+            emu.clear_faults()
+        if emu.latency is not None:
             emu.set_latency(None)
         if emu.rps_cap is not None:
             emu.set_rps_cap(None)

@@ -126,6 +126,8 @@ class Emulator:
         self._endpoint: str | None = None
         self.pid: int | None = None
         self.backend_pid: int | None = None
+        # Whether fault rules may be active (set by add_fault, cleared by clear_faults).
+        self.faults_active = False
         self._finalizer: weakref.finalize[Any, Any] | None = None
 
     # -- lifecycle -----------------------------------------------------------
@@ -140,6 +142,11 @@ class Emulator:
         if self._endpoint is None:
             raise StorageError("the emulator is not running", operation="emulator")
         return self._endpoint
+
+    @property
+    def latency(self) -> LatencyModel | None:
+        """The latency model in force (``None``: no modelled latency)."""
+        return self._latency
 
     @property
     def running(self) -> bool:
@@ -394,6 +401,7 @@ class Emulator:
         payload = rule.to_dict()
         for key in ("id", "seen", "fired"):
             del payload[key]
+        self.faults_active = True
         return int(self._admin("POST", "faults", payload)["id"])
 
     def faults(self) -> list[dict[str, Any]]:
@@ -403,6 +411,7 @@ class Emulator:
     def clear_faults(self) -> None:
         """Remove every fault rule."""
         self._admin("DELETE", "faults")
+        self.faults_active = False
 
     def stats(self) -> dict[str, Any]:
         """Counters since start or the last reset.
