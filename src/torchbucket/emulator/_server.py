@@ -9,6 +9,7 @@ sleeps the modelled latency and counts the request.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import socket
@@ -20,6 +21,7 @@ from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
+from torchbucket.emulator._admin import handle_admin
 from torchbucket.emulator._faults import FaultRule, FaultTable
 from torchbucket.emulator._http import Call, error_response, json_call, json_response
 from torchbucket.emulator._latency import LatencyModel, RateCap
@@ -140,8 +142,6 @@ class FrontServer:
         raw = request.raw_path
         path = raw.partition("?")[0]
         if path.startswith("/_emulator/"):
-            from torchbucket.emulator._admin import handle_admin
-
             return await handle_admin(self, request, path)
         query = request.query
         route = parse_route(request.method, path, query)
@@ -258,8 +258,6 @@ class FrontServer:
             return resp
         getall = getattr(call.query, "getall", None)
         perms: list[str] = list(getall("permissions", [])) if getall else []
-        import json
-
         payload: dict[str, Any] = {"kind": "storage#testIamPermissionsResponse"}
         if perms:
             payload["permissions"] = perms

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import bisect
 import hashlib
+import json
 import secrets
 import time
 import xml.etree.ElementTree as ET
@@ -69,8 +70,6 @@ def _as_xml_error(resp: web.Response, no_such: str = "NoSuchKey") -> web.Respons
     """Re-render a JSON API error answer as an XML API error."""
     if resp.status < 400:
         return resp
-    import json
-
     try:
         message = json.loads(resp.body or b"{}")["error"]["message"]  # type: ignore[arg-type]
     except (ValueError, KeyError, TypeError):
@@ -355,8 +354,6 @@ class XmlApi:
 
 def _copy_generation(source: web.Response, out: web.Response) -> None:
     """Carry the new generation of a JSON upload answer into an XML answer."""
-    import json
-
     try:
         resource = json.loads(source.body or b"{}")  # type: ignore[arg-type]
     except ValueError:
