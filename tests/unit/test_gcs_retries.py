@@ -326,3 +326,36 @@ def test_close_releases_the_pool_and_the_store_opens_it_again(
     assert asyncio.run(own_loop()) == DATA
     assert len(_gcs_http._sessions) == pools  # each loop's pool was closed with it
     assert "Unclosed" not in caplog.text
+
+
+def test_missing_credentials_say_where_to_look_and_name_the_uri(
+    server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scripted, store = server
+    import google.auth
+    import google.auth.exceptions
+
+    def no_credentials(scopes: Any) -> Any:
+        raise google.auth.exceptions.DefaultCredentialsError(
+            "Your default credentials were not found."
+        )
+
+    monkeypatch.setattr(google.auth, "default", no_credentials)
+    authed = GCSStore("bkt", config=GCSConfig(endpoint=store.endpoint, anonymous=False))
+    with pytest.raises(PermissionDeniedError) as info:
+        runtime.run(authed.get("k"))
+    message = str(info.value)
+    assert "gs://bkt/k" in message
+    assert "default credentials were not found" in message
+    assert "STORAGE_EMULATOR_HOST" in message
+    assert scripted.seen == []  # nothing was sent without credentials
+
+
+def test_the_project_goes_with_every_request(server: Any) -> None:
+    scripted, store = server
+    billed = GCSStore("bkt", config=GCSConfig(endpoint=store.endpoint, project="payer-1"))
+    scripted.handlers += [media(DATA), answer(200, {"items": []})]
+    runtime.run(billed.get("k"))
+    runtime.run(billed.list_page())
+    assert [s.headers.get("x-goog-user-project") for s in scripted.seen] == ["payer-1"] * 2
+    runtime.run(billed.close())

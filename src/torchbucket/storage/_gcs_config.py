@@ -24,8 +24,9 @@ class GCSConfig:
         endpoint: Base URL of the service. Default ``None``: the value of
             ``$STORAGE_EMULATOR_HOST`` when set (``http://`` added when it has no
             scheme), else ``https://storage.googleapis.com``.
-        project: Project to bill or attribute requests to. Default ``None``
-            (the credentials' project).
+        project: Project that quota and requester-pays charges go to, sent as
+            ``x-goog-user-project`` on every request. Default ``None`` (the
+            credentials' own project).
         retry: Backoff, deadline and timeouts. Default ``RetryConfig()``.
         concurrency: Adaptive limit on requests in flight per process and
             endpoint; its ``maximum`` also sizes the connection pool. Default

@@ -179,12 +179,15 @@ class Credentials:
 
     Args:
         anonymous: Send no credentials at all (emulators, public buckets).
+        user_project: Project sent as ``x-goog-user-project`` (quota and
+            requester-pays billing), or ``None``.
     """
 
-    def __init__(self, *, anonymous: bool) -> None:
+    def __init__(self, *, anonymous: bool, user_project: str | None = None) -> None:
         self.anonymous = anonymous
         self._credentials: Any = None
-        self._headers: dict[str, str] = {}
+        self._base: dict[str, str] = {"x-goog-user-project": user_project} if user_project else {}
+        self._headers: dict[str, str] = dict(self._base)
         self._token: str | None = None
         self._lock: asyncio.Lock | None = None
         self._lock_loop: asyncio.AbstractEventLoop | None = None
@@ -201,11 +204,17 @@ class Credentials:
         if not self._credentials.valid:
             self._credentials.refresh(google.auth.transport.requests.Request())
 
-    async def headers(self) -> Mapping[str, str]:
-        """Headers that authorise a request: empty when anonymous.
+    async def headers(self, operation: str, uri: str) -> Mapping[str, str]:
+        """Headers that authorise a request: none but the user project when anonymous.
+
+        Args:
+            operation: Named in an error.
+            uri: Named in an error.
 
         Raises:
-            PermissionDeniedError: No credentials could be found or refreshed.
+            PermissionDeniedError: No credentials could be found, or they were
+                refused.
+            TransientError: The token service could not be reached.
         """
         if self.anonymous:
             return self._headers
@@ -221,16 +230,32 @@ class Credentials:
                 try:
                     await loop.run_in_executor(None, self._load_and_refresh)
                 except Exception as exc:
-                    # google-auth messages name files and accounts, never tokens.
-                    raise PermissionDeniedError(
-                        f"could not obtain Google credentials: {type(exc).__name__}",
-                        operation="authenticate",
-                    ) from exc
+                    raise _credentials_error(exc, operation, uri) from exc
             token = self._credentials.token
             if token != self._token:
                 self._token = token
-                self._headers = {"Authorization": f"Bearer {token}"}
+                self._headers = {**self._base, "Authorization": f"Bearer {token}"}
         return self._headers
+
+
+def _credentials_error(exc: Exception, operation: str, uri: str) -> StorageError:
+    import google.auth.exceptions as auth_errors
+
+    if isinstance(exc, auth_errors.TransportError) or getattr(exc, "retryable", False):
+        return TransientError(
+            f"could not reach the Google token service ({type(exc).__name__})",
+            operation=operation,
+            uri=uri,
+        )
+    # Only the default-credentials message is shown: it names where credentials
+    # were looked for. Refresh errors may echo the token service's answer.
+    detail = str(exc) if isinstance(exc, auth_errors.DefaultCredentialsError) else ""
+    return PermissionDeniedError(
+        f"could not obtain Google credentials ({type(exc).__name__}{': ' if detail else ''}"
+        f"{detail}); for an emulator set STORAGE_EMULATOR_HOST or GCSConfig(anonymous=True)",
+        operation=operation,
+        uri=uri,
+    )
 
 
 # ---------------------------------------------------------------- errors

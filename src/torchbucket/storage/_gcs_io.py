@@ -142,8 +142,10 @@ class GCSTransport:
             limiter=self._loop_state()[2],
         )
 
-    async def _headers(self, extra: Mapping[str, str] | None) -> Mapping[str, str] | None:
-        auth = await self._credentials.headers()
+    async def _headers(
+        self, extra: Mapping[str, str] | None, operation: str, uri: str
+    ) -> Mapping[str, str] | None:
+        auth = await self._credentials.headers(operation, uri)
         if not extra:
             return auth or None
         return {**auth, **extra} if auth else extra
@@ -167,7 +169,7 @@ class GCSTransport:
                 or for a transport failure.
         """
         session = self._loop_state()[1]
-        hdrs = await self._headers(headers)
+        hdrs = await self._headers(headers, operation, uri)
         try:
             async with session.request(method, url, headers=hdrs, data=data) as resp:
                 body = await resp.read()
@@ -285,7 +287,7 @@ class GCSTransport:
 
         async def attempt() -> int:
             session = self._loop_state()[1]
-            hdrs = await self._headers(headers)
+            hdrs = await self._headers(headers, "get", uri)
             try:
                 async with session.get(url, headers=hdrs) as resp:
                     if resp.status == 416:
@@ -360,7 +362,7 @@ class GCSTransport:
                 url: yarl.URL = url, headers: Mapping[str, str] | None = headers
             ) -> aiohttp.ClientResponse:
                 session = self._loop_state()[1]
-                hdrs = await self._headers(headers)
+                hdrs = await self._headers(headers, "stream", uri)
                 try:
                     resp = await session.get(url, headers=hdrs)
                     if resp.status >= 300 and resp.status != 416:

@@ -78,7 +78,9 @@ class GCSMultipart(GCSUploads):
             return Part(number, etag)
 
         part = await self.call(attempt, "multipart upload part", uri)
-        self._part_sizes.setdefault(upload_id, {})[number] = len(data)
+        self._part_sizes.setdefault(upload_id, {})[number] = (
+            data.nbytes if isinstance(data, memoryview) else len(data)
+        )
         return part
 
     async def multipart_complete(

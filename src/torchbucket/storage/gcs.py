@@ -57,7 +57,7 @@ class GCSStore(GCSMultipart):
         super().__init__(
             bucket,
             endpoint=endpoint,
-            credentials=_http.Credentials(anonymous=anonymous),
+            credentials=_http.Credentials(anonymous=anonymous, user_project=self._config.project),
             retry_config=self._config.retry,
             concurrency=self._config.concurrency,
             session_key=_http.SessionKey(
@@ -103,8 +103,6 @@ class GCSStore(GCSMultipart):
             query += "&endOffset=" + quote_name(end_offset)
         if page_token:
             query += "&pageToken=" + quote_name(page_token)
-        if self._config.project:
-            query += "&userProject=" + quote_name(self._config.project)
         url = yarl.URL(f"{self._json_base}/o?{query}", encoded=True)
         uri = self.uri(prefix)
 
@@ -190,7 +188,8 @@ class GCSStore(GCSMultipart):
         if_generation_match: int | None = None,
         content_type: str | None = None,
     ) -> ObjectInfo:
-        if len(data) > self._config.resumable_threshold:
+        size = data.nbytes if isinstance(data, memoryview) else len(data)
+        if size > self._config.resumable_threshold:
             return await self.resumable_put(
                 self._upload_base,
                 key,
@@ -223,12 +222,12 @@ class GCSStore(GCSMultipart):
             _, _, resp = await self.request(
                 "POST", url, operation="put", uri=uri, headers=headers, data=body
             )
-            return self.check_written(object_info(json.loads(resp)), len(data), crc, "put", uri)
+            return self.check_written(object_info(json.loads(resp)), size, crc, "put", uri)
 
         if if_generation_match is None:
             return await self.call(attempt, "put", uri, idempotent=False)
         return await self.call(
-            self._accept_own_write(attempt, key, size=len(data), crc32c=crc), "put", uri
+            self._accept_own_write(attempt, key, size=size, crc32c=crc), "put", uri
         )
 
     async def put_stream(
