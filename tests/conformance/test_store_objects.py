@@ -208,3 +208,10 @@ def test_store_pickles_and_reads_the_same_objects(s: SyncStore) -> None:
     clone: ObjectStore = pickle.loads(pickle.dumps(s.store))
     assert clone.bucket == s.store.bucket
     assert SyncStore(clone, s.root, s.backend).get("obj") == b"pickled"
+
+
+def test_put_stream_of_nothing_is_an_empty_object(s: SyncStore) -> None:
+    info = s.put_stream("empty", _chunks([]))
+    assert info.size == 0
+    assert s.get("empty") == b""
+    assert s.list_all() == ["empty"]

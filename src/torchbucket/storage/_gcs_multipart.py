@@ -18,9 +18,9 @@ import yarl
 from torchbucket.errors import IntegrityError, NotFoundError, RetryableError, StorageError
 from torchbucket.storage import _gcs_http as _http
 from torchbucket.storage import _gcs_xml as _xml
-from torchbucket.storage._common import check_part_number, crc32c_b64
+from torchbucket.storage._common import check_part_number
 from torchbucket.storage._gcs_resumable import GCSUploads
-from torchbucket.storage._gcs_wire import quote_name
+from torchbucket.storage._gcs_wire import crc32c_of, quote_name
 from torchbucket.storage.base import MultipartUpload, ObjectInfo, Part
 
 __all__ = ["GCSMultipart"]
@@ -64,7 +64,7 @@ class GCSMultipart(GCSUploads):
         check_part_number(number)
         url = self._xml_url(key, f"partNumber={number}&uploadId={quote_name(upload_id)}")
         uri = self.uri(key)
-        headers = {"x-goog-hash": f"crc32c={crc32c_b64(data)}"}
+        headers = {"x-goog-hash": f"crc32c={crc32c_of(data)}"}
 
         async def attempt() -> Part:
             _, resp_headers, _ = await self.request(

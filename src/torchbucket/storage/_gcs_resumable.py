@@ -19,7 +19,14 @@ import yarl
 
 from torchbucket.errors import RetryableError, StorageError
 from torchbucket.storage._gcs_io import GCSTransport
-from torchbucket.storage._gcs_wire import crc_b64, extend_crc, object_info, persisted, quote_name
+from torchbucket.storage._gcs_wire import (
+    crc32c_of,
+    crc_b64,
+    extend_crc,
+    object_info,
+    persisted,
+    quote_name,
+)
 from torchbucket.storage.base import ObjectInfo
 
 __all__ = ["GCSUploads"]
@@ -150,8 +157,8 @@ class GCSUploads(GCSTransport):
         """Upload ``data`` through a resumable session, ``chunk_size`` bytes a request."""
         uri = self.uri(key)
         view = memoryview(data).cast("B")
-        crc = crc_b64(extend_crc(0, bytes(view)))
         total = len(view)
+        crc = crc32c_of(view)
         session_url = await self._resumable_start(
             upload_base, key, content_type, if_generation_match, crc, total
         )

@@ -15,6 +15,7 @@ from torchbucket.storage.base import ObjectInfo
 __all__ = [
     "INFO_FIELDS",
     "content_range",
+    "crc32c_of",
     "crc_b64",
     "extend_crc",
     "hash_header_crc32c",
@@ -61,6 +62,17 @@ def quote_name(name: str) -> str:
     if _PLAIN_NAME.fullmatch(name):
         return name.replace("/", "%2F")
     return quote(name, safe="")
+
+
+def crc32c_of(data: bytes | bytearray | memoryview, piece: int = 1 << 20) -> str:
+    """Base64 CRC32C of ``data``; non-``bytes`` data is copied a piece at a time."""
+    if isinstance(data, bytes):
+        return crc_b64(extend_crc(0, data))
+    view = memoryview(data).cast("B")
+    crc = 0
+    for i in range(0, len(view), piece):
+        crc = extend_crc(crc, bytes(view[i : i + piece]))
+    return crc_b64(crc)
 
 
 def hash_header_crc32c(headers: Mapping[str, str]) -> str | None:

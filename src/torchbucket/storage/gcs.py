@@ -29,10 +29,10 @@ from torchbucket.errors import (
     StorageError,
 )
 from torchbucket.storage import _gcs_http as _http
-from torchbucket.storage._common import check_compose_sources, crc32c_b64
+from torchbucket.storage._common import check_compose_sources
 from torchbucket.storage._gcs_config import DEFAULT_ENDPOINT, GCSConfig
 from torchbucket.storage._gcs_multipart import GCSMultipart
-from torchbucket.storage._gcs_wire import INFO_FIELDS, object_info, quote_name
+from torchbucket.storage._gcs_wire import INFO_FIELDS, crc32c_of, object_info, quote_name
 from torchbucket.storage.base import ListPage, ObjectInfo
 
 __all__ = ["DEFAULT_ENDPOINT", "GCSConfig", "GCSStore"]
@@ -198,7 +198,7 @@ class GCSStore(GCSMultipart):
                 content_type,
                 self._config.chunk_size,
             )
-        crc = crc32c_b64(data)
+        crc = crc32c_of(data)
         meta: dict[str, Any] = {"name": key, "crc32c": crc}
         meta["contentType"] = content_type or "application/octet-stream"
         query = "uploadType=multipart&fields=" + quote_name(INFO_FIELDS)
