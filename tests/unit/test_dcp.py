@@ -174,3 +174,18 @@ def test_merge_ranges_rejects_bad_input() -> None:
         merge_ranges([(5, 3)])
     with pytest.raises(ValueError, match="max_gap"):
         merge_ranges([], max_gap=-1)
+
+
+def test_save_without_collectives_writes_rank_metadata(bucket: str) -> None:
+    uri = f"memory://{bucket}/nc"
+    original = model_state(7)
+    dcp.save(
+        original,
+        storage_writer=BucketStorageWriter(uri, config=SMALL),
+        use_collectives=False,
+    )
+    assert object_names(bucket, "nc/") == ["__0.metadata", "__0_0.distcp"]
+    target = empty_like(original)
+    # load finds no .metadata and falls back to the rank's own.
+    dcp.load(target, storage_reader=BucketStorageReader(uri, config=SMALL))
+    assert_loaded(target, original)
