@@ -40,6 +40,7 @@ from torchbucket.storage._common import (
     check_compose_sources,
     check_part_number,
     crc32c_b64,
+    crc32c_combine_bytes,
     resolve_range,
 )
 from torchbucket.storage.base import ListPage, MultipartUpload, ObjectInfo, Part
@@ -69,6 +70,18 @@ def _os_error(exc: OSError, operation: str, uri: str) -> StorageError:
     if exc.errno == errno.ENAMETOOLONG:
         return StorageError("name too long for the filesystem", operation=operation, uri=uri)
     return StorageError(what, operation=operation, uri=uri)
+
+
+def _part_etag(size: int, generation: int | None) -> str:
+    # Size and write time identify a part file's contents without reading it.
+    return f"{generation or 0:x}-{size}"
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 class LocalStore:
@@ -256,6 +269,39 @@ class LocalStore:
 
     # ------------------------------------------------------------ writes
 
+    def _target(self, key: str, operation: str) -> tuple[str, str]:
+        """The path of ``key`` and a fresh hidden temporary path beside it."""
+        if not key or key.endswith("/"):
+            raise StorageError("not an object name", operation=operation, uri=self.uri(key))
+        path = self._path(key)
+        directory, _, name = path.rpartition("/")
+        return path, f"{directory}/.{name[:150]}{_TEMP_MARK}{uuid.uuid4().hex[:12]}"
+
+    def _install(
+        self, key: str, tmp: str, operation: str, if_generation_match: int | None
+    ) -> ObjectInfo:
+        """Rename the written ``tmp`` over ``key`` (the temporary goes either way)."""
+        path = self._path(key)
+        installed = False
+        try:
+            current = self._current_generation(path)
+            if if_generation_match is not None and current != if_generation_match:
+                raise PreconditionFailedError(
+                    f"generation is {current}, expected {if_generation_match}",
+                    operation=operation,
+                    uri=self.uri(key),
+                    status=412,
+                )
+            # Generations must grow even when writes land in one clock tick.
+            generation = max(time.time_ns(), current + 1)
+            os.utime(tmp, ns=(generation, generation))
+            os.replace(tmp, path)
+            installed = True
+            return self._info(key, os.stat(path))
+        finally:
+            if not installed:
+                _unlink_quietly(tmp)
+
     def _commit(
         self,
         key: str,
@@ -264,43 +310,21 @@ class LocalStore:
         if_generation_match: int | None = None,
     ) -> ObjectInfo:
         """Write a temporary sibling with ``write(fd)``, then rename it into place."""
-        uri = self.uri(key)
-        path = self._path(key)
-        if not key or key.endswith("/"):
-            raise StorageError("not an object name", operation=operation, uri=uri)
-        directory, _, name = path.rpartition("/")
-        tmp = f"{directory}/.{name[:150]}{_TEMP_MARK}{uuid.uuid4().hex[:12]}"
+        path, tmp = self._target(key, operation)
         try:
-            os.makedirs(directory or "/", exist_ok=True)
+            os.makedirs(path.rpartition("/")[0] or "/", exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            committed = False
+            written = False
             try:
-                try:
-                    write(fd)
-                finally:
-                    os.close(fd)
-                current = self._current_generation(path)
-                if if_generation_match is not None and current != if_generation_match:
-                    raise PreconditionFailedError(
-                        f"generation is {current}, expected {if_generation_match}",
-                        operation=operation,
-                        uri=uri,
-                        status=412,
-                    )
-                # Generations must grow even when writes land in one clock tick.
-                generation = max(time.time_ns(), current + 1)
-                os.utime(tmp, ns=(generation, generation))
-                os.replace(tmp, path)
-                committed = True
+                write(fd)
+                written = True
             finally:
-                if not committed:
-                    try:
-                        os.unlink(tmp)
-                    except FileNotFoundError:
-                        pass
-            return self._info(key, os.stat(path))
+                os.close(fd)
+                if not written:
+                    _unlink_quietly(tmp)
+            return self._install(key, tmp, operation, if_generation_match)
         except OSError as exc:
-            raise _os_error(exc, operation, uri) from exc
+            raise _os_error(exc, operation, self.uri(key)) from exc
 
     @staticmethod
     def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
@@ -322,32 +346,40 @@ class LocalStore:
                 key, lambda fd: self._write_all(fd, data), "put", if_generation_match
             ),
         )
-        return ObjectInfo(info.name, info.size, info.generation, crc32c_b64(data), "STANDARD")
+        if isinstance(data, bytes):
+            crc = crc32c_b64(data)
+        else:  # a piece at a time: google-crc32c copies anything but bytes
+            view = memoryview(data).cast("B")
+            crc = crc32c_combine_bytes(
+                [view[i : i + _INLINE_BYTES] for i in range(0, len(view), _INLINE_BYTES)]
+            )
+        return ObjectInfo(info.name, info.size, info.generation, crc, "STANDARD")
 
     async def put_stream(
         self, key: str, chunks: AsyncIterator[bytes], *, content_type: str | None = None
     ) -> ObjectInfo:
-        # Spool to a temporary file as chunks arrive, so memory stays at one chunk.
+        # Chunks go straight into the hidden temporary file, which is then renamed
+        # into place: memory stays at one chunk and the bytes are written once.
         uri = self.uri(key)
-        directory = self._path(key).rpartition("/")[0] or "/"
+        path, tmp = self._target(key, "put")
         try:
-            os.makedirs(directory, exist_ok=True)
-            spool = open(  # noqa: SIM115 - closed in finally
-                f"{directory}/.spool{_TEMP_MARK}{uuid.uuid4().hex[:12]}", "w+b"
-            )
+            os.makedirs(path.rpartition("/")[0] or "/", exist_ok=True)
+            spool = open(tmp, "xb")  # noqa: SIM115 - closed below on every path
         except OSError as exc:
             raise _os_error(exc, "put", uri) from exc
+        written = False
         try:
             async for chunk in chunks:
                 await self._io(len(chunk), functools.partial(spool.write, chunk))
-            spool.flush()
-            return await asyncio.to_thread(self._commit, key, self._copier(spool.name), "put")
+            written = True
         finally:
             spool.close()
-            try:
-                os.unlink(spool.name)
-            except FileNotFoundError:
-                pass
+            if not written:
+                _unlink_quietly(tmp)
+        try:
+            return await asyncio.to_thread(self._install, key, tmp, "put", None)
+        except OSError as exc:
+            raise _os_error(exc, "put", uri) from exc
 
     @staticmethod
     def _copier(*paths: str) -> Callable[[int], None]:
@@ -441,13 +473,13 @@ class LocalStore:
         check_part_number(number)
         staging = self._existing_staging(key, upload_id, "multipart upload part")
         part_key = f"{staging[1:]}/part-{number:05d}"
-        await self._io(
+        info = await self._io(
             len(data),
             lambda: self._commit(
                 part_key, lambda fd: self._write_all(fd, data), "multipart upload part"
             ),
         )
-        return Part(number, crc32c_b64(data))
+        return Part(number, _part_etag(info.size, info.generation))
 
     async def multipart_complete(
         self, key: str, upload_id: str, parts: Sequence[Part]
@@ -468,8 +500,8 @@ class LocalStore:
         def check_and_commit() -> ObjectInfo:
             for part, path in zip(parts, paths):
                 try:
-                    with open(path, "rb") as f:
-                        etag = crc32c_b64(f.read())
+                    st = os.stat(path)
+                    etag: str | None = _part_etag(st.st_size, st.st_mtime_ns)
                 except FileNotFoundError:
                     etag = None
                 if etag != part.etag:
