@@ -187,3 +187,55 @@ def test_a_write_without_precondition_is_not_repeated(
     info: ObjectInfo = runtime.run(store.put("obj", DATA))
     assert info.size == len(DATA)
     assert emulator.stats()["by_op"].get("put") == 1
+
+
+_EXIT_SCRIPT = """
+import multiprocessing, sys, warnings
+warnings.simplefilter("always")
+from torchbucket import runtime
+from torchbucket.storage import store_for
+
+store, key = store_for(sys.argv[1])
+runtime.run(store.put(key, b"written by the parent"))
+
+def child(q):
+    q.put(runtime.run(store.get(key)))
+
+if __name__ == "__main__":
+    for method in ("fork", "spawn"):
+        ctx = multiprocessing.get_context(method)
+        q = ctx.Queue()
+        p = ctx.Process(target=child, args=(q,))
+        p.start()
+        assert q.get(timeout=60) == b"written by the parent", method
+        p.join()
+        assert p.exitcode == 0, (method, p.exitcode)
+    assert runtime.run(store.get(key)) == b"written by the parent"
+    print("ok")
+"""
+
+
+def test_forked_and_spawned_children_read_and_every_process_exits_cleanly(
+    emulator: Any, tmp_path: Any
+) -> None:
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    bucket = f"exit-{uuid.uuid4().hex[:12]}"
+    emulator.create_bucket(bucket)
+    script = tmp_path / "use_store.py"
+    script.write_text(_EXIT_SCRIPT)
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": emulator.endpoint}
+    done = subprocess.run(
+        [sys.executable, str(script), f"gs://{bucket}/shared.bin"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+    assert "Unclosed" not in done.stderr
+    assert "Traceback" not in done.stderr
