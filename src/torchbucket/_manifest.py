@@ -1,0 +1,176 @@
+"""The listing cache: a manifest of one listing, to skip listing again.
+
+A manifest is one gzipped JSON document holding the prefix URI it lists, the
+filters applied, when it was written and the objects, column by column (names,
+sizes, generations, CRC32Cs, storage classes): a million objects take about
+30 MB before compression. It lives in a local file or in an object of a bucket.
+
+Staleness is the user's choice: a manifest is read back as it was written, so
+objects added, changed or removed since are not seen. That is why the cache is
+opt-in, keyed by prefix URI and filters (a manifest of another listing is
+ignored), and can be given a maximum age.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torchbucket._uri import parse_uri
+from torchbucket.errors import NotFoundError, StorageError
+from torchbucket.storage.base import ObjectInfo, ObjectStore
+
+__all__ = ["ManifestLocation", "decode_objects", "encode_objects"]
+
+logger = logging.getLogger(__name__)
+
+_FORMAT = "torchbucket-listing"
+_VERSION = 1
+
+
+def encode_objects(objects: Sequence[ObjectInfo]) -> dict[str, list[Any]]:
+    """The objects as columns: compact to pickle, broadcast or store."""
+    classes = sorted({o.storage_class for o in objects if o.storage_class is not None})
+    index = {c: i for i, c in enumerate(classes)}
+    return {
+        "names": [o.name for o in objects],
+        "sizes": [o.size for o in objects],
+        "generations": [o.generation for o in objects],
+        "crc32c": [o.crc32c for o in objects],
+        "classes": classes,
+        "class_index": [-1 if o.storage_class is None else index[o.storage_class] for o in objects],
+    }
+
+
+def decode_objects(columns: Mapping[str, Sequence[Any]]) -> list[ObjectInfo]:
+    """The inverse of :func:`encode_objects`.
+
+    Raises:
+        ValueError: The columns are malformed.
+    """
+    names, sizes = columns["names"], columns["sizes"]
+    generations, crcs = columns["generations"], columns["crc32c"]
+    classes, class_index = columns["classes"], columns["class_index"]
+    if not len(names) == len(sizes) == len(generations) == len(crcs) == len(class_index):
+        raise ValueError("manifest columns differ in length")
+    return [
+        ObjectInfo(n, int(s), g, c, None if k < 0 else str(classes[k]))
+        for n, s, g, c, k in zip(names, sizes, generations, crcs, class_index)
+    ]
+
+
+class ManifestLocation:
+    """Where a manifest lives: a local path or an object (``gs://``, ``memory://``).
+
+    Args:
+        location: A local path, ``file:///path``, or an object URI.
+        store: The store being listed; used for an object in the same bucket.
+    """
+
+    def __init__(self, location: str | os.PathLike[str], store: ObjectStore) -> None:
+        text = os.fspath(location)
+        self.description = text
+        self._path: str | None = None
+        self._store: ObjectStore | None = None
+        self._key = ""
+        if "://" not in text:
+            self._path = text
+            return
+        if text.startswith("file://"):
+            self._path = "/" + parse_uri(text).key
+            return
+        parsed = parse_uri(text)
+        self._key = parsed.key
+        if store.uri(parsed.key) == text:
+            self._store = store
+        else:
+            from torchbucket.storage import store_for
+
+            self._store, self._key = store_for(parsed)
+
+    def is_object(self, store: ObjectStore, name: str) -> bool:
+        """Whether ``name`` in ``store`` is this manifest itself."""
+        return self._store is store and self._key == name
+
+    async def read(
+        self, uri: str, filters: Mapping[str, Any], max_age: float | None
+    ) -> list[ObjectInfo] | None:
+        """The cached listing of ``uri`` under ``filters``, or ``None`` on a miss."""
+        try:
+            if self._path is not None:
+                data = await asyncio.to_thread(_read_file, self._path)
+            else:
+                assert self._store is not None
+                data = await self._store.get(self._key)
+        except (FileNotFoundError, NotFoundError):
+            return None
+        try:
+            doc = json.loads(gzip.decompress(data))
+            if doc.get("format") != _FORMAT or doc.get("version") != _VERSION:
+                raise ValueError("not a torchbucket listing manifest")
+            if doc.get("uri") != uri or doc.get("filters") != dict(filters):
+                logger.info(
+                    "listing cache %s holds another listing; listing again", self.description
+                )
+                return None
+            age = time.time() - float(doc["created"])
+            if max_age is not None and age > max_age:
+                logger.info("listing cache %s is %.0f s old; listing again", self.description, age)
+                return None
+            objects = decode_objects(doc["objects"])
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            logger.warning(
+                "listing cache %s is unreadable (%s); listing again", self.description, exc
+            )
+            return None
+        logger.info("listed %s from the cache %s (%d objects)", uri, self.description, len(objects))
+        return objects
+
+    async def write(
+        self, uri: str, filters: Mapping[str, Any], objects: Sequence[ObjectInfo]
+    ) -> None:
+        """Store ``objects`` as the listing of ``uri``; failures are logged, not raised."""
+        doc = {
+            "format": _FORMAT,
+            "version": _VERSION,
+            "uri": uri,
+            "filters": dict(filters),
+            "created": time.time(),
+            "objects": encode_objects(objects),
+        }
+        data = gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), compresslevel=1)
+        try:
+            if self._path is not None:
+                await asyncio.to_thread(_write_file, self._path, data)
+            else:
+                assert self._store is not None
+                await self._store.put(self._key, data, content_type="application/gzip")
+        except (OSError, StorageError) as exc:
+            # The listing itself succeeded; a cache that cannot be written only
+            # costs the next job a listing.
+            logger.warning("could not write the listing cache %s: %s", self.description, exc)
+
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _write_file(path: str, data: bytes) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tbmanifest-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

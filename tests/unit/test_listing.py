@@ -1,0 +1,448 @@
+"""The parallel listing on the memory store: complete, sorted, unique, cheap."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import uuid
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from torchbucket import runtime
+from torchbucket.errors import (
+    ConfigError,
+    DeadlineExceededError,
+    PermissionDeniedError,
+    StorageError,
+    TransientError,
+)
+from torchbucket.listing import ListingConfig, ListingStats, alist_objects, list_objects
+from torchbucket.storage.base import ListPage, ObjectInfo
+from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
+
+QUIET = ListingConfig(progress=False)
+
+
+class CountingStore:
+    """Wraps a store: counts list calls, can shorten pages and fail one."""
+
+    def __init__(
+        self,
+        inner: Any,
+        *,
+        max_page: int | None = None,
+        fail_call: int | None = None,
+        error: StorageError | None = None,
+        classes: dict[str, str] | None = None,
+        latency: float = 0.0,
+    ) -> None:
+        self.inner = inner
+        self.max_page = max_page
+        self.fail_call = fail_call
+        self.error = error
+        self.classes = classes or {}
+        self.latency = latency
+        self.calls = 0
+        self.queries: list[tuple[str | None, str | None, bool]] = []
+
+    @property
+    def bucket(self) -> str:
+        return str(self.inner.bucket)
+
+    def uri(self, key: str = "") -> str:
+        return str(self.inner.uri(key))
+
+    async def list_page(self, prefix: str = "", **kw: Any) -> ListPage:
+        self.calls += 1
+        self.queries.append(
+            (kw.get("start_offset"), kw.get("end_offset"), bool(kw.get("page_token")))
+        )
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        if self.fail_call is not None and self.calls >= self.fail_call:
+            raise self.error or TransientError("injected", operation="list", uri=self.uri(prefix))
+        if self.max_page is not None:
+            kw["page_size"] = min(kw.get("page_size", 1000), self.max_page)
+        page: ListPage = await self.inner.list_page(prefix, **kw)
+        if self.classes:
+            objects = [
+                replace(o, storage_class=self.classes.get(o.name, o.storage_class))
+                for o in page.objects
+            ]
+            page = ListPage(objects, page.next_page_token)
+        return page
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.fixture(autouse=True)
+def _no_repairs() -> Iterable[None]:
+    """The listers' ranges never overlap: the final merge never has to repair."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    lister_log = logging.getLogger("torchbucket._lister")
+    lister_log.addHandler(handler)
+    try:
+        yield
+    finally:
+        lister_log.removeHandler(handler)
+    assert [r.getMessage() for r in records] == []
+
+
+@pytest.fixture
+def bucket() -> Iterable[MemoryStore]:
+    name = f"listing-{uuid.uuid4().hex[:8]}"
+    yield MemoryStore(name)
+    delete_memory_bucket(name)
+
+
+def seed(store: MemoryStore, names: Iterable[str]) -> None:
+    async def put_all() -> None:
+        for name in sorted(names):
+            await store.put(name, b"x")
+
+    runtime.run(put_all())
+
+
+def names_of(objects: list[ObjectInfo]) -> list[str]:
+    return [o.name for o in objects]
+
+
+def listing(
+    store: Any, prefix: str = "", config: ListingConfig = QUIET, **kw: Any
+) -> list[ObjectInfo]:
+    return runtime.run(alist_objects(store, prefix, config=config, **kw))
+
+
+# -- shapes of prefixes -------------------------------------------------------
+
+
+def test_one_object_costs_one_request(bucket: MemoryStore) -> None:
+    seed(bucket, ["data/only"])
+    counting = CountingStore(bucket)
+    objects = listing(counting, "data/")
+    assert names_of(objects) == ["data/only"]
+    assert objects[0].size == 1 and objects[0].generation is not None
+    assert counting.calls == 1
+
+
+def test_exactly_one_page_costs_one_request(bucket: MemoryStore) -> None:
+    names = [f"p/{i:03d}" for i in range(10)]
+    seed(bucket, names)
+    counting = CountingStore(bucket)
+    assert names_of(listing(counting, "p/", replace(QUIET, page_size=10))) == names
+    assert counting.calls == 1
+
+
+def test_a_page_plus_one(bucket: MemoryStore) -> None:
+    names = [f"p/{i:03d}" for i in range(11)]
+    seed(bucket, names)
+    counting = CountingStore(bucket)
+    assert names_of(listing(counting, "p/", replace(QUIET, page_size=10))) == names
+    assert counting.calls <= 3
+
+
+def test_nothing_under_the_prefix_is_an_empty_list(bucket: MemoryStore) -> None:
+    seed(bucket, ["other/a", "pre"])
+    counting = CountingStore(bucket)
+    assert listing(counting, "pre/") == []
+    assert counting.calls == 1
+
+
+def test_empty_prefix_lists_the_whole_bucket(bucket: MemoryStore) -> None:
+    names = ["a", "b/c", "dataflux-composed-objects/x", "z/y/x", "~tilde"]
+    seed(bucket, names)
+    assert names_of(listing(bucket, "", replace(QUIET, page_size=2))) == [
+        "a",
+        "b/c",
+        "z/y/x",
+        "~tilde",
+    ]
+
+
+def test_hundred_thousand_objects(bucket: MemoryStore) -> None:
+    names = [f"img/{i:06d}.jpg" for i in range(100_000)]
+    seed(bucket, names)
+    counting = CountingStore(bucket)
+    stats = ListingStats()
+    objects = listing(counting, "img/", stats=stats)
+    assert names_of(objects) == names
+    sequential_pages = 100_000 // 1000 + 1
+    assert counting.calls == stats.requests
+    assert counting.calls <= 1.3 * sequential_pages
+    assert stats.ranges > 1  # it did list in parallel
+
+
+def test_short_pages_from_the_store(bucket: MemoryStore) -> None:
+    names = [f"s/{i:05d}" for i in range(500)]
+    seed(bucket, names)
+    counting = CountingStore(bucket, max_page=7)
+    assert names_of(listing(counting, "s/", replace(QUIET, page_size=50))) == names
+
+
+# -- names of any shape ---------------------------------------------------------
+
+
+def test_one_character_alphabet(bucket: MemoryStore) -> None:
+    names = ["a" * k for k in range(1, 400)]
+    seed(bucket, names)
+    assert names_of(listing(bucket, "a", replace(QUIET, page_size=7))) == names
+
+
+def test_multibyte_utf8_names(bucket: MemoryStore) -> None:
+    names = [f"数据/{c}{i}" for c in ("a", "é", "中", "\U0001f600", "~") for i in range(40)]
+    seed(bucket, names)
+    got = names_of(listing(bucket, "数据/", replace(QUIET, page_size=9)))
+    assert got == sorted(names, key=lambda n: n.encode("utf-8"))
+
+
+def test_names_that_are_prefixes_of_others(bucket: MemoryStore) -> None:
+    names = ["k", "k/", "k/a", "k/a/", "k/a/b", "k0", "ka", "kab", "kabc"]
+    seed(bucket, names)
+    config = replace(QUIET, page_size=2, include_folders=True)
+    assert names_of(listing(bucket, "k", config)) == sorted(names)
+
+
+def test_characters_below_zero_and_above_z_and_long_shared_prefixes(bucket: MemoryStore) -> None:
+    stem = "deep/" + "x" * 300 + "/"
+    names = [stem + c * k for c in "!#%+-.{|}~" for k in range(1, 25)]
+    seed(bucket, names)
+    assert names_of(listing(bucket, stem, replace(QUIET, page_size=8))) == sorted(names)
+
+
+# -- what is left out -----------------------------------------------------------
+
+
+def test_hidden_objects_and_folders_are_excluded(bucket: MemoryStore) -> None:
+    visible = ["d/a.jpg", "d/sub/b.jpg"]
+    hidden = ["d/", "d/sub/", "d/.c.bin.tbupload-123/part-00001", "d/.e.tbtmp-9"]
+    seed(bucket, visible + hidden + ["dataflux-composed-objects/d/1"])
+    assert names_of(listing(bucket, "d/")) == visible
+    assert names_of(
+        listing(bucket, "", replace(QUIET, include_hidden=True, include_folders=True))
+    ) == sorted(visible + hidden + ["dataflux-composed-objects/d/1"])
+
+
+def test_every_storage_class_unless_filtered(bucket: MemoryStore) -> None:
+    names = ["c/archive", "c/cold", "c/hot", "c/near"]
+    seed(bucket, names)
+    classes = {
+        "c/archive": "ARCHIVE",
+        "c/cold": "COLDLINE",
+        "c/hot": "STANDARD",
+        "c/near": "NEARLINE",
+    }
+    counting = CountingStore(bucket, classes=classes)
+    assert names_of(listing(counting, "c/")) == names
+    only = replace(QUIET, storage_classes={"nearline", "STANDARD"})  # type: ignore[arg-type]
+    assert names_of(listing(counting, "c/", only)) == ["c/hot", "c/near"]
+
+
+# -- failures -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        DeadlineExceededError("gave up after 5 attempts", operation="list", uri="memory://x/p"),
+        PermissionDeniedError("no", operation="list", uri="memory://x/p", status=403),
+    ],
+)
+def test_a_failing_page_fails_the_listing_cleanly(bucket: MemoryStore, error: StorageError) -> None:
+    seed(bucket, [f"f/{i:05d}" for i in range(3000)])
+    counting = CountingStore(bucket, fail_call=4, error=error, latency=0.002)
+    with pytest.raises(type(error)) as caught:
+        listing(counting, "f/", replace(QUIET, page_size=100))
+    assert caught.value.uri == bucket.uri("f/")
+    assert "listing failed" in str(caught.value) and bucket.uri("f/") in str(caught.value)
+    assert caught.value.__cause__ is not None
+    # The other listers were cancelled: no request is made after the failure.
+    calls = counting.calls
+    runtime.run(asyncio.sleep(0.05))
+    assert counting.calls == calls
+
+
+def test_a_failing_first_page_fails_too(bucket: MemoryStore) -> None:
+    counting = CountingStore(bucket, fail_call=1)
+    with pytest.raises(TransientError, match="listing failed after 0 objects"):
+        listing(counting, "p/")
+
+
+# -- determinism, properties -----------------------------------------------------
+
+
+def test_parallel_and_sequential_listings_agree(bucket: MemoryStore) -> None:
+    import hashlib
+
+    names = [f"h/{hashlib.sha1(str(i).encode()).hexdigest()[:12]}" for i in range(5000)]
+    seed(bucket, names)
+    config = replace(QUIET, page_size=50)
+    parallel = listing(bucket, "h/", config)
+    assert parallel == listing(bucket, "h/", replace(config, parallelism=1))
+    assert parallel == listing(bucket, "h/", config)
+    assert names_of(parallel) == sorted(names)
+
+
+_ALPHABET = st.sampled_from([*"ab/0z.~", "é", "中"])
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    names=st.sets(st.text(_ALPHABET, min_size=0, max_size=6), max_size=250),
+    prefix=st.sampled_from(["", "a", "b/", "中"]),
+    page_size=st.integers(1, 7),
+    parallelism=st.integers(1, 8),
+)
+def test_property_parallel_equals_sequential(
+    names: set[str], prefix: str, page_size: int, parallelism: int
+) -> None:
+    bucket_name = f"prop-{uuid.uuid4().hex[:8]}"
+    store = MemoryStore(bucket_name)
+    try:
+        seed(store, {prefix + n for n in names})
+        expected = sorted(prefix + n for n in names if not (prefix + n).endswith("/"))
+        config = ListingConfig(progress=False, page_size=page_size, parallelism=parallelism)
+        assert names_of(listing(store, prefix, config)) == expected
+    finally:
+        delete_memory_bucket(bucket_name)
+
+
+# -- progress -------------------------------------------------------------------
+
+
+def test_progress_bar_when_asked(bucket: MemoryStore, capsys: pytest.CaptureFixture[str]) -> None:
+    seed(bucket, [f"b/{i}" for i in range(30)])
+    listing(bucket, "b/", replace(QUIET, page_size=10), progress=True)
+    err = capsys.readouterr().err
+    assert "listing memory://" in err and "30" in err
+
+
+def test_no_progress_bar_when_not_interactive(
+    bucket: MemoryStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed(bucket, [f"b/{i}" for i in range(30)])
+    listing(bucket, "b/", ListingConfig())  # "auto", and stderr is captured: not a TTY
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_into_the_callers_bar(bucket: MemoryStore) -> None:
+    seed(bucket, [f"b/{i:02d}" for i in range(25)])
+
+    class Bar:
+        total = 0
+
+        def update(self, n: int) -> None:
+            self.total += n
+
+    bar = Bar()
+    listing(bucket, "b/", replace(QUIET, page_size=4), progress=bar)
+    assert bar.total == 25
+
+
+# -- the cache --------------------------------------------------------------------
+
+
+def test_cache_skips_the_listing_of_a_restarted_job(bucket: MemoryStore, tmp_path: Any) -> None:
+    seed(bucket, [f"c/{i:03d}" for i in range(120)])
+    config = replace(QUIET, page_size=10, cache=str(tmp_path / "m" / "listing.json.gz"))
+    first = listing(bucket, "c/", config)
+    broken = CountingStore(bucket, fail_call=1)  # any list request would fail
+    assert listing(broken, "c/", config) == first
+    assert broken.calls == 0
+    # Another prefix, other filters, or too old: listed again (and rewritten).
+    assert listing(bucket, "c/00", config) == first[:10]
+    assert listing(bucket, "c/", config) == first
+    assert listing(CountingStore(bucket), "c/", replace(config, include_folders=True)) == first
+    with pytest.raises(TransientError):
+        listing(broken, "c/", replace(config, cache_max_age=0.0))
+
+
+def test_cache_in_the_bucket_is_not_listed_itself(bucket: MemoryStore) -> None:
+    seed(bucket, ["c/a", "c/b"])
+    config = replace(QUIET, cache=bucket.uri("c/_listing.json.gz"))
+    assert names_of(listing(bucket, "c/", config)) == ["c/a", "c/b"]
+    assert runtime.run(bucket.head("c/_listing.json.gz")).size > 0
+    broken = CountingStore(bucket, fail_call=1)
+    assert names_of(listing(broken, "c/", config)) == ["c/a", "c/b"]
+
+
+def test_unreadable_cache_is_ignored(bucket: MemoryStore, tmp_path: Any) -> None:
+    seed(bucket, ["c/a"])
+    path = tmp_path / "listing.json.gz"
+    path.write_bytes(b"not gzip")
+    assert names_of(listing(bucket, "c/", replace(QUIET, cache=str(path)))) == ["c/a"]
+
+
+# -- entry points and configuration ------------------------------------------------
+
+
+def test_list_objects_from_sync_code(bucket: MemoryStore) -> None:
+    seed(bucket, ["s/1", "s/2"])
+    assert names_of(list_objects(bucket.uri("s/"), config=QUIET)) == ["s/1", "s/2"]
+
+
+def test_local_store(tmp_path: Any) -> None:
+    from torchbucket.storage.local import LocalStore
+
+    root = tmp_path / "ds"
+    names = [f"{d}/{i:03d}.bin" for d in ("a", "b", "c é") for i in range(40)]
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"123")
+    (root / "a" / "empty").mkdir()
+    store = LocalStore()
+    prefix = str(root).lstrip("/") + "/"
+    objects = listing(store, prefix, replace(QUIET, page_size=16))
+    assert [o.name[len(prefix) :] for o in objects] == sorted(names)
+    assert {o.size for o in objects} == {3}
+    assert names_of(list_objects(f"file://{root}/b/", config=QUIET)) == [
+        prefix + n for n in sorted(names) if n.startswith("b/")
+    ]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"parallelism": 0},
+        {"page_size": 0},
+        {"page_size": 1001},
+        {"storage_classes": "STANDARD"},
+        {"storage_classes": set()},
+        {"progress": "yes"},
+        {"broadcast": None},
+        {"cache_max_age": -1.0},
+    ],
+)
+def test_bad_config_is_refused(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        ListingConfig(**kwargs)
+
+
+def test_config_defaults() -> None:
+    config = ListingConfig()
+    assert config.parallelism == 16 and config.page_size == 1000
+    assert config.storage_classes is None and config.progress == "auto"
+    assert not config.include_hidden and config.cache is None
+
+
+def test_progress_does_not_break_on_a_stream_without_isatty(
+    monkeypatch: pytest.MonkeyPatch, bucket: MemoryStore
+) -> None:
+    import sys
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    seed(bucket, ["x/1"])
+    assert names_of(listing(bucket, "x/", ListingConfig())) == ["x/1"]
+    assert sys.stderr.getvalue() == ""
