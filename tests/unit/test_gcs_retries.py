@@ -26,6 +26,7 @@ from torchbucket.errors import (
     PreconditionFailedError,
     ThrottledError,
 )
+from torchbucket.storage import _gcs_http
 from torchbucket.storage._common import crc32c_b64
 from torchbucket.storage.base import Part
 from torchbucket.storage.gcs import GCSConfig, GCSStore
@@ -270,6 +271,7 @@ def test_credentials_are_sent_but_never_shown(
     import google.auth
 
     monkeypatch.setattr(google.auth, "default", lambda scopes: (FakeCredentials(), "proj"))
+    monkeypatch.setattr(_gcs_http, "_shared_credentials", {})
     endpoint = store.endpoint
     authed = GCSStore(
         "bkt",
@@ -316,8 +318,6 @@ def test_close_releases_the_pool_and_the_store_opens_it_again(
         await other.close()
         return data
 
-    from torchbucket.storage import _gcs_http
-
     pools = len(_gcs_http._sessions)
     caplog.set_level(logging.ERROR, logger="asyncio")
     scripted.handlers += [media(DATA)] * 2
@@ -341,6 +341,7 @@ def test_missing_credentials_say_where_to_look_and_name_the_uri(
         )
 
     monkeypatch.setattr(google.auth, "default", no_credentials)
+    monkeypatch.setattr(_gcs_http, "_shared_credentials", {})
     authed = GCSStore("bkt", config=GCSConfig(endpoint=store.endpoint, anonymous=False))
     with pytest.raises(PermissionDeniedError) as info:
         runtime.run(authed.get("k"))

@@ -49,6 +49,7 @@ __all__ = [
     "error_for_exception",
     "error_for_response",
     "release_session",
+    "shared_credentials",
     "user_agent",
 ]
 
@@ -236,6 +237,20 @@ class Credentials:
                 self._token = token
                 self._headers = {**self._base, "Authorization": f"Bearer {token}"}
         return self._headers
+
+
+_shared_credentials: dict[tuple[bool, str | None], Credentials] = {}
+
+
+def shared_credentials(*, anonymous: bool, user_project: str | None = None) -> Credentials:
+    """One :class:`Credentials` per setting in this process, so stores share a token."""
+    key = (anonymous, user_project)
+    creds = _shared_credentials.get(key)
+    if creds is None:
+        creds = _shared_credentials[key] = Credentials(
+            anonymous=anonymous, user_project=user_project
+        )
+    return creds
 
 
 def _credentials_error(exc: Exception, operation: str, uri: str) -> StorageError:

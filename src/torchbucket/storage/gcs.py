@@ -57,7 +57,9 @@ class GCSStore(GCSMultipart):
         super().__init__(
             bucket,
             endpoint=endpoint,
-            credentials=_http.Credentials(anonymous=anonymous, user_project=self._config.project),
+            credentials=_http.shared_credentials(
+                anonymous=anonymous, user_project=self._config.project
+            ),
             retry_config=self._config.retry,
             concurrency=self._config.concurrency,
             session_key=_http.SessionKey(
