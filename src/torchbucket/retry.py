@@ -46,11 +46,12 @@ def is_retryable(exc: BaseException, *, idempotent: bool) -> bool:
 
     Throttling, server errors, resets, timeouts and truncated bodies are worth
     retrying; so is a corrupted body on a read. A request that is not idempotent
-    (a write without a precondition) is never retried, since the first attempt
-    may have taken effect.
+    (a write without a precondition) is retried only after a 429: the service
+    refused it without acting on it. Any other failure of such a request may
+    have taken effect, so it is not repeated.
     """
     if not idempotent:
-        return False
+        return isinstance(exc, ThrottledError) and exc.status == 429
     return isinstance(exc, (RetryableError, IntegrityError))
 
 

@@ -55,6 +55,23 @@ def test_never_retries_a_non_idempotent_write() -> None:
     assert len(calls) == 1
 
 
+def test_a_non_idempotent_write_is_retried_after_a_429_only() -> None:
+    refused = ThrottledError("slow down", operation="put", uri="gs://b/k", status=429)
+    calls, fn = _flaky([refused])
+    out = asyncio.run(
+        retry.call(fn, config=FAST, operation="put", uri="gs://b/k", idempotent=False)  # type: ignore[arg-type]
+    )
+    assert out == "ok"
+    assert len(calls) == 2
+    unavailable = ThrottledError("unavailable", operation="put", uri="gs://b/k", status=503)
+    calls, fn = _flaky([unavailable])
+    with pytest.raises(ThrottledError):
+        asyncio.run(
+            retry.call(fn, config=FAST, operation="put", uri="gs://b/k", idempotent=False)  # type: ignore[arg-type]
+        )
+    assert len(calls) == 1
+
+
 def test_gives_up_after_max_attempts_with_the_last_error_chained() -> None:
     config = RetryConfig(initial_backoff=0.001, max_attempts=3, deadline=5.0)
     calls, fn = _flaky([TransientError(str(i)) for i in range(10)])
@@ -104,6 +121,7 @@ def test_one_warning_per_episode(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.DEBUG, logger="torchbucket.retry"):
         asyncio.run(retry.call(fn, config=FAST, operation="get", uri="gs://b/k"))  # type: ignore[arg-type]
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(calls) == 4
     assert len(warnings) == 1
     assert "gs://b/k" in warnings[0].getMessage()
 
