@@ -163,7 +163,7 @@ async def run_bench(
             rows.append(BenchRow("write large", 1, large_size, time.perf_counter() - started))
 
         started = time.perf_counter()
-        listed = await alist_objects(store, base)
+        listed = await alist_objects(store, base, progress=False)
         rows.append(BenchRow("list", len(listed), 0, time.perf_counter() - started))
         if len(listed) != len(written):
             raise CommandError(

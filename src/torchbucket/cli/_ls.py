@@ -24,6 +24,16 @@ from torchbucket.storage import ObjectInfo
 __all__ = ["add_du", "add_ls", "list_target"]
 
 
+class _Updates:
+    """Hands the listing only ``update(n)``: ``tqdm`` itself does not compare with strings."""
+
+    def __init__(self, bar: tqdm[Any]) -> None:
+        self._bar = bar
+
+    def update(self, n: int) -> None:
+        self._bar.update(n)
+
+
 def list_target(target: Target, *, what: str = "listing") -> tuple[list[ObjectInfo], float]:
     """Every object under the target's prefix, with a progress bar on a terminal.
 
@@ -34,17 +44,10 @@ def list_target(target: Target, *, what: str = "listing") -> tuple[list[ObjectIn
     started = time.perf_counter()
     try:
         with bar:
-            objects = runtime.run(_alist(target, bar))
+            objects = runtime.run(alist_objects(target.store, target.key, progress=_Updates(bar)))
     finally:
         runtime.run(target.store.close())
     return objects, time.perf_counter() - started
-
-
-async def _alist(target: Target, bar: tqdm[Any]) -> list[ObjectInfo]:
-    # TODO(cli): pass the bar as alist_objects' progress once the listing lands.
-    objects = await alist_objects(target.store, target.key)
-    bar.update(len(objects))
-    return objects
 
 
 def _nothing_matched(target: Target) -> CommandError:
