@@ -1,0 +1,357 @@
+"""Checkpoint benchmark (issue 5): save and load a state dict, side by side.
+
+Against the emulator's model store behind the ``same-region`` latency model
+(40 ms per write or multipart call, 20 ms to the first byte of a GET, 200 MB/s
+per body each way), one run holds every contender against the same server:
+
+- ``torch.save`` / ``torch.load`` of one state dict (about 1 GiB; ``--quick``
+  512 MiB) of a few large fp32 tensors (70%), 16 bf16 ones (20%) and about
+  1,000 small ones per GiB (10%), through
+  - torchbucket: ``BucketCheckpoint().writer(uri)`` / ``.reader(uri)``;
+  - gcs-torch-dataflux 1.4.0: ``DatafluxCheckpoint.writer`` / ``.reader``
+    (in ``.venv-bench``: it needs ``google-cloud-storage<3``);
+  - plain google-cloud-storage: ``torch.save`` into a ``BytesIO``,
+    ``blob.upload_from_file``; ``blob.download_as_bytes``, ``torch.load``;
+- ``torch.distributed.checkpoint`` on 2 ranks (gloo on CPU, spawned), the
+  large tensors as DTensors sharded over the ranks and the small ones
+  replicated: torchbucket's ``BucketStorageWriter`` / ``BucketStorageReader``
+  against dataflux's ``GCSDistributedWriter`` / ``GCSDistributedReader`` (with a
+  one-line shim: dataflux 1.4.0's stream closes twice under torch >= 2.6, see
+  ``_contenders/dcp_dataflux.py``).
+
+Each save and each load runs in its own process (``_contenders/ckpt_*.py``,
+``dcp_*.py``); its client was opened with one request before the measured
+phase (a training job saving every N steps has a warm client). Every load is
+checked against the original: the SHA-1 of every tensor (every rank's shard
+for DCP) must equal the digest of the tensor that was saved. A 5 ms sampling
+thread in each process records the RSS just before the operation (the state
+dict already in memory; for a load, the empty process or, for DCP, the
+zero-filled state dict to load into) and its peak during it. Times are medians
+over the repeats, the order of contenders rotating between repeats; extra RSS
+is the largest over the repeats.
+
+Ends with ``RESULT {json}``: ``save_speedup_vs_dataflux``,
+``load_speedup_vs_dataflux``, ``dcp_save_speedup_vs_dataflux``,
+``dcp_load_speedup_vs_dataflux`` (dataflux's median time over torchbucket's)
+and ``save_peak_extra_rss_fraction`` (torchbucket's peak RSS during the save
+minus the RSS before it, over the checkpoint's size). Goals: save >= 1.5x and
+load >= 3x dataflux, DCP save and load >= 1.5x, extra RSS <= 0.25.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _harness as h
+
+NAME = "checkpoint"
+BUCKET = "bench-ckpt"
+MiB = 1 << 20
+GOALS = {"save": 1.5, "load": 3.0, "dcp_save": 1.5, "dcp_load": 1.5, "extra_rss": 0.25}
+
+
+@dataclass(frozen=True)
+class Contender:
+    key: str
+    label: str
+    script: str
+    bench_env: bool
+    dcp: bool
+
+
+CONTENDERS = [
+    Contender("torchbucket", "torchbucket", "ckpt_torchbucket.py", False, False),
+    Contender("dataflux", "dataflux", "ckpt_dataflux.py", True, False),
+    Contender("gcs", "google-cloud-storage", "ckpt_gcs.py", True, False),
+    Contender("dcp_torchbucket", "torchbucket DCP", "dcp_torchbucket.py", False, True),
+    Contender("dcp_dataflux", "dataflux DCP", "dcp_dataflux.py", True, True),
+]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="512 MiB state dict")
+    mode.add_argument("--smoke", action="store_true", help="32 MiB (a code-path check)")
+    p.add_argument("--size-mib", type=int, default=None, help="state dict size (1024)")
+    p.add_argument("--repeats", type=int, default=3, help="saves and loads per contender (3)")
+    p.add_argument("--ranks", type=int, default=2, help="DCP world size (2)")
+    p.add_argument("--only", default=None, help="comma-separated contender keys (default all)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per contender run")
+    args = p.parse_args(argv)
+    if args.size_mib is None:
+        args.size_mib = 32 if args.smoke else 512 if args.quick else 1024
+    if args.smoke:
+        args.repeats = 1
+    return args
+
+
+# ------------------------------------------------------------------ the server
+
+
+def _delete_prefix(emu: Any, prefix: str) -> int:
+    """Delete every object under ``prefix`` (keeps the server's memory bounded)."""
+    names = emu.object_names(BUCKET, prefix)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    for name in names:
+        url = f"{emu.endpoint}/storage/v1/b/{BUCKET}/o/{urllib.parse.quote(name, safe='')}"
+        with opener.open(urllib.request.Request(url, method="DELETE"), timeout=60):
+            pass
+    return len(names)
+
+
+# ----------------------------------------------------------------- one run
+
+
+def run_one(
+    emu: Any,
+    c: Contender,
+    op: str,
+    rep: int,
+    args: argparse.Namespace,
+    bench_py: str | None,
+) -> dict[str, Any]:
+    """One save or load by one contender; its figures (digests kept for checking)."""
+    name = f"{c.key}/rep{rep}" + ("" if c.dcp else ".pt")
+    spec = {
+        "op": op,
+        "endpoint": emu.endpoint,
+        "bucket": BUCKET,
+        "name": name,
+        "size": args.size_mib * MiB,
+        "seed": 0,
+        "ranks": args.ranks,
+        "digest": op == "save" and rep == 0,
+    }
+    run = h.run_contender(
+        f"ckpt-{c.key}-{op}-{rep}",
+        c.script,
+        spec,
+        python=bench_py if c.bench_env else None,
+        env={"STORAGE_EMULATOR_HOST": emu.endpoint},
+        timeout=args.timeout,
+    )
+    d = run.data
+    server = d.get("server") or {}
+    return {
+        "wall_s": d["wall_s"],
+        "client_cpu_s": d["cpu_s"],
+        "server_cpu_s": server.get("cpu_s", math.nan),
+        "requests": server.get("requests", 0),
+        "by_op": server.get("by_op", {}),
+        "failures": {k: v for k, v in server.get("by_status", {}).items() if k[:1] != "2"},
+        "rss_baseline_mib": d["rss_baseline"] / MiB,
+        "rss_peak_mib": d["rss_peak"] / MiB,
+        "rss_extra_mib": d["rss_extra"] / MiB,
+        "nbytes": d.get("nbytes") or sum(d.get("local_nbytes", [])),
+        "digests": d.get("digests"),
+        "per_rank": d.get("per_rank"),
+    }
+
+
+def check_load(c: Contender, load: dict[str, Any], expected: dict[str, Any]) -> int:
+    """Compare a load's digests with the originals'; return how many tensors differ."""
+    got = load.pop("digests") or {}
+    want = expected[c.dcp]
+    if c.dcp:
+        pairs = [(r, n) for r in want for n in want[r]]
+        bad = sum(1 for r, n in pairs if (got.get(r) or {}).get(n) != want[r][n])
+        extra = sum(len(set(got.get(r) or {}) - set(want[r])) for r in want)
+        return bad + extra
+    return sum(1 for n in want if got.get(n) != want[n]) + len(set(got) - set(want))
+
+
+def summarize(runs: list[dict[str, Any]], size: int) -> dict[str, Any]:
+    """Medians over repeats (the extra RSS: the largest)."""
+    if not runs:
+        return {}
+    out: dict[str, Any] = {}
+    for key in ("wall_s", "client_cpu_s", "server_cpu_s", "rss_baseline_mib", "rss_peak_mib"):
+        out[key] = h.median([r[key] for r in runs])
+    out["requests"] = h.median([r["requests"] for r in runs])
+    out["rss_extra_mib"] = max(r["rss_extra_mib"] for r in runs)
+    out["rss_extra_fraction"] = out["rss_extra_mib"] * MiB / size
+    out["mb_per_s"] = size / 1e6 / out["wall_s"]
+    out["walls"] = [round(r["wall_s"], 3) for r in runs]
+    out["mismatched_tensors"] = sum(r.get("mismatched", 0) for r in runs)
+    out["by_op"] = runs[-1]["by_op"]
+    out["failures"] = runs[-1]["failures"]
+    out["repeats"] = len(runs)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    bench_py = h.bench_python()
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    selected = [c for c in CONTENDERS if not args.only or c.key in args.only.split(",")]
+    notes: list[str] = []
+    if bench_py is None:
+        notes.append("dataflux and google-cloud-storage skipped: no .venv-bench")
+        print(f"{notes[-1]} (run benchmarks/setup_bench_env.sh)")
+        selected = [c for c in selected if not c.bench_env]
+    size = args.size_mib * MiB
+    print(
+        f"checkpoint ({mode}): state dict of {args.size_mib} MiB, same-region latency model, "
+        f"every load checked tensor by tensor; DCP on {args.ranks} ranks (gloo); "
+        f"{args.repeats} save+load per contender, medians."
+    )
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        c.key: {"save": [], "load": []} for c in selected
+    }
+    # The originals' digests: single-file and DCP (per rank), from the first saves.
+    expected: dict[bool, Any] = {}
+    with h.emulator(latency="same-region") as emu:
+        emu.create_bucket(BUCKET)
+        for rep in range(args.repeats):
+            order = selected[rep % len(selected) :] + selected[: rep % len(selected)]
+            for c in order:
+                print(f"  {c.key} run {rep + 1}: save", end="", flush=True)
+                saved = run_one(emu, c, "save", rep, args, bench_py)
+                digests = saved.pop("digests")
+                if digests is not None:
+                    if c.dcp not in expected:
+                        expected[c.dcp] = digests
+                    elif digests != expected[c.dcp]:
+                        raise SystemExit(f"{c.key}: the generated state dict differs")
+                runs[c.key]["save"].append(saved)
+                print(f" {saved['wall_s']:.2f} s, load", end="", flush=True)
+                loaded = run_one(emu, c, "load", rep, args, bench_py)
+                loaded["mismatched"] = check_load(c, loaded, expected)
+                runs[c.key]["load"].append(loaded)
+                _delete_prefix(emu, f"{c.key}/")
+                status = "ok" if not loaded["mismatched"] else f"{loaded['mismatched']} DIFFER"
+                print(f" {loaded['wall_s']:.2f} s, {status}", flush=True)
+
+    summary = {c.key: {op: summarize(runs[c.key][op], size) for op in ("save", "load")}
+               for c in selected}  # fmt: skip
+
+    def wall(key: str, op: str) -> float:
+        return summary.get(key, {}).get(op, {}).get("wall_s", math.nan)
+
+    tb_save = summary.get("torchbucket", {}).get("save", {})
+    result: dict[str, Any] = {
+        "save_speedup_vs_dataflux": h.ratio(wall("dataflux", "save"), wall("torchbucket", "save")),
+        "load_speedup_vs_dataflux": h.ratio(wall("dataflux", "load"), wall("torchbucket", "load")),
+        "dcp_save_speedup_vs_dataflux": h.ratio(
+            wall("dcp_dataflux", "save"), wall("dcp_torchbucket", "save")
+        ),
+        "dcp_load_speedup_vs_dataflux": h.ratio(
+            wall("dcp_dataflux", "load"), wall("dcp_torchbucket", "load")
+        ),
+        "save_peak_extra_rss_fraction": tb_save.get("rss_extra_fraction", math.nan),
+        "save_speedup_vs_gcs": h.ratio(wall("gcs", "save"), wall("torchbucket", "save")),
+        "load_speedup_vs_gcs": h.ratio(wall("gcs", "load"), wall("torchbucket", "load")),
+        "mismatched_tensors": sum(
+            s[op]["mismatched_tensors"] for s in summary.values() for op in ("save", "load")
+        ),
+    }
+    result = {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
+    result["goals"] = {
+        "save_ge_1_5x": result["save_speedup_vs_dataflux"] >= GOALS["save"],
+        "load_ge_3x": result["load_speedup_vs_dataflux"] >= GOALS["load"],
+        "dcp_save_ge_1_5x": result["dcp_save_speedup_vs_dataflux"] >= GOALS["dcp_save"],
+        "dcp_load_ge_1_5x": result["dcp_load_speedup_vs_dataflux"] >= GOALS["dcp_load"],
+        "extra_rss_le_0_25": result["save_peak_extra_rss_fraction"] <= GOALS["extra_rss"],
+        "every_load_identical": result["mismatched_tensors"] == 0,
+    }
+    result.update(mode=mode, size_mib=args.size_mib, repeats=args.repeats, ranks=args.ranks)
+
+    rows = []
+    for c in selected:
+        for op in ("save", "load"):
+            rows.append({"contender": c.label, "op": op, **summary[c.key][op]})
+    h.print_table(
+        f"{args.size_mib} MiB state dict (medians of {args.repeats}; extra RSS: the largest):",
+        rows,
+        [
+            ("contender", "contender", "s"),
+            ("op", "op", "s"),
+            ("wall_s", "s", ".2f"),
+            ("mb_per_s", "MB/s", ",.0f"),
+            ("client_cpu_s", "client CPU s", ".2f"),
+            ("server_cpu_s", "server CPU s", ".2f"),
+            ("requests", "requests", ",.0f"),
+            ("rss_baseline_mib", "RSS before MiB", ",.0f"),
+            ("rss_peak_mib", "peak MiB", ",.0f"),
+            ("rss_extra_mib", "extra MiB", ",.0f"),
+            ("rss_extra_fraction", "extra/ckpt", ".2f"),
+            ("mismatched_tensors", "tensors differing", "d"),
+        ],
+    )
+    print(
+        "\nDCP rows: time of the slowest rank, CPU summed over ranks, RSS of the largest rank."
+        "\nspeedups (dataflux's median over torchbucket's): "
+        f"save {result['save_speedup_vs_dataflux']}x (goal {GOALS['save']}), "
+        f"load {result['load_speedup_vs_dataflux']}x (goal {GOALS['load']}), "
+        f"DCP save {result['dcp_save_speedup_vs_dataflux']}x, "
+        f"DCP load {result['dcp_load_speedup_vs_dataflux']}x (goals {GOALS['dcp_save']}); "
+        f"torchbucket's extra RSS during a save {result['save_peak_extra_rss_fraction']} "
+        f"of the checkpoint (goal <= {GOALS['extra_rss']})"
+    )
+
+    labels = [c.label for c in selected]
+
+    def values(op: str, field_name: str, dcp: bool) -> tuple[list[str], list[float | None]]:
+        keys = [c for c in selected if c.dcp == dcp]
+        return [c.label for c in keys], [summary[c.key][op].get(field_name) for c in keys]
+
+    panels = []
+    for dcp in (False, True):
+        for op in ("save", "load"):
+            names, vals = values(op, "wall_s", dcp)
+            if names:
+                kind = f"DCP, {args.ranks} ranks" if dcp else "torch.save/torch.load"
+                panels.append(h.Panel(f"{op} ({kind})", names, vals, "seconds (median)"))
+    panels.append(
+        h.Panel(
+            "extra RSS during save / checkpoint size",
+            labels,
+            [summary[c.key]["save"].get("rss_extra_fraction") for c in selected],
+            "fraction",
+            goal=GOALS["extra_rss"],
+            goal_label=f"goal {GOALS['extra_rss']} (torchbucket)",
+        )
+    )
+    png = h.bar_chart(
+        NAME,
+        panels,
+        ncols=3,
+        suptitle=f"{args.size_mib} MiB state dict, same-region latency model",
+    )
+    path = h.write_json(
+        NAME,
+        {
+            "result": result,
+            "summary": summary,
+            "figure": str(png.relative_to(h.ROOT)),
+            "contenders": {c.key: c.label for c in selected},
+            "runs": runs,
+            "notes": [
+                *notes,
+                "Each save and load is its own process with a warm client (one request "
+                "before the measured phase).",
+                "Extra RSS: peak RSS during the operation minus the RSS just before it "
+                "(sampled every 5 ms in the process); the largest over repeats.",
+                "Loads are checked tensor by tensor (SHA-1 of each tensor or shard).",
+                "dataflux DCP: a shim makes its buffer's second close() a no-op "
+                "(dataflux 1.4.0 fails under torch >= 2.6 without it).",
+            ],
+        },
+    )
+    print(f"wrote {path.relative_to(h.ROOT)} and {png.relative_to(h.ROOT)}")
+    h.emit_result(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
