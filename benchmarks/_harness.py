@@ -160,9 +160,10 @@ class ContenderRun:
             and start-up included), from ``RUSAGE_CHILDREN``.
         peak_rss_main_mb: Peak RSS of the contender's main process, MiB
             (sampled every ``sample_interval``).
-        peak_rss_worker_mb: Highest peak RSS among its descendants (DataLoader
-            workers, listing processes), MiB; 0 when it had none.
-        peak_rss_workers_mb: Peak RSS of each descendant seen, MiB, by pid.
+        peak_rss_worker_mb: Highest peak RSS among its workers, MiB: the pids
+            the contender lists as ``worker_pids`` in its result (DataLoader
+            workers), else every descendant; 0 when it had none.
+        peak_rss_workers_mb: Peak RSS of each of those, MiB, by pid.
         maxrss_children_mb: ``ru_maxrss`` over the tree (the largest process's
             peak, exact rather than sampled), MiB.
     """
@@ -329,7 +330,10 @@ def run_contender(
     lines = out.decode("utf-8", "replace").splitlines()
     result_lines = [ln for ln in lines if ln.startswith("CONTENDER ")]
     if proc.returncode != 0 or not result_lines:
-        tail = log_path.read_text("utf-8", "replace")[-3000:]
+        try:
+            tail = log_path.read_text("utf-8", "replace")[-3000:]
+        except OSError as exc:  # someone removed bench-output/ meanwhile
+            tail = f"(log unreadable: {exc})"
         raise ContenderError(
             f"{name}: exit status {proc.returncode}, "
             f"{'no' if not result_lines else 'a'} result line; log {log_path}:\n{tail}"
@@ -337,6 +341,9 @@ def run_contender(
     data = json.loads(result_lines[-1][len("CONTENDER ") :])
     mib = 1024.0 * 1024.0
     child_peaks = {pid: rss / mib for pid, rss in sampler.child_peaks.items()}
+    workers = data.get("worker_pids")
+    if workers:  # the contender named its DataLoader workers: only they count
+        child_peaks = {pid: child_peaks[pid] for pid in workers if pid in child_peaks}
     return ContenderRun(
         name=name,
         data=data,
@@ -530,8 +537,16 @@ class Panel:
     log: bool = False
 
 
-def bar_chart(name: str, panels: Sequence[Panel], *, suptitle: str = "") -> Path:
-    """Draw panels side by side into ``bench-output/<name>.png`` (matplotlib Agg).
+def bar_chart(
+    name: str, panels: Sequence[Panel], *, suptitle: str = "", ncols: int | None = None
+) -> Path:
+    """Draw panels into ``bench-output/<name>.png`` (matplotlib Agg).
+
+    Args:
+        name: The file's stem.
+        panels: The charts.
+        suptitle: A title over them all.
+        ncols: Panels per row; default all in one row.
 
     Returns:
         The file's path.
@@ -543,9 +558,14 @@ def bar_chart(name: str, panels: Sequence[Panel], *, suptitle: str = "") -> Path
 
     OUTPUT_DIR.mkdir(parents=True, exist_ok=True)
     n = len(panels)
+    cols = min(n, ncols or n)
+    rows = math.ceil(n / cols)
     width = max(5.0, max(len(p.labels) for p in panels) * 0.9)
-    fig, axes = plt.subplots(1, n, figsize=(width * n, 4.6), squeeze=False)
-    for ax, panel in zip(axes[0], panels):
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, 4.6 * rows), squeeze=False)
+    flat_axes = [ax for row in axes for ax in row]
+    for ax in flat_axes[n:]:
+        ax.set_visible(False)
+    for ax, panel in zip(flat_axes, panels):
         values = [math.nan if v is None else float(v) for v in panel.values]
         xs = range(len(values))
         bars = ax.bar(xs, [0.0 if math.isnan(v) else v for v in values], color="#4878a8")

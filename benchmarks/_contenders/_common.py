@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import resource
 import sys
 import time
@@ -227,3 +228,52 @@ class Phase:
             "server": self.server,
             "setup_server": self.setup_server,
         }
+
+
+# --------------------------------------------------------------- DataLoader
+
+
+def identity_collate(batch: list[Any]) -> list[Any]:
+    """A batch as the list of its samples (every loader contender uses it)."""
+    return batch
+
+
+class WorkerPids:
+    """Collects DataLoader workers' pids through a file (``worker_init_fn``).
+
+    Args:
+        path: A file the workers append their pid to; ``None`` to collect none.
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        if path:
+            open(path, "w").close()
+
+    def __call__(self, worker_id: int) -> None:
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(f"{os.getpid()}\n")
+
+    def pids(self) -> list[int]:
+        """The pids recorded so far."""
+        if not self.path or not os.path.exists(self.path):
+            return []
+        with open(self.path) as f:
+            return [int(line) for line in f if line.strip()]
+
+
+def run_epoch(loader: Iterable[Any], verifier: Verifier, *, names_known: bool = False) -> int:
+    """Iterate one epoch of ``loader``, checking every sample; return batches.
+
+    Samples are bodies, or ``(name, body)`` pairs when ``names_known``.
+    """
+    batches = 0
+    for batch in loader:
+        batches += 1
+        for sample in batch:
+            if names_known:
+                verifier.check(sample[1], sample[0])
+            else:
+                verifier.check(sample)
+    return batches

@@ -1,0 +1,81 @@
+"""Contender: one epoch of ``gcs-torch-dataflux`` 1.4.0 through a ``DataLoader``.
+
+Runs in ``.venv-bench``. The datasets are built as their documentation shows,
+with ``storage_client=None``: with ``STORAGE_EMULATOR_HOST`` set, every client
+dataflux makes itself (in its listing processes and, lazily, in each
+DataLoader worker) talks to the emulator anonymously, and no client's pooled
+connections are shared across a fork. Listing (dataflux's parallel lister) is
+setup, outside the phase.
+
+Spec: ``endpoint``, ``bucket``, ``prefix``, ``count``, ``size``, ``seed``,
+``kind`` (``"map"`` or ``"iterable"``), ``compose`` (bool), ``threads``
+(map-style ``threads_per_process``), ``batch_size``, ``num_workers``,
+``pid_file``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from _common import (
+    Phase,
+    Verifier,
+    WorkerPids,
+    emit,
+    generated_names,
+    identity_collate,
+    load_spec,
+    run_epoch,
+)
+from dataflux_pytorch import dataflux_iterable_dataset, dataflux_mapstyle_dataset
+from torch.utils.data import DataLoader
+
+
+def main() -> None:
+    spec = load_spec()
+    os.environ["STORAGE_EMULATOR_HOST"] = spec["endpoint"]
+    if spec["kind"] == "map":
+        config = dataflux_mapstyle_dataset.Config(
+            prefix=spec["prefix"],
+            threads_per_process=int(spec.get("threads", 1)),
+            disable_compose=not spec["compose"],
+        )
+        dataset = dataflux_mapstyle_dataset.DataFluxMapStyleDataset(
+            project_name="test", bucket_name=spec["bucket"], config=config
+        )
+    else:
+        config = dataflux_iterable_dataset.Config(
+            prefix=spec["prefix"], disable_compose=not spec["compose"]
+        )
+        dataset = dataflux_iterable_dataset.DataFluxIterableDataset(
+            project_name="test", bucket_name=spec["bucket"], config=config
+        )
+    listed = len(dataset.objects)
+    if listed != spec["count"]:
+        raise SystemExit(f"dataflux listed {listed} objects, expected {spec['count']}")
+    names = generated_names(spec["prefix"], spec["count"])
+    verifier = Verifier(names, spec["size"], spec.get("seed", 0))
+    pids = WorkerPids(spec.get("pid_file"))
+    with Phase(spec["endpoint"]) as phase:
+        loader = DataLoader(
+            dataset,
+            batch_size=spec["batch_size"],
+            num_workers=spec["num_workers"],
+            collate_fn=identity_collate,
+            worker_init_fn=pids,
+        )
+        batches = run_epoch(loader, verifier)
+        del loader
+    emit(
+        {
+            **phase.result(),
+            "objects": verifier.finish(),
+            "bytes": verifier.bytes,
+            "batches": batches,
+            "worker_pids": pids.pids(),
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()

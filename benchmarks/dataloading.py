@@ -1,0 +1,374 @@
+"""Data loading benchmark (issue 4): one epoch through a DataLoader, side by side.
+
+Against the emulator's model store behind the ``same-region`` latency model
+(20 ms to the first byte of a GET, 40 ms per write/compose/delete, 60 ms per
+list page, 200 MB/s per body), one epoch through
+``DataLoader(num_workers=2, batch_size=64)`` of each dataset, every byte of
+every sample checked in the consumer:
+
+- torchbucket ``BucketMapDataset`` and ``BucketIterableDataset``, compose on
+  and off;
+- ``gcs-torch-dataflux`` 1.4.0 map-style (compose on, ``threads_per_process``
+  1 and 8) and iterable (compose on), in ``.venv-bench``;
+- a plain per-object ``Dataset`` on ``google-cloud-storage``
+  (``blob.download_as_bytes`` per ``__getitem__``), on a sample of the objects
+  (it reads about 90 objects/s), in ``.venv-bench``;
+- a bare ``aiohttp`` loop in one process with as many requests in flight as
+  torchbucket's iterable dataset keeps (workers x ``FetchConfig.prefetch``):
+  the limit.
+
+Datasets: 10,000 x 100 KiB and 20,000 x 10 KiB; ``--quick`` scales them to
+3,000 and 6,000 objects and samples 500 objects for the plain Dataset. Each
+contender runs in its own process; listing is setup, outside the measured
+phase. Reported per contender: samples/s, requests by class (A: compose,
+delete, list; B: reads) during the epoch, client CPU per object (all the
+contender's processes, DataLoader workers included), peak RSS per worker, the
+emulator's CPU, and composites left under ``dataflux-composed-objects/``.
+
+Ends with ``RESULT {json}``: ``speedup_vs_dataflux_100kib``,
+``speedup_vs_dataflux_10kib`` (torchbucket's best against dataflux's best),
+``speedup_vs_naive_10kib``, ``fraction_of_limit_10kib`` (torchbucket's best
+over the bare loop), ``client_cpu_ms_per_obj_10kib`` (of torchbucket's best
+contender) and ``composites_left`` (torchbucket's, after all runs; dataflux's
+are reported beside it). Goals: >= 4x dataflux's best (aim 6x), >= 30x the
+plain Dataset, >= 0.8 of the bare loop, 0 composites, <= 0.3 ms CPU/object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _harness as h
+
+NAME = "dataloading"
+PREFIX = "d/"
+COMPOSITES = "dataflux-composed-objects/"
+BATCH_SIZE = 64
+NUM_WORKERS = 2
+
+
+@dataclass(frozen=True)
+class Contender:
+    key: str
+    label: str
+    script: str
+    bench_env: bool
+    family: str  # torchbucket, dataflux, naive, limit
+    spec: dict[str, Any] = field(default_factory=dict)
+
+
+CONTENDERS = [
+    Contender("tb_map_compose", "torchbucket map, compose", "tb_loader.py", False,
+              "torchbucket", {"kind": "map", "compose": True}),
+    Contender("tb_map", "torchbucket map, no compose", "tb_loader.py", False,
+              "torchbucket", {"kind": "map", "compose": False}),
+    Contender("tb_iter_compose", "torchbucket iterable, compose", "tb_loader.py", False,
+              "torchbucket", {"kind": "iterable", "compose": True}),
+    Contender("tb_iter", "torchbucket iterable, no compose", "tb_loader.py", False,
+              "torchbucket", {"kind": "iterable", "compose": False}),
+    Contender("df_map_t1", "dataflux map, compose, 1 thread", "dataflux_loader.py", True,
+              "dataflux", {"kind": "map", "compose": True, "threads": 1}),
+    Contender("df_map_t8", "dataflux map, compose, 8 threads", "dataflux_loader.py", True,
+              "dataflux", {"kind": "map", "compose": True, "threads": 8}),
+    Contender("df_iter", "dataflux iterable, compose", "dataflux_loader.py", True,
+              "dataflux", {"kind": "iterable", "compose": True}),
+    Contender("naive", "plain Dataset (google-cloud-storage)", "gcs_dataset_loader.py", True,
+              "naive", {}),
+    Contender("aiohttp", "bare aiohttp loop (limit)", "aiohttp_loop.py", False, "limit", {}),
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DataSet:
+    key: str  # "100kib" / "10kib"
+    count: int
+    size: int
+    naive_sample: int
+
+    @property
+    def bucket(self) -> str:
+        return f"dl-{self.key}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.count:,} x {self.size // 1024} KiB"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="3,000 x 100 KiB, 6,000 x 10 KiB")
+    mode.add_argument("--smoke", action="store_true", help="tiny sizes (a code-path check)")
+    p.add_argument("--repeats", type=int, default=None, help="runs per contender (1; full 3)")
+    p.add_argument(
+        "--only", default=None, help="comma-separated contender keys to run (default all)"
+    )
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per contender run")
+    args = p.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 1 if (args.quick or args.smoke) else 3
+    return args
+
+
+def datasets_for(args: argparse.Namespace) -> list[DataSet]:
+    if args.smoke:
+        return [DataSet("100kib", 256, 100 << 10, 64), DataSet("10kib", 512, 10 << 10, 64)]
+    if args.quick:
+        return [DataSet("100kib", 3000, 100 << 10, 500), DataSet("10kib", 6000, 10 << 10, 500)]
+    return [DataSet("100kib", 10000, 100 << 10, 1000), DataSet("10kib", 20000, 10 << 10, 1000)]
+
+
+def limit_concurrency() -> int:
+    """Requests in flight in torchbucket's iterable dataset: workers x prefetch."""
+    from torchbucket.datasets import FetchConfig
+
+    return NUM_WORKERS * FetchConfig().prefetch
+
+
+def run_one(
+    emu: Any, ds: DataSet, c: Contender, rep: int, bench_py: str | None, timeout: float
+) -> dict[str, Any]:
+    """Run one contender once on one dataset; return its figures."""
+    spec: dict[str, Any] = {
+        "endpoint": emu.endpoint,
+        "bucket": ds.bucket,
+        "prefix": PREFIX,
+        "count": ds.count,
+        "size": ds.size,
+        "seed": 0,
+        "batch_size": BATCH_SIZE,
+        "num_workers": NUM_WORKERS,
+        "pid_file": str(Path(tempfile.gettempdir()) / f"tb-bench-{os.getpid()}-{c.key}.pids"),
+        **c.spec,
+    }
+    if c.family == "naive":
+        spec["sample"] = min(ds.naive_sample, ds.count)
+    if c.family == "limit":
+        spec.update(concurrency=limit_concurrency(), verify="inline")
+    before = len(emu.object_names(ds.bucket, COMPOSITES))
+    run = h.run_contender(
+        f"dl-{ds.key}-{c.key}-{rep}",
+        c.script,
+        spec,
+        python=bench_py if c.bench_env else None,
+        env={"STORAGE_EMULATOR_HOST": emu.endpoint},
+        timeout=timeout,
+    )
+    left = len(emu.object_names(ds.bucket, COMPOSITES)) - before
+    d = run.data
+    objects = d["objects"]
+    server = d["server"]
+    return {
+        "samples_per_s": objects / d["wall_s"],
+        "objects": objects,
+        "wall_s": d["wall_s"],
+        "class_a": server["class_a"],
+        "class_b": server["class_b"],
+        "requests_per_obj": (server["class_a"] + server["class_b"]) / objects,
+        "client_cpu_ms_per_obj": d["cpu_s"] / objects * 1e3,
+        "server_cpu_ms_per_obj": server["cpu_s"] / objects * 1e3,
+        "server_cpu_s": server["cpu_s"],
+        "peak_rss_worker_mb": run.peak_rss_worker_mb,
+        "peak_rss_main_mb": run.peak_rss_main_mb,
+        "composites_left": left,
+        "setup_class_a": (d.get("setup_server") or {}).get("class_a", 0),
+        "by_op": server["by_op"],
+        "failures": {k: v for k, v in server["by_status"].items() if not k.startswith("2")},
+    }
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of the numeric figures over repeats (composites: the total)."""
+    if not runs:
+        return {}
+    out: dict[str, Any] = {}
+    for k, v in runs[0].items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = h.median([r[k] for r in runs])
+    out["composites_left"] = sum(r["composites_left"] for r in runs)
+    out["by_op"] = runs[-1]["by_op"]
+    out["failures"] = runs[-1]["failures"]
+    out["repeats"] = len(runs)
+    return out
+
+
+def best(summary: dict[str, dict[str, Any]], family: str) -> tuple[str | None, float]:
+    """The contender of ``family`` with the highest samples/s, and that rate."""
+    rates = [
+        (s["samples_per_s"], key)
+        for key, s in summary.items()
+        if s and next(c for c in CONTENDERS if c.key == key).family == family
+    ]
+    if not rates:
+        return None, math.nan
+    rate, key = max(rates)
+    return key, rate
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    bench_py = h.bench_python()
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    selected = [c for c in CONTENDERS if not args.only or c.key in args.only.split(",")]
+    if bench_py is None:
+        print("dataflux and google-cloud-storage skipped: run benchmarks/setup_bench_env.sh")
+        selected = [c for c in selected if not c.bench_env]
+    sets = datasets_for(args)
+    print(
+        f"dataloading ({mode}): one epoch, DataLoader(num_workers={NUM_WORKERS}, "
+        f"batch_size={BATCH_SIZE}), same-region latency model, every byte checked; "
+        f"{args.repeats} run(s) per contender, medians.\n"
+        f"  datasets: {', '.join(d.label for d in sets)}; plain Dataset on a sample of "
+        f"{', '.join(str(min(d.naive_sample, d.count)) for d in sets)} objects; "
+        f"bare loop with {limit_concurrency()} in flight"
+    )
+    summaries: dict[str, dict[str, dict[str, Any]]] = {}
+    all_runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    leftovers: dict[str, int] = {}
+    with h.emulator(latency="same-region") as emu:
+        for ds in sets:
+            h.seed(emu, ds.bucket, count=ds.count, size=ds.size, prefix=PREFIX)
+            runs: dict[str, list[dict[str, Any]]] = {c.key: [] for c in selected}
+            for rep in range(args.repeats):
+                for c in selected:
+                    print(
+                        f"  {ds.key} {c.key} run {rep + 1} ...", end="", file=sys.stderr, flush=True
+                    )
+                    r = run_one(emu, ds, c, rep, bench_py, args.timeout)
+                    runs[c.key].append(r)
+                    print(f" {r['samples_per_s']:,.0f} samples/s", file=sys.stderr, flush=True)
+            all_runs[ds.key] = runs
+            summaries[ds.key] = {k: summarize(v) for k, v in runs.items()}
+            leftovers[ds.key] = len(emu.object_names(ds.bucket, COMPOSITES))
+
+    result: dict[str, Any] = {}
+    for ds in sets:
+        summary = summaries[ds.key]
+        tb_key, tb_rate = best(summary, "torchbucket")
+        df_key, df_rate = best(summary, "dataflux")
+        _, naive_rate = best(summary, "naive")
+        _, limit_rate = best(summary, "limit")
+        result[f"speedup_vs_dataflux_{ds.key}"] = round(h.ratio(tb_rate, df_rate), 2)
+        result[f"speedup_vs_naive_{ds.key}"] = round(h.ratio(tb_rate, naive_rate), 1)
+        result[f"fraction_of_limit_{ds.key}"] = round(h.ratio(tb_rate, limit_rate), 3)
+        result[f"client_cpu_ms_per_obj_{ds.key}"] = (
+            round(summary[tb_key]["client_cpu_ms_per_obj"], 3) if tb_key else None
+        )
+        result[f"samples_per_s_torchbucket_{ds.key}"] = round(tb_rate)
+        result[f"samples_per_s_dataflux_{ds.key}"] = round(df_rate) if df_key else None
+        result[f"best_torchbucket_{ds.key}"] = tb_key
+        result[f"best_dataflux_{ds.key}"] = df_key
+        rows = [{"contender": c.label, **summary[c.key]} for c in CONTENDERS if summary.get(c.key)]
+        h.print_table(
+            f"{ds.label} (medians of {args.repeats} run(s)):",
+            rows,
+            [
+                ("contender", "contender", "s"),
+                ("samples_per_s", "samples/s", ",.0f"),
+                ("class_a", "class A", ",.0f"),
+                ("class_b", "class B", ",.0f"),
+                ("client_cpu_ms_per_obj", "client CPU ms/obj", ".3f"),
+                ("peak_rss_worker_mb", "peak RSS/worker MiB", ".0f"),
+                ("server_cpu_ms_per_obj", "server CPU ms/obj", ".3f"),
+                ("composites_left", "composites left", "d"),
+            ],
+        )
+    tb_keys = [c.key for c in CONTENDERS if c.family == "torchbucket"]
+    df_keys = [c.key for c in CONTENDERS if c.family == "dataflux"]
+    result["composites_left"] = sum(
+        summaries[d.key].get(k, {}).get("composites_left", 0) for d in sets for k in tb_keys
+    )
+    result["composites_left_dataflux"] = sum(
+        summaries[d.key].get(k, {}).get("composites_left", 0) for d in sets for k in df_keys
+    )
+    result["composites_left_in_buckets"] = sum(leftovers.values())
+    result["goals"] = {
+        "speedup_vs_dataflux_ge_4": all(result[f"speedup_vs_dataflux_{d.key}"] >= 4 for d in sets),
+        "speedup_vs_naive_ge_30": all(result[f"speedup_vs_naive_{d.key}"] >= 30 for d in sets),
+        "fraction_of_limit_ge_0_8": result["fraction_of_limit_10kib"] >= 0.8,
+        "zero_composites": result["composites_left"] == 0,
+        "client_cpu_le_0_3_ms": (result["client_cpu_ms_per_obj_10kib"] or math.inf) <= 0.3,
+    }
+    result.update(
+        mode=mode,
+        repeats=args.repeats,
+        datasets={d.key: {"count": d.count, "size": d.size} for d in sets},
+        naive_sample={d.key: min(d.naive_sample, d.count) for d in sets},
+        limit_concurrency=limit_concurrency(),
+        bytes_verified=True,
+    )
+    print(
+        f"\ncomposites left: torchbucket {result['composites_left']}, dataflux "
+        f"{result['composites_left_dataflux']}, in the buckets now "
+        f"{result['composites_left_in_buckets']}"
+    )
+    for d in sets:
+        print(
+            f"{d.label}: torchbucket's best ({result[f'best_torchbucket_{d.key}']}) is "
+            f"{result[f'speedup_vs_dataflux_{d.key}']}x dataflux's best "
+            f"({result[f'best_dataflux_{d.key}']}), {result[f'speedup_vs_naive_{d.key}']}x "
+            f"the plain Dataset, {result[f'fraction_of_limit_{d.key}']} of the bare loop"
+        )
+
+    keys = [c.key for c in CONTENDERS if any(summaries[d.key].get(c.key) for d in sets)]
+    labels = [next(c.label for c in CONTENDERS if c.key == k) for k in keys]
+
+    def values(ds: DataSet, field_name: str) -> list[float | None]:
+        return [summaries[ds.key].get(k, {}).get(field_name) for k in keys]
+
+    panels = []
+    for ds in sets:
+        panels.append(
+            h.Panel(f"Samples/s, {ds.label}", labels, values(ds, "samples_per_s"), "samples/s")
+        )
+    for ds in sets:
+        panels.append(
+            h.Panel(
+                f"Client CPU per object, {ds.label}",
+                labels,
+                values(ds, "client_cpu_ms_per_obj"),
+                "ms (all processes)",
+                goal=0.3 if ds.key == "10kib" else None,
+                goal_label="goal 0.3 ms" if ds.key == "10kib" else "",
+            )
+        )
+    png = h.bar_chart(
+        NAME,
+        panels,
+        ncols=2,
+        suptitle=f"One epoch, DataLoader(num_workers={NUM_WORKERS}, batch_size={BATCH_SIZE}), "
+        "same-region latency model",
+    )
+    path = h.write_json(
+        NAME,
+        {
+            "result": result,
+            "summary": summaries,
+            "figure": str(png.relative_to(h.ROOT)),
+            "contenders": {c.key: c.label for c in CONTENDERS},
+            "runs": all_runs,
+            "notes": [
+                "Listing is setup, outside the measured epoch.",
+                "Client CPU counts the contender's process and every DataLoader worker.",
+                "The plain Dataset reads a sample of the objects; its rate is per sample.",
+                f"The bare aiohttp loop keeps {limit_concurrency()} requests in flight "
+                "(torchbucket's iterable: workers x FetchConfig.prefetch).",
+            ],
+        },
+    )
+    print(f"wrote {path.relative_to(h.ROOT)} and {png.relative_to(h.ROOT)}")
+    h.emit_result(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
