@@ -66,7 +66,10 @@ async def _fetch_unit(
             return [await _read_verified(store, catalog.info(indices[0]))]
         except Exception as exc:  # handed to the consumer, raised there in order
             return [exc]
-    return await fetch_group(store, [catalog.info(i) for i in indices], compose)
+    try:
+        return await fetch_group(store, [catalog.info(i) for i in indices], compose)
+    except Exception as exc:  # the same: a prefetch window would otherwise wait forever
+        return [exc] * len(indices)
 
 
 async def fetch_batch(
