@@ -93,8 +93,21 @@ def write_figure(result: DemoResult, path: str) -> str:
     epochs = [r.epoch for r in result.history]
     figure = Figure(figsize=(10, 4), layout="constrained")
     loss_ax, rate_ax = figure.subplots(1, 2)
+    for r in result.history:  # every batch's loss, faint, at its fraction of the epoch
+        n = max(1, len(r.batch_losses))
+        loss_ax.plot(
+            [r.epoch - 1 + (i + 1) / n for i in range(len(r.batch_losses))],
+            r.batch_losses,
+            color="tab:red",
+            alpha=0.25,
+            linewidth=0.8,
+        )
     loss_ax.plot(
-        epochs, [r.loss for r in result.history], "o-", color="tab:red", label="train loss"
+        epochs,
+        [r.loss for r in result.history],
+        "o-",
+        color="tab:red",
+        label="train loss (epoch mean)",
     )
     loss_ax.set_xlabel("epoch")
     loss_ax.set_ylabel("train loss")
@@ -108,10 +121,12 @@ def write_figure(result: DemoResult, path: str) -> str:
     )
     acc_ax.set_ylabel("held-out accuracy")
     acc_ax.set_ylim(0, 1)
-    restart = result.resumed_from_epoch + 0.5
+    # On the left x is time in epochs (epoch k ends at k); on the right, bars.
+    restart = float(result.resumed_from_epoch)
+    loss_ax.axvline(restart, color="grey", linestyle=":", linewidth=1)
+    rate_ax.axvline(restart + 0.5, color="grey", linestyle=":", linewidth=1)
     for ax in (loss_ax, rate_ax):
-        ax.axvline(restart, color="grey", linestyle=":", linewidth=1)
-        ax.set_xticks(epochs)
+        ax.set_xticks(range(0 if ax is loss_ax else 1, epochs[-1] + 1))
     loss_ax.text(restart, loss_ax.get_ylim()[1], " restart", va="top", fontsize=8, color="grey")
     handles = loss_ax.get_legend_handles_labels()[0] + acc_ax.get_legend_handles_labels()[0]
     loss_ax.legend(handles=handles, loc="center right", fontsize=8)
