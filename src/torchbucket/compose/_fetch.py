@@ -100,12 +100,13 @@ async def _read_all(store: ObjectStore, infos: Sequence[ObjectInfo]) -> list[byt
 
 async def _compose_and_read(
     store: ObjectStore, name: str, infos: Sequence[ObjectInfo], config: ComposeConfig
-) -> tuple[bytes | None, bool]:
+) -> tuple[bytes | None, bool, int | None]:
     """Compose and read the composite.
 
     Returns:
-        The composite's bytes, or ``None`` to read the group directly; and
-        whether the composite may exist (and so must be deleted).
+        The composite's bytes, or ``None`` to read the group directly;
+        whether the composite may exist (and so must be deleted); and its
+        generation when known, which makes its delete safe to retry.
     """
     key = store.uri()
     try:
@@ -120,7 +121,7 @@ async def _compose_and_read(
             key,
             exc,
         )
-        return None, False
+        return None, False, None
     except (ThrottledError, DeadlineExceededError) as exc:
         _cooldown_until[key] = time.monotonic() + config.throttle_cooldown
         _warn_once(
@@ -130,7 +131,7 @@ async def _compose_and_read(
             exc,
             config.throttle_cooldown,
         )
-        return None, True
+        return None, True, None
     except PreconditionFailedError:
         # Either a source was rewritten (the generation pin), or an earlier
         # attempt of this very compose succeeded and its answer was lost (the
@@ -139,17 +140,17 @@ async def _compose_and_read(
         try:
             composite = await store.head(name)
         except NotFoundError:
-            return None, False
+            return None, False, None
     except NotFoundError:
-        return None, False  # a source is gone: the direct read names it
+        return None, False, None  # a source is gone: the direct read names it
     except StorageError as exc:
         logger.debug("compose %s failed (%s); reading its sources directly", store.uri(name), exc)
-        return None, True
+        return None, True, None
     try:
         data = await store.get(name, generation=composite.generation)
     except StorageError as exc:
         logger.debug("reading composite %s failed (%s)", store.uri(name), exc)
-        return None, True
+        return None, True, composite.generation
     if len(data) != sum(i.size for i in infos):
         logger.debug(
             "composite %s is %d bytes, its sources were listed with %d",
@@ -157,8 +158,8 @@ async def _compose_and_read(
             len(data),
             sum(i.size for i in infos),
         )
-        return None, True
-    return data, True
+        return None, True, composite.generation
+    return data, True, composite.generation
 
 
 def _split(data: bytes, infos: Sequence[ObjectInfo]) -> list[bytes | BaseException]:
@@ -193,11 +194,12 @@ async def fetch_group(
     register(store, name)
     data: bytes | None = None
     may_exist = True
+    generation: int | None = None
     try:
-        data, may_exist = await _compose_and_read(store, name, infos, config)
+        data, may_exist, generation = await _compose_and_read(store, name, infos, config)
     finally:
         if may_exist:
-            error = await delete_composite(store, name)
+            error = await delete_composite(store, name, generation)
             if isinstance(error, PermissionDeniedError):
                 _refused.add(store.uri())
                 _warn_once(

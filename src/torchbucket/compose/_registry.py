@@ -72,15 +72,23 @@ def unregister(store: ObjectStore, name: str) -> None:
         _in_flight.pop(store.uri(name), None)
 
 
-async def delete_composite(store: ObjectStore, name: str) -> StorageError | None:
+async def delete_composite(
+    store: ObjectStore, name: str, generation: int | None = None
+) -> StorageError | None:
     """Delete a composite and forget it; keep it registered if that failed.
+
+    Args:
+        store: Where the composite is.
+        name: Its name.
+        generation: Its generation, when known: a delete pinned to it is
+            retried on transient failures (one without is not, by the store).
 
     Returns:
         ``None`` when the composite is gone (deleted now, or already missing),
         else the error that kept it.
     """
     try:
-        await store.delete(name)
+        await store.delete(name, generation=generation)
     except NotFoundError:
         pass
     except StorageError as exc:
