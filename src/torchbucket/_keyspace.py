@@ -91,12 +91,15 @@ class Columns:
     from it which characters each position may hold.
     """
 
-    __slots__ = ("_cache", "_numeric", "_seen")
+    __slots__ = ("_cache", "_numeric", "_seen", "version")
 
     def __init__(self, suffixes: Iterable[str] = ()) -> None:
         self._seen: list[set[str]] = []
         self._cache: list[_Digits] | None = None
         self._numeric: frozenset[str] = frozenset()
+        #: Counts the changes: anything computed from the columns is stale
+        #: once it moves.
+        self.version = 0
         self.update(list(suffixes))
 
     def __len__(self) -> int:
@@ -118,8 +121,9 @@ class Columns:
             for s in suffixes:
                 for column, ch in zip(seen, s):
                     column.add(ch)
-        if self._cache is None or sum(len(c) for c in seen) != before:
+        if sum(len(c) for c in seen) != before:
             self._cache = None
+            self.version += 1
 
     def position(self, i: int) -> _Digits | None:
         """Sorted characters position ``i`` may hold and their digits, if ever seen."""

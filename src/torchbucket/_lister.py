@@ -42,14 +42,14 @@ logger = logging.getLogger(__name__)
 
 # A range is aimed at this fraction of a whole number of pages, so that its
 # last page is seldom a short one holding a handful of names.
-_PAGE_AIM = 0.85
+_PAGE_AIM = 0.9
 # Whole pages a lister keeps when its top range is cut (more as the listing
 # grows): fewer make more ranges, each with its own short last page.
-_MIN_KEEP = 2.0
+_MIN_KEEP = 3.0
 # Slow start: listers let in per well-filled page (2 triples them per round).
 _GROWTH = 2
-# Pages guessed at past the last name seen, at most this many times the pages
-# listed so far: past the end of the prefix a guess is an empty request.
+# Ranges not yet answered (guesses), at most this many per page listed so far:
+# past the end of the prefix a guess is an empty request.
 _SPECULATION = 2.0
 
 
@@ -83,7 +83,7 @@ class _Range:
     in_flight: bool = False
     done: bool = False
     born: int = -1
-    planned: float = 0.0
+    memo: tuple[object, tuple[float, str, float] | None] | None = None
 
 
 class _Job:
@@ -106,7 +106,8 @@ class _Job:
         self.limit = 1
         self.active = 0
         self.listed = 0
-        self.void = False  # a query to the end of the prefix found nothing
+        self.frontier = ""  # the greatest name seen so far
+        self.void = False  # a guess past the frontier found nothing
         self.dispatches = 0
         self.idle: list[asyncio.Future[_Range | None]] = []
         self.stats = ListingStats()
@@ -136,9 +137,10 @@ class _Job:
             past_end = self._take(r, page.objects)
             self._grow(len(page.objects))
             if past_end or page.next_page_token is None:
-                if query_end is None and r.cursor is None:
-                    # Nothing from here to the end of the prefix: whatever was
-                    # guessed to lie beyond is not there.
+                if r.cursor is None and r.start is not None and r.start > self.frontier:
+                    # A guess past every name seen found nothing: the names
+                    # probably end before it. Guess no further (ranges that have
+                    # listed something can still be cut).
                     self.void = True
                 r.done = True
                 self.active -= 1
@@ -175,6 +177,8 @@ class _Job:
             if r.first is None:
                 r.first = kept[0].name
             r.cursor = kept[-1].name
+            if self.frontier < r.cursor:
+                self.frontier = r.cursor
             if r.first != r.cursor:
                 r.sample = (r.first, r.cursor, len(r.objects))
             # A sample is enough to learn which characters each position holds.
@@ -191,26 +195,56 @@ class _Job:
         per_lister = self.listed / self.page_size / self.parallelism
         return max(_MIN_KEEP, float(int(per_lister))) - (1.0 - _PAGE_AIM)
 
-    def _may_speculate(self) -> bool:
-        if self.void:
-            return False
-        ahead = sum(r.planned for r in self.ranges if r.cursor is None and not r.done)
-        return ahead + self._top_pages() <= _SPECULATION * self.listed / self.page_size
+    def _guesses_allowed(self) -> tuple[bool, bool]:
+        """Whether one more guess is affordable: (cutting the top, cutting a bounded range).
+
+        A new range is a guess until its first page answers: it may lie past
+        the last name (a top range cut ahead of its lister) or in a stretch
+        the estimate got wrong. Guesses in flight are kept below a multiple of
+        the pages listed so far (less one page for cutting bounded ranges, so
+        that a prefix of two pages is not cut three ways), so a small prefix
+        costs a request or two more than a sequential listing, not a lister's
+        worth.
+        """
+        guesses = sum(1 for r in self.ranges if r.cursor is None and not r.done)
+        pages = self.listed / self.page_size
+        return (
+            guesses < max(1.0, _SPECULATION * pages),
+            guesses < _SPECULATION * (pages - 1.0),
+        )
 
     def _plan(self, r: _Range) -> tuple[float, str, float] | None:
         """How much work ``r`` has left (in pages) and where to cut it, if it can be."""
         if r.done or r.sample is None:
             return None
-        if r.cursor is None and (r.end is not None or not self._may_speculate()):
+        if r.cursor is None and (r.end is not None or self.void):
             # Nothing listed here yet. A top range that has not answered yet may
-            # still be cut (the listers need not wait a round trip for it), but
-            # only while the pages guessed at beyond the last name seen stay
-            # fewer than those listed: past the last name every cut is an
-            # empty request.
+            # still be cut (the listers need not wait a round trip for it),
+            # unless a guess past every name seen has come back empty: past the
+            # last name every cut is an empty request.
             return None
+        # Estimates are worked out again only when something they rest on moved.
+        memo_key = (
+            r.cursor,
+            r.end,
+            r.in_flight,
+            r.sample,
+            self.columns.version,
+            self._top_pages() if r.end is None else 0.0,
+        )
+        if r.memo is not None and r.memo[0] == memo_key:
+            return r.memo[1]
+        plan = self._estimate(r)
+        r.memo = (memo_key, plan)
+        return plan
+
+    def _estimate(self, r: _Range) -> tuple[float, str, float] | None:
+        assert r.sample is not None
         a, b, seen = r.sample
         low = r.cursor if r.cursor is not None else r.start
         keys = [a, b] + [k for k in (low, r.end) if k is not None]
+        if r.end is None and self.frontier:
+            keys.append(self.frontier)
         scale = KeyScale(
             keys, prefix=self.prefix, columns=self.columns, strip_common=r.end is not None
         )
@@ -226,6 +260,12 @@ class _Job:
         if r.end is None:
             keep = self._top_pages()
             target = pos + round(keep * 1000) * page_num // (page_den * 1000)
+            # Guess no further past the last name seen than pages have been
+            # listed so far (doubling, as in an exponential search).
+            seen_to = scale.value(self.frontier) if self.frontier else 0
+            ahead = (target - seen_to) * page_den / page_num
+            if ahead > max(keep + 1.0, _SPECULATION * self.listed / self.page_size):
+                return None
             if target < end:
                 cut = scale.key_between(target, low, None)
                 return None if cut is None else (2 * keep, cut, keep)
@@ -241,19 +281,18 @@ class _Job:
         return None if cut is None else (pages_left, cut, pages_left / 2)
 
     def _steal(self) -> _Range | None:
+        top_ok, bounded_ok = self._guesses_allowed()
         best: tuple[tuple[float, str, float], _Range] | None = None
         for r in self.ranges:
+            if not (top_ok if r.end is None else bounded_ok):
+                continue
             plan = self._plan(r)
             if plan is not None and (best is None or plan[0] > best[0][0]):
                 best = (plan, r)
         if best is None:
             return None
-        (_, cut, planned), victim = best
+        (_, cut, _), victim = best
         thief = _Range(start=cut, end=victim.end, sample=victim.sample, born=self.dispatches)
-        # Pages guessed to lie in each part, for ranges that have not answered.
-        thief.planned = planned
-        if victim.cursor is None:
-            victim.planned = planned
         victim.end = cut
         self.ranges.append(thief)
         self.stats.steals += 1

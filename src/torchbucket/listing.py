@@ -68,10 +68,11 @@ class ListingConfig:
     """How a prefix is listed.
 
     Attributes:
-        parallelism: Most page requests in flight at once. Default 16: enough to
-            hide a cloud's 50-100 ms per page (100k objects in well under a
-            second) without being a burst a bucket notices. Listers start at one
-            and grow as pages come back full.
+        parallelism: Most page requests in flight at once. Default 32: enough to
+            hide a cloud's 50-100 ms per page (100k objects in about half a
+            second) while staying a small fraction of what a bucket serves
+            (about 500 list calls/s at 60 ms a page). Listers start at one and
+            grow as pages come back full, so a small prefix never sees 32.
         page_size: Objects asked for per page. Default 1000, the most GCS
             returns.
         include_hidden: Also list torchbucket's temporary composites
@@ -101,7 +102,7 @@ class ListingConfig:
             listed again, or ``None`` for no limit. Default ``None``.
     """
 
-    parallelism: int = 16
+    parallelism: int = 32
     page_size: int = 1000
     include_hidden: bool = False
     include_folders: bool = False
@@ -146,20 +147,39 @@ class ListingConfig:
         }
 
 
-def _keep(obj: ObjectInfo, config: ListingConfig) -> bool:
-    name = obj.name
-    if not config.include_folders and name.endswith("/"):
-        return False
-    if not config.include_hidden:
-        if name.startswith(HIDDEN_PREFIXES):
-            return False
-        if any(mark in name for mark in _LOCAL_STAGING_MARKS) and any(
-            part.startswith(".") and any(mark in part for mark in _LOCAL_STAGING_MARKS)
-            for part in name.split("/")
+def _is_staging(name: str) -> bool:
+    return any(
+        part.startswith(".") and any(mark in part for mark in _LOCAL_STAGING_MARKS)
+        for part in name.split("/")
+    )
+
+
+def _filter(objects: list[ObjectInfo], config: ListingConfig) -> list[ObjectInfo]:
+    """The objects the configuration keeps (one pass; it runs over every name)."""
+    folders, hidden, classes = config.include_folders, config.include_hidden, config.storage_classes
+    if classes is None:
+        # Usually nothing is left out: find that out with a few scans in C
+        # instead of a Python test per name.
+        text = "\n" + "\n".join(o.name for o in objects) + "\n"
+        drop_folders = not folders and "/\n" in text
+        drop_hidden = not hidden and (
+            ".tb" in text or any("\n" + p in text for p in HIDDEN_PREFIXES)
+        )
+        if not drop_folders and not drop_hidden:
+            return objects
+    out = []
+    for obj in objects:
+        name = obj.name
+        if not folders and name.endswith("/"):
+            continue
+        if not hidden and (
+            name.startswith(HIDDEN_PREFIXES) or (".tb" in name and _is_staging(name))
         ):
-            return False
-    classes = config.storage_classes
-    return classes is None or obj.storage_class is None or obj.storage_class in classes
+            continue
+        if classes is not None and obj.storage_class not in classes | {None}:
+            continue
+        out.append(obj)
+    return out
 
 
 def _world() -> tuple[int, int]:
@@ -244,7 +264,7 @@ async def _list_here(
     finally:
         if owned is not None:
             owned.close()
-    kept = [o for o in objects if _keep(o, config)]
+    kept = _filter(objects, config)
     if manifest is not None:
         kept = [o for o in kept if not manifest.is_object(store, o.name)]
         await manifest.write(uri, filters, kept)

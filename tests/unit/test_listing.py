@@ -432,7 +432,7 @@ def test_bad_config_is_refused(kwargs: dict[str, Any]) -> None:
 
 def test_config_defaults() -> None:
     config = ListingConfig()
-    assert config.parallelism == 16 and config.page_size == 1000
+    assert config.parallelism == 32 and config.page_size == 1000
     assert config.storage_classes is None and config.progress == "auto"
     assert not config.include_hidden and config.cache is None
 

@@ -1,0 +1,272 @@
+"""Benchmark: listing a prefix, torchbucket against dataflux and a sequential list.
+
+Against the emulator's model store behind the same-region latency model (a
+list page costs about 60 ms and holds at most 1,000 entries), side by side in
+one run, each contender in its own process:
+
+- ``torchbucket``: ``alist_objects`` (parallel key ranges, work stealing), in
+  this interpreter (``.venv``);
+- ``dataflux-N``: ``gcs-torch-dataflux`` 1.4.0's ``ListingController`` with
+  ``max_parallelism`` N, at its default on this machine (``os.cpu_count()``,
+  what its datasets pass) and at 8; in ``.venv-bench``;
+- ``sequential``: ``google-cloud-storage``'s ``list_blobs``, page after page;
+  in ``.venv-bench``.
+
+Sizes 1,000 and 100,000 objects; names sequential (``img/000000.jpg``) and
+hashed (``img/<16 hex>.jpg``). Each figure is the median of a few repeats, run
+round-robin so that drift hits every contender alike. List calls and the
+emulator's own CPU come from the emulator's counters over each measured phase.
+
+    python benchmarks/listing.py --quick
+
+The last line is ``RESULT {json}``: ``speedup_vs_dataflux_100k`` and
+``speedup_vs_sequential_100k`` (the worse of the two name distributions,
+against dataflux's faster setting), ``ratio_to_sequential_1k`` (torchbucket's
+time over the sequential list's, the worse distribution), and
+``list_calls_torchbucket_100k`` / ``list_calls_sequential_100k`` (the larger
+distribution's).
+
+Run with a JSON spec as its only argument, this file is the contender itself
+(that is how the driver starts each one, in the right interpreter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "_contenders"))
+
+PREFIX = "img/"
+SIZES = (1_000, 100_000)
+DISTRIBUTIONS = ("sequential", "hashed")
+
+
+def object_names(distribution: str, count: int) -> list[str]:
+    """The names of one case, as the issue describes them."""
+    if distribution == "sequential":
+        return [f"{PREFIX}{i:06d}.jpg" for i in range(count)]
+    return [
+        f"{PREFIX}{hashlib.blake2b(str(i).encode(), digest_size=8).hexdigest()}.jpg"
+        for i in range(count)
+    ]
+
+
+# ------------------------------------------------------------------ contenders
+
+
+def _contender_torchbucket(spec: dict[str, Any]) -> tuple[Any, list[str]]:
+    from torchbucket import runtime
+    from torchbucket.listing import ListingConfig, alist_objects
+    from torchbucket.storage.gcs import GCSConfig, GCSStore
+
+    store = GCSStore(spec["bucket"], config=GCSConfig(endpoint=spec["endpoint"], anonymous=True))
+    config = ListingConfig(progress=False, **spec.get("options", {}))
+    with _phase(spec) as phase:
+        objects = runtime.run(alist_objects(store, spec["prefix"], config=config))
+    runtime.run(store.close())
+    return phase, [o.name for o in objects]
+
+
+def _contender_dataflux(spec: dict[str, Any]) -> tuple[Any, list[str]]:
+    from dataflux_core.fast_list import ListingController
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    os.environ["STORAGE_EMULATOR_HOST"] = spec["endpoint"]
+    with _phase(spec) as phase:
+        lister = ListingController(
+            max_parallelism=int(spec["parallelism"]),
+            project="test",
+            bucket=spec["bucket"],
+            sort_results=True,  # what a DDP job needs; unsorted differs per rank
+            prefix=spec["prefix"],
+        )
+        lister.client = storage.Client(project="test", credentials=AnonymousCredentials())
+        listed = lister.run()
+    return phase, [name for name, _size in listed]
+
+
+def _contender_sequential(spec: dict[str, Any]) -> tuple[Any, list[str]]:
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    os.environ["STORAGE_EMULATOR_HOST"] = spec["endpoint"]
+    client = storage.Client(project="test", credentials=AnonymousCredentials())
+    with _phase(spec) as phase:
+        names = [blob.name for blob in client.list_blobs(spec["bucket"], prefix=spec["prefix"])]
+    return phase, names
+
+
+def _phase(spec: dict[str, Any]) -> Any:
+    from _common import Phase
+
+    return Phase(spec["endpoint"])
+
+
+def contender_main(spec: dict[str, Any]) -> None:
+    """Run one contender on one case and print its ``CONTENDER`` line."""
+    from _common import emit
+
+    kind = spec["contender"]
+    run = {
+        "torchbucket": _contender_torchbucket,
+        "dataflux": _contender_dataflux,
+        "sequential": _contender_sequential,
+    }[kind]
+    phase, names = run(spec)
+    expected = object_names(spec["distribution"], spec["count"])
+    if sorted(names) != sorted(expected):
+        raise SystemExit(f"{kind} listed {len(names)} names, not the {len(expected)} expected")
+    if kind != "dataflux" and names != sorted(expected):
+        raise SystemExit(f"{kind} listed the names out of order")
+    result = phase.result()
+    result["objects"] = len(names)
+    result["list_calls"] = int((result.get("server") or {}).get("by_op", {}).get("list", 0))
+    emit(result)
+
+
+# ---------------------------------------------------------------------- driver
+
+
+def main() -> None:
+    import _harness as h
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 repeats instead of 5")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
+    args = parser.parse_args()
+    repeats = args.repeats or (3 if args.quick else 5)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    bench = h.bench_python()
+    cpus = os.cpu_count() or 1
+
+    contenders: list[tuple[str, str | None, dict[str, Any]]] = [
+        ("torchbucket", None, {"contender": "torchbucket"}),
+    ]
+    if bench is None:
+        print("no .venv-bench (benchmarks/setup_bench_env.sh): dataflux and sequential skipped")
+    else:
+        # Its default (os.cpu_count(), what its datasets pass) and 8.
+        for parallelism in sorted({cpus, 8}):
+            contenders.append(
+                (
+                    f"dataflux-{parallelism}",
+                    bench,
+                    {"contender": "dataflux", "parallelism": parallelism},
+                )
+            )
+        contenders.append(("sequential", bench, {"contender": "sequential"}))
+
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    with h.emulator(latency="same-region") as emu:
+        for distribution in DISTRIBUTIONS:
+            for count in sizes:
+                case = f"{distribution}-{count}"
+                bucket = f"list-{distribution}-{count}"
+                emu.create_bucket(bucket)
+                emu.seed(bucket, ((n, b"x") for n in object_names(distribution, count)))
+                runs: dict[str, list[Any]] = {name: [] for name, _, _ in contenders}
+                for _ in range(repeats):
+                    for name, python, extra in contenders:
+                        spec = {
+                            **extra,
+                            "endpoint": emu.endpoint,
+                            "bucket": bucket,
+                            "prefix": PREFIX,
+                            "count": count,
+                            "distribution": distribution,
+                        }
+                        runs[name].append(
+                            h.run_contender(
+                                f"listing-{case}-{name}",
+                                Path(__file__).resolve(),
+                                spec,
+                                python=python,
+                                env={"STORAGE_EMULATOR_HOST": emu.endpoint},
+                                timeout=600,
+                            )
+                        )
+                results[case] = {name: h.medians(r) for name, r in runs.items() if r}
+
+    rows = []
+    for case, by_name in results.items():
+        base = by_name["torchbucket"]["data.wall_s"]
+        for name, med in by_name.items():
+            rows.append(
+                {
+                    "case": case,
+                    "contender": name,
+                    "wall_s": med["data.wall_s"],
+                    "vs_tb": h.ratio(med["data.wall_s"], base),
+                    "list_calls": med.get("data.list_calls", float("nan")),
+                    "cpu_s": med.get("data.cpu_s", float("nan")),
+                    "server_cpu_s": med.get("data.server.cpu_s", float("nan")),
+                }
+            )
+    h.print_table(
+        f"Listing {PREFIX} on the emulator (same-region latency), median of {repeats}",
+        rows,
+        [
+            ("case", "case", "s"),
+            ("contender", "contender", "s"),
+            ("wall_s", "time s", ".3f"),
+            ("vs_tb", "x torchbucket", ".2f"),
+            ("list_calls", "list calls", ".0f"),
+            ("cpu_s", "client CPU s", ".2f"),
+            ("server_cpu_s", "server CPU s", ".2f"),
+        ],
+    )
+
+    def wall(case: str, name: str) -> float:
+        return results.get(case, {}).get(name, {}).get("data.wall_s", float("nan"))
+
+    def calls(case: str, name: str) -> float:
+        return results.get(case, {}).get(name, {}).get("data.list_calls", float("nan"))
+
+    big, small = max(sizes), min(sizes)
+    dataflux_names = [name for name, _, _ in contenders if name.startswith("dataflux")]
+    vs_dataflux, vs_sequential, ratio_small = [], [], []
+    for distribution in DISTRIBUTIONS:
+        tb = wall(f"{distribution}-{big}", "torchbucket")
+        fastest_dataflux = min(
+            (wall(f"{distribution}-{big}", n) for n in dataflux_names), default=float("nan")
+        )
+        vs_dataflux.append(h.ratio(fastest_dataflux, tb))
+        vs_sequential.append(h.ratio(wall(f"{distribution}-{big}", "sequential"), tb))
+        ratio_small.append(
+            h.ratio(
+                wall(f"{distribution}-{small}", "torchbucket"),
+                wall(f"{distribution}-{small}", "sequential"),
+            )
+        )
+    suffix = f"{big // 1000}k"
+    payload = {
+        f"speedup_vs_dataflux_{suffix}": min(vs_dataflux),
+        f"speedup_vs_sequential_{suffix}": min(vs_sequential),
+        f"ratio_to_sequential_{small // 1000}k": max(ratio_small),
+        f"list_calls_torchbucket_{suffix}": max(
+            calls(f"{d}-{big}", "torchbucket") for d in DISTRIBUTIONS
+        ),
+        f"list_calls_sequential_{suffix}": max(
+            calls(f"{d}-{big}", "sequential") for d in DISTRIBUTIONS
+        ),
+    }
+    h.write_json("listing", {"repeats": repeats, "results": results, "summary": payload})
+    h.emit_result(payload)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 2 and sys.argv[1][:1] in ("{", "@"):
+        from _common import load_spec
+
+        contender_main(load_spec())
+    else:
+        main()
