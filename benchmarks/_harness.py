@@ -19,7 +19,8 @@ alone), takes medians over repeats, prints a table, writes
 
 API (kept stable; other benchmarks import it):
 
-- ``ROOT``, ``OUTPUT_DIR``, ``CONTENDERS_DIR``: paths.
+- ``ROOT``, ``OUTPUT_DIR`` (``bench-output/``, or ``$TORCHBUCKET_BENCH_OUTPUT``),
+  ``CONTENDERS_DIR``: paths.
 - ``bench_python()``: the contenders' interpreter (``.venv-bench``, or
   ``$TORCHBUCKET_BENCH_PYTHON``), ``None`` when missing.
 - ``emulator(latency=..., **kwargs)``: a started ``Emulator`` (model store).
@@ -30,7 +31,7 @@ API (kept stable; other benchmarks import it):
   and returns a :class:`ContenderRun`; see ``_contenders/_common.py`` for the
   contender side (``Phase``, ``Verifier``, ``emit``).
 - ``repeat(n, fn)``, ``median(values)``, ``medians(runs)``, ``ratio(a, b)``.
-- ``machine_info()``, ``print_table(...)``, ``write_json(name, payload)``,
+- ``machine_info()``, ``print_table(...)``, ``write_json(name, payload)``, ``rel(path)``,
   ``bar_chart(name, panels)``, ``emit_result(payload)``.
 """
 
@@ -57,7 +58,8 @@ from typing import Any, TypeVar
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = ROOT / "benchmarks"
 CONTENDERS_DIR = BENCH_DIR / "_contenders"
-OUTPUT_DIR = ROOT / "bench-output"
+# $TORCHBUCKET_BENCH_OUTPUT moves every output (a smoke test writes to a temporary folder).
+OUTPUT_DIR = Path(os.environ.get("TORCHBUCKET_BENCH_OUTPUT") or ROOT / "bench-output")
 LOG_DIR = OUTPUT_DIR / "logs"
 DEFAULT_BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 
@@ -79,6 +81,7 @@ __all__ = [
     "medians",
     "print_table",
     "ratio",
+    "rel",
     "repeat",
     "run_contender",
     "seed",
@@ -503,10 +506,14 @@ def write_json(name: str, payload: Mapping[str, Any]) -> Path:
     return path
 
 
-def _rel(arg: str) -> str:
+def rel(path: str | os.PathLike[str]) -> str:
+    """``path`` relative to the repository root where it lies inside it, else as given."""
     with contextlib.suppress(ValueError):
-        return str(Path(arg).resolve().relative_to(ROOT))
-    return arg
+        return str(Path(path).resolve().relative_to(ROOT))
+    return str(path)
+
+
+_rel = rel
 
 
 def emit_result(payload: Mapping[str, Any]) -> None:

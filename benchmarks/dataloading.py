@@ -169,12 +169,15 @@ def run_one(
     server = d["server"]
     return {
         "samples_per_s": objects / d["wall_s"],
+        "steady_samples_per_s": d.get("steady_samples_per_s") or math.nan,
+        "first_batch_s": d.get("first_batch_s", math.nan),
         "objects": objects,
         "wall_s": d["wall_s"],
         "class_a": server["class_a"],
         "class_b": server["class_b"],
         "requests_per_obj": (server["class_a"] + server["class_b"]) / objects,
         "client_cpu_ms_per_obj": d["cpu_s"] / objects * 1e3,
+        "workers_cpu_ms_per_obj": d.get("cpu_children_s", math.nan) / objects * 1e3,
         "server_cpu_ms_per_obj": server["cpu_s"] / objects * 1e3,
         "server_cpu_s": server["cpu_s"],
         "peak_rss_worker_mb": run.peak_rss_worker_mb,
@@ -274,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             [
                 ("contender", "contender", "s"),
                 ("samples_per_s", "samples/s", ",.0f"),
+                ("steady_samples_per_s", "after 1st batch", ",.0f"),
                 ("class_a", "class A", ",.0f"),
                 ("class_b", "class B", ",.0f"),
                 ("client_cpu_ms_per_obj", "client CPU ms/obj", ".3f"),
@@ -353,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "result": result,
             "summary": summaries,
-            "figure": str(png.relative_to(h.ROOT)),
+            "figure": h.rel(png),
             "contenders": {c.key: c.label for c in CONTENDERS},
             "runs": all_runs,
             "notes": [
@@ -365,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             ],
         },
     )
-    print(f"wrote {path.relative_to(h.ROOT)} and {png.relative_to(h.ROOT)}")
+    print(f"wrote {h.rel(path)} and {h.rel(png)}")
     h.emit_result(result)
     return 0
 

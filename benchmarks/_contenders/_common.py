@@ -173,10 +173,15 @@ def reset_server_stats(endpoint: str) -> None:
     _admin(endpoint, "POST", "stats/reset")
 
 
-def _cpu() -> tuple[float, float]:
+def _cpu() -> tuple[float, float, float]:
+    """User and system CPU of this process and its reaped children, and the children's share."""
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + kids.ru_utime, me.ru_stime + kids.ru_stime
+    return (
+        me.ru_utime + kids.ru_utime,
+        me.ru_stime + kids.ru_stime,
+        kids.ru_utime + kids.ru_stime,
+    )
 
 
 class Phase:
@@ -194,8 +199,9 @@ class Phase:
         self.wall_s = 0.0
         self.cpu_user_s = 0.0
         self.cpu_sys_s = 0.0
+        self.cpu_children_s = 0.0
         self._t0 = 0.0
-        self._c0 = (0.0, 0.0)
+        self._c0 = (0.0, 0.0, 0.0)
 
     def __enter__(self) -> Phase:
         if self.endpoint is not None:
@@ -212,9 +218,10 @@ class Phase:
         tb: TracebackType | None,
     ) -> None:
         self.wall_s = time.perf_counter() - self._t0
-        user, system = _cpu()
+        user, system, children = _cpu()
         self.cpu_user_s = user - self._c0[0]
         self.cpu_sys_s = system - self._c0[1]
+        self.cpu_children_s = children - self._c0[2]
         if exc_type is None and self.endpoint is not None:
             self.server = server_stats(self.endpoint)
 
@@ -225,6 +232,7 @@ class Phase:
             "cpu_s": self.cpu_user_s + self.cpu_sys_s,
             "cpu_user_s": self.cpu_user_s,
             "cpu_sys_s": self.cpu_sys_s,
+            "cpu_children_s": self.cpu_children_s,
             "server": self.server,
             "setup_server": self.setup_server,
         }
@@ -263,17 +271,39 @@ class WorkerPids:
             return [int(line) for line in f if line.strip()]
 
 
-def run_epoch(loader: Iterable[Any], verifier: Verifier, *, names_known: bool = False) -> int:
-    """Iterate one epoch of ``loader``, checking every sample; return batches.
+def run_epoch(
+    loader: Iterable[Any], verifier: Verifier, *, names_known: bool = False
+) -> dict[str, Any]:
+    """Iterate one epoch of ``loader``, checking every sample.
 
     Samples are bodies, or ``(name, body)`` pairs when ``names_known``.
+
+    Returns:
+        ``batches``; ``first_batch_s`` (from the call to the first batch:
+        worker start-up and the first round trips); ``steady_samples_per_s``
+        (samples after the first batch over the time from the first batch to
+        the last).
     """
     batches = 0
+    t0 = time.perf_counter()
+    t_first = t_last = t0
+    first_len = 0
+    total = 0
     for batch in loader:
+        t_last = time.perf_counter()
+        if batches == 0:
+            t_first = t_last
+            first_len = len(batch)
         batches += 1
+        total += len(batch)
         for sample in batch:
             if names_known:
                 verifier.check(sample[1], sample[0])
             else:
                 verifier.check(sample)
-    return batches
+    span = t_last - t_first
+    return {
+        "batches": batches,
+        "first_batch_s": t_first - t0,
+        "steady_samples_per_s": (total - first_len) / span if span > 0 else None,
+    }

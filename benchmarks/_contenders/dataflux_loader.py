@@ -64,14 +64,14 @@ def main() -> None:
             collate_fn=identity_collate,
             worker_init_fn=pids,
         )
-        batches = run_epoch(loader, verifier)
+        epoch = run_epoch(loader, verifier)
         del loader
     emit(
         {
             **phase.result(),
             "objects": verifier.finish(),
             "bytes": verifier.bytes,
-            "batches": batches,
+            **epoch,
             "worker_pids": pids.pids(),
         }
     )

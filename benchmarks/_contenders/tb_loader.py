@@ -51,14 +51,14 @@ def main() -> None:
             collate_fn=identity_collate,
             worker_init_fn=pids,
         )
-        batches = run_epoch(loader, verifier)
+        epoch = run_epoch(loader, verifier)
         del loader
     emit(
         {
             **phase.result(),
             "objects": verifier.finish(),
             "bytes": verifier.bytes,
-            "batches": batches,
+            **epoch,
             "worker_pids": pids.pids(),
             "in_flight_per_worker": concurrency,
         }

@@ -3,17 +3,19 @@
 The same driver as ``aiohttp_loop.py`` (``concurrency`` coroutines sharing one
 iterator of names), run through ``runtime.run`` on torchbucket's loop, each
 coroutine awaiting ``store.get(name)``: retries, the adaptive limiter, CRC32C
-verification and error mapping included. The store is made inside the phase
-(its session opens on the first request), as the bare loop's session is.
+verification and error mapping included. With ``warmup`` > 0 that many
+objects are fetched first through the same store, outside the phase (the
+loop, the session and its connections are then up, as in a long-running job);
+without, the store is made inside the phase.
 
 Spec: ``endpoint``, ``bucket``, ``prefix``, ``count``, ``size``, ``seed``,
-``concurrency``, ``verify`` (``"inline"`` or ``"after"``).
+``concurrency``, ``verify`` (``"inline"`` or ``"after"``), ``warmup`` (0).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Iterator
 
 from _common import Phase, Verifier, emit, generated_names, load_spec
 
@@ -22,38 +24,56 @@ from torchbucket.config import ConcurrencyConfig
 from torchbucket.storage.gcs import GCSConfig, GCSStore
 
 
-async def fetch_all(spec: dict[str, Any], verifier: Verifier) -> dict[str, bytes]:
-    concurrency = int(spec["concurrency"])
-    config = GCSConfig(
-        endpoint=spec["endpoint"],
-        concurrency=ConcurrencyConfig(initial=max(concurrency, 4), maximum=max(concurrency, 512)),
-    )
-    store = GCSStore(spec["bucket"], config=config)
-    names = iter(generated_names(spec["prefix"], spec["count"]))
-    inline = spec.get("verify", "inline") == "inline"
-    kept: dict[str, bytes] = {}
+async def fetch(
+    store: GCSStore,
+    names: Iterator[str],
+    concurrency: int,
+    verifier: Verifier | None,
+    kept: dict[str, bytes],
+) -> None:
+    """``store.get`` every name with ``concurrency`` coroutines; check or keep each body."""
 
     async def worker() -> None:
         for name in names:
             body = await store.get(name)
-            if inline:
+            if verifier is not None:
                 verifier.check(body, name)
             else:
                 kept[name] = body
 
-    try:
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    finally:
-        await store.close()
-    return kept
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
 def main() -> None:
     spec = load_spec()
     names = generated_names(spec["prefix"], spec["count"])
     verifier = Verifier(names, spec["size"], spec.get("seed", 0))
-    with Phase(spec["endpoint"]) as phase:
-        kept = runtime.run(fetch_all(spec, verifier))
+    concurrency = int(spec["concurrency"])
+    inline = spec.get("verify", "inline") == "inline"
+    warmup = min(int(spec.get("warmup", 0)), len(names))
+    kept: dict[str, bytes] = {}
+    config = GCSConfig(
+        endpoint=spec["endpoint"],
+        concurrency=ConcurrencyConfig(initial=max(concurrency, 4), maximum=max(concurrency, 512)),
+    )
+    check = verifier if inline else None
+
+    async def measure_all() -> None:
+        store = GCSStore(spec["bucket"], config=config)
+        try:
+            await fetch(store, iter(names), concurrency, check, kept)
+        finally:
+            await store.close()
+
+    if warmup:
+        store = GCSStore(spec["bucket"], config=config)
+        runtime.run(fetch(store, iter(names[:warmup]), concurrency, None, {}))
+        with Phase(spec["endpoint"]) as phase:
+            runtime.run(fetch(store, iter(names), concurrency, check, kept))
+        runtime.run(store.close())
+    else:
+        with Phase(spec["endpoint"]) as phase:
+            runtime.run(measure_all())
     for name, body in kept.items():
         verifier.check(body, name)
     emit({**phase.result(), "objects": verifier.finish(), "bytes": verifier.bytes})

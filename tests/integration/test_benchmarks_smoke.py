@@ -1,0 +1,63 @@
+"""The benchmarks' code paths run end to end at tiny sizes (no assertion on speed).
+
+Each benchmark runs with ``--smoke`` against its own emulator, writing into a
+temporary folder: it must verify every byte, write its JSON and figure, and
+end with the ``RESULT`` line its issue names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.emulator, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_benchmark(name: str, tmp_path: Path, *args: str) -> dict[str, Any]:
+    env = dict(os.environ, TORCHBUCKET_BENCH_OUTPUT=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--smoke", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("RESULT "), proc.stdout[-2000:]
+    result: dict[str, Any] = json.loads(last[len("RESULT ") :])
+    doc = json.loads((tmp_path / f"{name}.json").read_text())
+    assert doc["result"] == result
+    assert (tmp_path / f"{name}.png").stat().st_size > 0
+    return result
+
+
+def test_transport_smoke_reports_cpu_per_object(tmp_path: Path) -> None:
+    result = run_benchmark("transport", tmp_path)
+    assert result["bytes_verified"] is True
+    assert result["cpu_us_per_obj_torchbucket"] > 0
+    assert result["cpu_us_per_obj_aiohttp"] > 0
+    assert "cpu_us_per_obj_gcs_client" in result  # null without .venv-bench
+
+
+def test_dataloading_smoke_reports_the_issue_keys(tmp_path: Path) -> None:
+    result = run_benchmark("dataloading", tmp_path, "--only", "tb_iter_compose,tb_map,aiohttp")
+    assert result["bytes_verified"] is True
+    assert result["composites_left"] == 0
+    assert result["fraction_of_limit_10kib"] > 0
+    assert result["client_cpu_ms_per_obj_10kib"] > 0
+    for key in (
+        "speedup_vs_dataflux_100kib",
+        "speedup_vs_dataflux_10kib",
+        "speedup_vs_naive_10kib",
+    ):
+        assert key in result  # null when those contenders were not run
