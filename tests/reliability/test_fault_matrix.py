@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+from collections.abc import Callable
 
 import pytest
 from _workloads import (
@@ -228,17 +229,39 @@ def uri_of(bucket: Bucket, op: str) -> str:
     return bucket.uri(CKPT_KEY)
 
 
-@pytest.mark.parametrize(("op", "kind", "mode"), CASES)
-def test_fault(model_bucket: Bucket, op: str, kind: str, mode: str) -> None:
-    outcome, detail = run_case(model_bucket, op, kind, mode)
+def check_case(bucket: Bucket, op: str, kind: str, mode: str) -> None:
+    outcome, detail = run_case(bucket, op, kind, mode)
     if outcome == "error":
         assert isinstance(detail, StorageError)
-        assert uri_of(model_bucket, op) in str(detail)
+        assert uri_of(bucket, op) in str(detail)
         if mode == "past_deadline" and op not in _NOT_RETRIED and kind != "corrupt":
             assert isinstance(detail, DeadlineExceededError)
     assert outcome == expected(op, kind, mode), f"{outcome}: {detail!r}"
-    assert model_bucket.composites() == []
-    assert model_bucket.incomplete_uploads() == []
+    assert bucket.composites() == []
+    assert bucket.incomplete_uploads() == []
+
+
+@pytest.mark.parametrize(("op", "kind", "mode"), CASES)
+def test_fault(model_bucket: Bucket, op: str, kind: str, mode: str) -> None:
+    check_case(model_bucket, op, kind, mode)
+
+
+#: On fake-gcs-server (the fidelity reference, slow): every operation with a
+#: status fault repeated and a body fault once, and stalls past the deadline
+#: on a read and a part.
+FAKE_GCS_CASES = [
+    *(_case(op, "503", "repeated") for op in OPS),
+    *(_case(op, "truncate", "once") for op in OPS),
+    _case("get", "stall", "past_deadline"),
+    _case("mpu_part", "stall", "past_deadline"),
+]
+
+
+@pytest.mark.parametrize(("op", "kind", "mode"), FAKE_GCS_CASES)
+def test_fault_on_fake_gcs(
+    fake_gcs: Emulator, make_bucket: Callable[[Emulator], Bucket], op: str, kind: str, mode: str
+) -> None:
+    check_case(make_bucket(fake_gcs), op, kind, mode)
 
 
 def test_an_unexpected_error_in_a_compose_group_reaches_the_epoch(
