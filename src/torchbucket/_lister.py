@@ -48,9 +48,12 @@ _PAGE_AIM = 0.9
 _MIN_KEEP = 3.0
 # Slow start: listers let in per well-filled page (2 triples them per round).
 _GROWTH = 2
-# Ranges not yet answered (guesses), at most this many per page listed so far:
-# past the end of the prefix a guess is an empty request.
+# A top range is cut at most this many pages (times the pages listed so far)
+# past the last name seen: past the end of the prefix a guess is an empty
+# request. Measured on the emulator: 1.5 lists slower, 3 wastes more requests.
 _SPECULATION = 2.0
+# Ranges not yet answered (guesses), at most this many per page listed so far.
+_GUESSES = 2.0
 
 
 @dataclass
@@ -209,8 +212,8 @@ class _Job:
         guesses = sum(1 for r in self.ranges if r.cursor is None and not r.done)
         pages = self.listed / self.page_size
         return (
-            guesses < max(1.0, _SPECULATION * pages),
-            guesses < _SPECULATION * (pages - 1.0),
+            guesses < max(1.0, _GUESSES * pages),
+            guesses < _GUESSES * (pages - 1.0),
         )
 
     def _plan(self, r: _Range) -> tuple[float, str, float] | None:
@@ -258,10 +261,10 @@ class _Job:
             pos += page_num // page_den
         end = scale.value(r.end)
         if r.end is None:
-            keep = self._top_pages()
-            target = pos + round(keep * 1000) * page_num // (page_den * 1000)
             # Guess no further past the last name seen than pages have been
             # listed so far (doubling, as in an exponential search).
+            keep = self._top_pages()
+            target = pos + round(keep * 1000) * page_num // (page_den * 1000)
             seen_to = scale.value(self.frontier) if self.frontier else 0
             ahead = (target - seen_to) * page_den / page_num
             if ahead > max(keep + 1.0, _SPECULATION * self.listed / self.page_size):

@@ -167,6 +167,8 @@ def _filter(objects: list[ObjectInfo], config: ListingConfig) -> list[ObjectInfo
         )
         if not drop_folders and not drop_hidden:
             return objects
+    # Objects whose store reports no class are kept.
+    allowed = None if classes is None else classes | {None}
     out = []
     for obj in objects:
         name = obj.name
@@ -176,17 +178,24 @@ def _filter(objects: list[ObjectInfo], config: ListingConfig) -> list[ObjectInfo
             name.startswith(HIDDEN_PREFIXES) or (".tb" in name and _is_staging(name))
         ):
             continue
-        if classes is not None and obj.storage_class not in classes | {None}:
+        if allowed is not None and obj.storage_class not in allowed:
             continue
         out.append(obj)
     return out
 
 
 def _world() -> tuple[int, int]:
-    """(rank, world size) of an initialised default process group, else (0, 1)."""
+    """(rank, world size) of an initialised default process group, else (0, 1).
+
+    A DataLoader worker inherits its rank's process group through ``fork`` but
+    must never join a collective with it: there it is (0, 1).
+    """
     dist = sys.modules.get("torch.distributed")
     # Without torch imported there can be no process group: do not import it.
     if dist is None or not dist.is_available() or not dist.is_initialized():
+        return 0, 1
+    data = sys.modules.get("torch.utils.data")
+    if data is not None and data.get_worker_info() is not None:
         return 0, 1
     return dist.get_rank(), dist.get_world_size()
 
