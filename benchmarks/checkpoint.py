@@ -41,6 +41,8 @@ load >= 3x dataflux, DCP save and load >= 1.5x, extra RSS <= 0.25.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import sys
 import urllib.parse
@@ -87,6 +89,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ranks", type=int, default=2, help="DCP world size (2)")
     p.add_argument("--only", default=None, help="comma-separated contender keys (default all)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per contender run")
+    p.add_argument(
+        "--bandwidth",
+        type=float,
+        default=None,
+        help="bytes/s per body in the latency model (default the preset's 200e6)",
+    )
+    p.add_argument(
+        "--tb-config",
+        type=json.loads,
+        default=None,
+        help="torchbucket CheckpointConfig fields as JSON, e.g. '{\"max_parts_in_flight\": 16}'",
+    )
     args = p.parse_args(argv)
     if args.size_mib is None:
         args.size_mib = 32 if args.smoke else 512 if args.quick else 1024
@@ -132,6 +146,8 @@ def run_one(
         "ranks": args.ranks,
         "digest": op == "save" and rep == 0,
     }
+    if args.tb_config and c.key.endswith("torchbucket"):
+        spec["tb_config"] = args.tb_config
     run = h.run_contender(
         f"ckpt-{c.key}-{op}-{rep}",
         c.script,
@@ -213,7 +229,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     # The originals' digests: single-file and DCP (per rank), from the first saves.
     expected: dict[bool, Any] = {}
-    with h.emulator(latency="same-region") as emu:
+    latency: Any = "same-region"
+    if args.bandwidth:
+        from torchbucket.emulator import PRESETS
+
+        latency = dataclasses.replace(PRESETS["same-region"], bandwidth=args.bandwidth)
+        notes.append(f"latency model: same-region with {args.bandwidth:g} bytes/s per body")
+    if args.tb_config:
+        notes.append(f"torchbucket CheckpointConfig: {args.tb_config}")
+    with h.emulator(latency=latency) as emu:
         emu.create_bucket(BUCKET)
         for rep in range(args.repeats):
             order = selected[rep % len(selected) :] + selected[: rep % len(selected)]
@@ -273,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
         "every_load_identical": result["mismatched_tensors"] == 0,
     }
     result.update(mode=mode, size_mib=args.size_mib, repeats=args.repeats, ranks=args.ranks)
+    if args.bandwidth:
+        result["bandwidth"] = args.bandwidth
+    if args.tb_config:
+        result["tb_config"] = args.tb_config
 
     rows = []
     for c in selected:
@@ -344,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "result": result,
             "summary": summary,
-            "figure": str(png.relative_to(h.ROOT)),
+            "figure": h.rel(png),
             "contenders": {c.key: c.label for c in selected},
             "runs": runs,
             "notes": [
@@ -365,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             ],
         },
     )
-    print(f"wrote {path.relative_to(h.ROOT)} and {png.relative_to(h.ROOT)}")
+    print(f"wrote {h.rel(path)} and {h.rel(png)}")
     h.emit_result(result)
     return 0
 

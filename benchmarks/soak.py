@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
                 {"t": round(t, 2), "main_mib": m / MiB, "workers_mib": w / MiB}
                 for t, m, w in sampler.samples
             ],
-            "figure": str(png.relative_to(h.ROOT)),
+            "figure": h.rel(png),
             "notes": [
                 "Compose off: one GET per sample.",
                 "GETs ok: answers with a 2xx status during the epoch (the server's count).",
@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             ],
         },
     )
-    print(f"wrote {path.relative_to(h.ROOT)} and {png.relative_to(h.ROOT)}")
+    print(f"wrote {h.rel(path)} and {h.rel(png)}")
     h.emit_result(result)
     return 0
 

@@ -12,12 +12,13 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckpt_common import main_single
 
-from torchbucket.checkpoint import BucketCheckpoint
+from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.storage.gcs import GCSConfig
 
 
 def prepare(args: SimpleNamespace) -> BucketCheckpoint:
-    checkpoint = BucketCheckpoint(gcs_config=GCSConfig(endpoint=args.endpoint))
+    config = CheckpointConfig(**getattr(args, "tb_config", None) or {})
+    checkpoint = BucketCheckpoint(config, gcs_config=GCSConfig(endpoint=args.endpoint))
     checkpoint.exists(f"gs://{args.bucket}/{args.name}.warm-up")  # opens the store
     return checkpoint
 

@@ -20,10 +20,11 @@ class Storage:
 
     @staticmethod
     def prepare(args: SimpleNamespace) -> Any:
-        from torchbucket.checkpoint import BucketCheckpoint
+        from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
         from torchbucket.storage.gcs import GCSConfig
 
-        checkpoint = BucketCheckpoint(gcs_config=GCSConfig(endpoint=args.endpoint))
+        config = CheckpointConfig(**getattr(args, "tb_config", None) or {})
+        checkpoint = BucketCheckpoint(config, gcs_config=GCSConfig(endpoint=args.endpoint))
         checkpoint.exists(f"gs://{args.bucket}/{args.name}/warm-up")  # opens the store
         return checkpoint
 
