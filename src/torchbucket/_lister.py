@@ -85,8 +85,7 @@ class _Range:
     sample: tuple[str, str, int] | None = None
     in_flight: bool = False
     done: bool = False
-    born: int = -1
-    memo: tuple[object, tuple[float, str, float] | None] | None = None
+    memo: tuple[object, tuple[float, str] | None] | None = None
 
 
 class _Job:
@@ -111,7 +110,6 @@ class _Job:
         self.listed = 0
         self.frontier = ""  # the greatest name seen so far
         self.void = False  # a guess past the frontier found nothing
-        self.dispatches = 0
         self.idle: list[asyncio.Future[_Range | None]] = []
         self.stats = ListingStats()
 
@@ -216,7 +214,7 @@ class _Job:
             guesses < _GUESSES * (pages - 1.0),
         )
 
-    def _plan(self, r: _Range) -> tuple[float, str, float] | None:
+    def _plan(self, r: _Range) -> tuple[float, str] | None:
         """How much work ``r`` has left (in pages) and where to cut it, if it can be."""
         if r.done or r.sample is None:
             return None
@@ -233,7 +231,8 @@ class _Job:
             r.in_flight,
             r.sample,
             self.columns.version,
-            self._top_pages() if r.end is None else 0.0,
+            # A top range's cut also rests on how much was listed, and where.
+            (self.listed, self.frontier) if r.end is None else None,
         )
         if r.memo is not None and r.memo[0] == memo_key:
             return r.memo[1]
@@ -241,7 +240,7 @@ class _Job:
         r.memo = (memo_key, plan)
         return plan
 
-    def _estimate(self, r: _Range) -> tuple[float, str, float] | None:
+    def _estimate(self, r: _Range) -> tuple[float, str] | None:
         assert r.sample is not None
         a, b, seen = r.sample
         low = r.cursor if r.cursor is not None else r.start
@@ -271,7 +270,7 @@ class _Job:
                 return None
             if target < end:
                 cut = scale.key_between(target, low, None)
-                return None if cut is None else (2 * keep, cut, keep)
+                return None if cut is None else (2 * keep, cut)
             if r.cursor is None:
                 return None
             # Past the characters seen so far: treat the rest of the known key
@@ -281,21 +280,21 @@ class _Job:
         if pages_left < 2:
             return None
         cut = scale.key_between(pos + left // 2, low, r.end)
-        return None if cut is None else (pages_left, cut, pages_left / 2)
+        return None if cut is None else (pages_left, cut)
 
     def _steal(self) -> _Range | None:
         top_ok, bounded_ok = self._guesses_allowed()
-        best: tuple[tuple[float, str, float], _Range] | None = None
+        best: tuple[float, str, _Range] | None = None
         for r in self.ranges:
             if not (top_ok if r.end is None else bounded_ok):
                 continue
             plan = self._plan(r)
-            if plan is not None and (best is None or plan[0] > best[0][0]):
-                best = (plan, r)
+            if plan is not None and (best is None or plan[0] > best[0]):
+                best = (plan[0], plan[1], r)
         if best is None:
             return None
-        (_, cut, _), victim = best
-        thief = _Range(start=cut, end=victim.end, sample=victim.sample, born=self.dispatches)
+        _, cut, victim = best
+        thief = _Range(start=cut, end=victim.end, sample=victim.sample)
         victim.end = cut
         self.ranges.append(thief)
         self.stats.steals += 1
@@ -304,7 +303,6 @@ class _Job:
 
     def _dispatch(self) -> None:
         """Hand new ranges to idle listers, or release them when all is listed."""
-        self.dispatches += 1
         if all(r.done for r in self.ranges):
             while self.idle:
                 self.idle.pop().set_result(None)
