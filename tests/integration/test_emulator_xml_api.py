@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import uuid
 import xml.etree.ElementTree as ET
@@ -9,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
+import google_crc32c
 import pytest
 
 from torchbucket.emulator import Emulator
@@ -75,6 +77,10 @@ def test_multipart_upload_round_trip(emu: Emulator, bucket: str, raw_http: Http)
         assert reply.status == 200
         etags[number] = reply.headers["ETag"]
         assert etags[number] == f'"{hashlib.md5(chunks[number]).hexdigest()}"'
+        # As GCS: the part's hashes (google-resumable-media's XMLMPUPart checks them).
+        md5 = base64.b64encode(hashlib.md5(chunks[number]).digest()).decode()
+        crc = base64.b64encode(google_crc32c.value(chunks[number]).to_bytes(4, "big")).decode()
+        assert reply.headers["x-goog-hash"] == f"crc32c={crc},md5={md5}"
     listed = raw_http(emu, "GET", f"/{bucket}?uploads&prefix=ckpt/")
     assert upload_id in _text(listed.body, "UploadId")
     assert raw_http(emu, "GET", f"/{bucket}/{quote(key)}").status == 404  # not visible yet
@@ -86,7 +92,11 @@ def test_multipart_upload_round_trip(emu: Emulator, bucket: str, raw_http: Http)
     )
     assert done.status == 200, done
     assert _text(done.body, "Key") == [key]
-    assert raw_http(emu, "GET", f"/{bucket}/{quote(key)}").body == chunks[1] + chunks[2] + chunks[3]
+    got = raw_http(emu, "GET", f"/{bucket}/{quote(key)}")
+    assert got.body == chunks[1] + chunks[2] + chunks[3]
+    if emu.backend == "model":  # as GCS: a CRC32C but no MD5 (fake-gcs-server keeps one)
+        whole = google_crc32c.value(got.body).to_bytes(4, "big")
+        assert got.headers["x-goog-hash"] == f"crc32c={base64.b64encode(whole).decode()}"
     after = raw_http(emu, "GET", f"/{bucket}?uploads&prefix=ckpt/")
     assert upload_id not in _text(after.body, "UploadId")
 

@@ -19,6 +19,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 __all__ = [
+    "ASSEMBLED_HEADER",
     "ApiError",
     "Call",
     "checksums",
@@ -57,6 +58,9 @@ _XML_CODES = {
 
 JSON_TYPE = "application/json; charset=UTF-8"
 XML_TYPE = "application/xml; charset=UTF-8"
+#: Marks the synthetic upload that stores a completed XML multipart upload: GCS
+#: gives such objects a CRC32C but no MD5, as it does composite objects.
+ASSEMBLED_HEADER = "X-Emulator-Assembled"
 
 
 class ApiError(Exception):

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from torchbucket.emulator._fields import parse_fields
 from torchbucket.emulator._http import (
+    ASSEMBLED_HEADER,
     ApiError,
     Call,
     api_error_response,
@@ -148,7 +149,9 @@ class ModelBackend:
 
     # -- writes --------------------------------------------------------------
 
-    def _put(self, call: Call, name: str, data: bytes, meta: dict[str, Any]) -> web.Response:
+    def _put(
+        self, call: Call, name: str, data: bytes, meta: dict[str, Any], *, md5: bool = True
+    ) -> web.Response:
         if not name:
             raise ApiError(400, "Required parameter 'name' is missing.")
         content_type = meta.get("contentType") or call.headers.get("Content-Type")
@@ -160,6 +163,7 @@ class ModelBackend:
             content_type=content_type,
             metadata=meta.get("metadata"),
             pre=Preconditions.from_query(call.query),
+            md5=md5,
         )
         return _object_response(call, obj)
 
@@ -178,7 +182,9 @@ class ModelBackend:
             raise ApiError(400, f"Provided MD5 hash {want_md5!r} doesn't match {md5!r}.")
 
     async def _upload_media(self, call: Call) -> web.Response:
-        return self._put(call, call.query.get("name", ""), call.body, {})
+        # A completed XML multipart upload: no MD5, as on GCS.
+        md5 = ASSEMBLED_HEADER not in call.headers
+        return self._put(call, call.query.get("name", ""), call.body, {}, md5=md5)
 
     async def _insert_metadata(self, call: Call) -> web.Response:
         meta = _json_body(call)

@@ -47,6 +47,7 @@ class ModelObject:
         content_type: str = "application/octet-stream",
         metadata: dict[str, str] | None = None,
         component_count: int | None = None,
+        md5: bool = True,
     ) -> None:
         self.bucket = bucket
         self.name = name
@@ -57,10 +58,10 @@ class ModelObject:
         self.metadata = metadata
         self.component_count = component_count
         self.created = created
-        if component_count is None:
-            self.crc32c, md5 = checksums(data)
-            self.md5: str | None = md5
-        else:  # GCS composite objects carry a CRC32C but no MD5
+        if component_count is None and md5:
+            self.crc32c, md5_b64 = checksums(data)
+            self.md5: str | None = md5_b64
+        else:  # composite objects and XML multipart uploads: a CRC32C but no MD5
             self.crc32c = crc32c_b64(data)
             self.md5 = None
         self._json: bytes | None = None

@@ -168,8 +168,13 @@ class ModelStore:
         metadata: dict[str, str] | None = None,
         pre: Preconditions | None = None,
         component_count: int | None = None,
+        md5: bool = True,
     ) -> ModelObject:
-        """Write an object (a new generation), checking ``pre`` first."""
+        """Write an object (a new generation), checking ``pre`` first.
+
+        ``md5=False``: the object has a CRC32C but no MD5 (a completed XML
+        multipart upload, as on GCS).
+        """
         if not name:
             raise ApiError(400, "Object name is required")
         found = self.bucket(bucket)
@@ -185,6 +190,7 @@ class ModelStore:
             content_type=content_type or "application/octet-stream",
             metadata=metadata,
             component_count=component_count,
+            md5=md5,
         )
         found.objects[name] = obj
         if current is None:

@@ -22,6 +22,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from torchbucket.emulator._http import (
+    ASSEMBLED_HEADER,
     XML_TYPE,
     ApiError,
     Call,
@@ -264,6 +265,7 @@ class XmlApi:
             chunks.append(stored[1])
         data = b"".join(chunks)
         headers = {"Content-Type": upload.content_type} if upload.content_type else {}
+        headers[ASSEMBLED_HEADER] = "1"
         resp = await self.backend.handle(
             json_call(
                 "POST",
