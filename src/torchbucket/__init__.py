@@ -1,1 +1,103 @@
+"""torchbucket: feed PyTorch from cloud object storage and checkpoint into it.
+
+The names users touch, re-exported here::
+
+    from torchbucket import BucketMapDataset, BucketCheckpoint
+
+Datasets and checkpoints import torch; they load on first use, so that
+``import torchbucket`` (and the emulator process, which needs no torch) stays
+light.
+"""
+
+import importlib as _importlib
+import typing as _typing
+
+from torchbucket.config import ConcurrencyConfig, RetryConfig
+from torchbucket.errors import (
+    BucketNotFoundError,
+    ConfigError,
+    DeadlineExceededError,
+    IntegrityError,
+    InvalidURIError,
+    NotFoundError,
+    PermissionDeniedError,
+    PreconditionFailedError,
+    RetryableError,
+    StorageError,
+    ThrottledError,
+    TorchBucketError,
+    TransientError,
+)
+from torchbucket.storage import ObjectInfo, ObjectStore, store_for
+
+if _typing.TYPE_CHECKING:
+    from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
+    from torchbucket.compose import ComposeConfig
+    from torchbucket.datasets import (
+        BucketIterableDataset,
+        BucketMapDataset,
+        FetchConfig,
+        ShardingConfig,
+    )
+    from torchbucket.listing import ListingConfig, list_objects
+    from torchbucket.storage.gcs import GCSConfig
+
 __version__ = "0.1.0"
+
+_LAZY = {
+    "BucketCheckpoint": "torchbucket.checkpoint",
+    "BucketIterableDataset": "torchbucket.datasets",
+    "BucketMapDataset": "torchbucket.datasets",
+    "CheckpointConfig": "torchbucket.checkpoint",
+    "ComposeConfig": "torchbucket.compose",
+    "FetchConfig": "torchbucket.datasets",
+    "GCSConfig": "torchbucket.storage.gcs",
+    "ListingConfig": "torchbucket.listing",
+    "ShardingConfig": "torchbucket.datasets",
+    "list_objects": "torchbucket.listing",
+}
+
+__all__ = [
+    "BucketCheckpoint",
+    "BucketIterableDataset",
+    "BucketMapDataset",
+    "BucketNotFoundError",
+    "CheckpointConfig",
+    "ComposeConfig",
+    "ConcurrencyConfig",
+    "ConfigError",
+    "DeadlineExceededError",
+    "FetchConfig",
+    "GCSConfig",
+    "IntegrityError",
+    "InvalidURIError",
+    "ListingConfig",
+    "NotFoundError",
+    "ObjectInfo",
+    "ObjectStore",
+    "PermissionDeniedError",
+    "PreconditionFailedError",
+    "RetryConfig",
+    "RetryableError",
+    "ShardingConfig",
+    "StorageError",
+    "ThrottledError",
+    "TorchBucketError",
+    "TransientError",
+    "__version__",
+    "list_objects",
+    "store_for",
+]
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchbucket' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

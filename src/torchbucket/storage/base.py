@@ -17,8 +17,8 @@ from typing import Protocol, runtime_checkable
 
 __all__ = [
     "COMPOSE_MAX_SOURCES",
-    "MULTIPART_MAX_PARTS",
     "HIDDEN_PREFIXES",
+    "MULTIPART_MAX_PARTS",
     "ListPage",
     "MultipartUpload",
     "ObjectInfo",
