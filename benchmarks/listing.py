@@ -166,6 +166,9 @@ def main() -> None:
         contenders.append(("sequential", bench, {"contender": "sequential"}))
 
     results: dict[str, dict[str, dict[str, float]]] = {}
+    # The machine is often shared: say how busy it was, since every contender
+    # here competes with other processes for the CPU.
+    load_before = os.getloadavg()
     with h.emulator(latency="same-region") as emu:
         for distribution in DISTRIBUTIONS:
             for count in sizes:
@@ -259,7 +262,13 @@ def main() -> None:
             calls(f"{d}-{big}", "sequential") for d in DISTRIBUTIONS
         ),
     }
-    h.write_json("listing", {"repeats": repeats, "results": results, "summary": payload})
+    load = {"before": list(load_before), "after": list(os.getloadavg()), "cpus": cpus}
+    print(
+        f"\nload average (1, 5, 15 min) before {load_before}, after {os.getloadavg()}; {cpus} CPUs"
+    )
+    h.write_json(
+        "listing", {"repeats": repeats, "results": results, "summary": payload, "load": load}
+    )
     h.emit_result(payload)
 
 
