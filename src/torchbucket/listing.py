@@ -201,10 +201,18 @@ def _world() -> tuple[int, int]:
 
 
 def _broadcast(payload: object) -> object:
+    """Rank 0's ``payload`` on every rank (run in a worker thread)."""
+    import torch
     import torch.distributed as dist
 
+    device = None
+    if dist.get_backend() == "nccl":
+        # NCCL moves the pickled listing through a GPU, and this thread has
+        # no current device of its own: use the rank's, as torchrun numbers it.
+        local = os.environ.get("LOCAL_RANK")
+        device = torch.device("cuda", int(local) if local else torch.cuda.current_device())
     box = [payload]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, device=device)
     return box[0]
 
 
