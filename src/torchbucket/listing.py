@@ -45,7 +45,7 @@ from torchbucket._manifest import ManifestLocation, decode_objects, encode_objec
 from torchbucket.errors import ConfigError, StorageError, ThrottledError
 from torchbucket.storage.base import HIDDEN_PREFIXES, ObjectInfo, ObjectStore
 
-__all__ = ["ListingConfig", "ListingStats", "alist_objects", "list_objects"]
+__all__ = ["ListingConfig", "ListingStats", "ProgressBar", "alist_objects", "list_objects"]
 
 logger = logging.getLogger(__name__)
 
