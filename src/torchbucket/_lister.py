@@ -115,10 +115,9 @@ class _Job:
 
     # -- requests -------------------------------------------------------------
 
-    async def _drain(self, r: _Range) -> None:
-        token: str | None = None
-        query_end: str | None = None
-        start: str | None = None
+    async def _drain(self, r: _Range, token: str | None = None) -> None:
+        query_end: str | None = r.end
+        start: str | None = r.cursor if r.cursor is not None else r.start
         while True:
             if token is None:
                 query_end = r.end
@@ -337,7 +336,7 @@ class _Job:
         if page.next_page_token is None or root.cursor is None:
             if page.next_page_token is not None:
                 # An empty first page that still has more: list on, one lister.
-                await self._drain(root)
+                await self._drain(root, page.next_page_token)
             root.done = True
             return self._collect()
         self._grow(len(page.objects))

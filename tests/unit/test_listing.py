@@ -446,3 +446,19 @@ def test_progress_does_not_break_on_a_stream_without_isatty(
     seed(bucket, ["x/1"])
     assert names_of(listing(bucket, "x/", ListingConfig())) == ["x/1"]
     assert sys.stderr.getvalue() == ""
+
+
+def test_an_empty_first_page_that_says_there_is_more(bucket: MemoryStore) -> None:
+    # GCS may answer a page with no items and a token (deleted objects): go on.
+    seed(bucket, [f"e/{i}" for i in range(5)])
+
+    class EmptyFirst(CountingStore):
+        async def list_page(self, prefix: str = "", **kw: Any) -> ListPage:
+            if self.calls == 0:
+                self.calls += 1
+                return ListPage([], "e/")
+            return await super().list_page(prefix, **kw)
+
+    store = EmptyFirst(bucket)
+    assert names_of(listing(store, "e/")) == [f"e/{i}" for i in range(5)]
+    assert store.calls == 2
