@@ -16,7 +16,7 @@ per body each way), one run holds every contender against the same server:
   large tensors as DTensors sharded over the ranks and the small ones
   replicated: torchbucket's ``BucketStorageWriter`` / ``BucketStorageReader``
   against dataflux's ``GCSDistributedWriter`` / ``GCSDistributedReader`` (with a
-  one-line shim: dataflux 1.4.0's stream closes twice under torch >= 2.6, see
+  small shim: under torch 2.13 dataflux 1.4.0 closes its stream twice, see
   ``_contenders/dcp_dataflux.py``).
 
 Each save and each load runs in its own process (``_contenders/ckpt_*.py``,
@@ -382,14 +382,15 @@ def main(argv: list[str] | None = None) -> int:
                 "Extra RSS: peak RSS during the operation minus the RSS just before it "
                 "(sampled every 5 ms in the process); the largest over repeats.",
                 "Loads are checked tensor by tensor (SHA-1 of each tensor or shard).",
-                "server busy = the emulator's CPU seconds / wall seconds. The emulator spends "
-                "about 5 ms of CPU per MiB uploaded (MD5 of each part for its ETag, MD5 and "
-                "CRC32C of the assembled object, body accumulation, the join): about 200 MB/s "
-                "on one core, below what the latency model lets 8 parts in flight reach, so "
-                "saves by every contender are paced by the server's CPU. GCS computes no MD5 for "
-                "objects made by an XML multipart upload; the model store does.",
+                "server busy = the emulator's CPU seconds / wall seconds (on a loaded machine "
+                "the server may be the bottleneck well below 1). Ingesting an upload costs the "
+                "emulator about 4 ms of CPU per MiB (MD5 of each part for its ETag, CRC32C, "
+                "body accumulation, the join of the parts): about 250 MB/s on one core, below "
+                "what the latency model lets 8 parts in flight reach (8 x 8 MiB per 82 ms), so "
+                "saves by every contender are paced by the server's CPU and save ratios are "
+                "compressed towards 1.",
                 "dataflux DCP: a shim makes its buffer's second close() a no-op "
-                "(dataflux 1.4.0 fails under torch >= 2.6 without it).",
+                "(dataflux 1.4.0 fails under torch 2.13 without it: ValueError: I/O operation on closed file).",
             ],
         },
     )

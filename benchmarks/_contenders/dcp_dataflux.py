@@ -14,7 +14,7 @@ from ckpt_common import gcs_client, main_dcp
 def _compatible_close() -> None:
     """Make a second ``close()`` of dataflux's upload buffer a no-op, as ``io`` requires.
 
-    torch >= 2.6's ``FileSystemWriter`` closes the stream inside
+    torch 2.13's ``FileSystemWriter`` closes the stream inside
     ``create_stream``'s ``with`` block; dataflux 1.4.0's ``create_stream`` then
     closes it again on exit, and its ``close`` (which uploads) fails on the
     already-closed buffer: "ValueError: I/O operation on closed file". The first
