@@ -97,10 +97,6 @@ def _retried(op: str, kind: str) -> bool:
 #: Known bugs, reported (see docs/reliability.md): the case is expected to fail
 #: its checks until fixed. Strict: a fix makes the case pass and the marker go.
 KNOWN_BUGS: dict[tuple[str, str], str] = {
-    ("list", "corrupt"): "a garbled JSON answer raises UnicodeDecodeError, not a retried "
-    "torchbucket error (GCS store parses answers without mapping decode errors)",
-    ("compose", "corrupt"): "a garbled compose answer raises UnicodeDecodeError out of the "
-    "epoch instead of being retried or falling back to direct reads",
     ("put", "corrupt"): "a garbled upload answer raises UnicodeDecodeError",
     ("mpu_initiate", "corrupt"): "a garbled initiate answer raises xml ParseError",
     ("put", "truncate"): "a simple upload whose answer was lost fails the save although the "

@@ -20,7 +20,15 @@ from torchbucket.errors import (
     ThrottledError,
     TransientError,
 )
-from torchbucket.storage._gcs_http import error_for_exception, error_for_response, user_agent
+from torchbucket.storage._gcs_http import (
+    error_for_exception,
+    error_for_response,
+    parse_body,
+    parse_info,
+    parse_json,
+    user_agent,
+)
+from torchbucket.storage._gcs_xml import parse_upload_id
 from torchbucket.storage.gcs import GCSConfig, GCSStore
 
 URI = "gs://bkt/some/key"
@@ -177,3 +185,30 @@ def test_store_for_a_gs_uri_gives_a_gcs_store_with_the_config() -> None:
     store, key = store_for("gs://my-bucket/train/shard-", config=config)
     assert isinstance(store, GCSStore)
     assert (store.bucket, key, store.config) == ("my-bucket", "train/shard-", config)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"name": "k", "si\xffze": "3"}',  # one byte flipped: not UTF-8
+        b'{"name": "k", "size": ',  # cut short
+        b"[1, 2]",  # JSON, but not an object resource
+        b'{"size": "3"}',  # no name
+    ],
+)
+def test_a_garbled_json_answer_is_a_transient_error_naming_the_uri(body: bytes) -> None:
+    with pytest.raises(TransientError) as info:
+        parse_info(body, operation="put", uri=URI)
+    assert str(info.value).startswith(f"put {URI}: garbled answer")
+    assert info.value.__cause__ is not None
+    with pytest.raises(TransientError):
+        parse_json(body[:-1], operation="list", uri=URI)
+
+
+def test_a_garbled_xml_answer_is_a_transient_error_naming_the_uri() -> None:
+    good = (
+        b"<InitiateMultipartUploadResult><UploadId>abc</UploadId></InitiateMultipartUploadResult>"
+    )
+    assert parse_body(parse_upload_id, good, operation="multipart initiate", uri=URI) == "abc"
+    with pytest.raises(TransientError, match="multipart initiate gs://bkt/some/key: garbled"):
+        parse_body(parse_upload_id, good[:30], operation="multipart initiate", uri=URI)

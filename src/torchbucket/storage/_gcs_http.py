@@ -9,7 +9,9 @@ epoll set still belong to the parent) and the child opens its own.
 
 :func:`error_for_response` is the one place where HTTP statuses and bodies become
 :mod:`torchbucket.errors` types; :func:`error_for_exception` does the same for
-``aiohttp`` and timeout exceptions.
+``aiohttp`` and timeout exceptions. :func:`parse_json`, :func:`parse_info` and
+:func:`parse_body` are the one place where answer bodies are decoded: a body that
+cannot be (garbled or cut short in transit) is a :class:`TransientError`.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ import os
 import platform
 import socket
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -38,6 +40,8 @@ from torchbucket.errors import (
     ThrottledError,
     TransientError,
 )
+from torchbucket.storage._gcs_wire import object_info
+from torchbucket.storage.base import ObjectInfo
 
 __all__ = [
     "READ_WRITE_SCOPE",
@@ -48,12 +52,17 @@ __all__ = [
     "error_code",
     "error_for_exception",
     "error_for_response",
+    "parse_body",
+    "parse_info",
+    "parse_json",
     "release_session",
     "shared_credentials",
     "user_agent",
 ]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 READ_WRITE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 _MESSAGE_LIMIT = 300
@@ -384,3 +393,61 @@ def error_for_exception(exc: BaseException, *, operation: str, uri: str) -> Stor
             f"connection failed ({type(exc).__name__})", operation=operation, uri=uri
         )
     return None
+
+
+# ---------------------------------------------------------------- answer bodies
+
+
+def _garbled(exc: Exception, operation: str, uri: str) -> TransientError:
+    return TransientError(
+        f"garbled answer ({type(exc).__name__}: {str(exc)[:120]})", operation=operation, uri=uri
+    )
+
+
+def parse_body(parse: Callable[[bytes], T], body: bytes, *, operation: str, uri: str) -> T:
+    """``parse(body)``, with a body it cannot read mapped to :class:`TransientError`.
+
+    A successful status with an unreadable body means the answer was damaged in
+    transit: another attempt may get a good one. For a write, the request may
+    have taken effect all the same; the caller treats the outcome as uncertain.
+
+    Args:
+        parse: Decodes the body (JSON, or one of the XML documents).
+        body: The answer's body.
+        operation: Named in the error.
+        uri: Named in the error.
+
+    Raises:
+        TransientError: The body is not valid UTF-8, JSON or XML, or lacks what
+            ``parse`` needs; chained from the decoding error.
+    """
+    try:
+        return parse(body)
+    except (ValueError, KeyError, TypeError, AttributeError, ET.ParseError) as exc:
+        # ValueError covers json.JSONDecodeError and UnicodeDecodeError.
+        raise _garbled(exc, operation, uri) from exc
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    doc = json.loads(body)
+    if not isinstance(doc, dict):
+        raise TypeError(f"expected a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def parse_json(body: bytes, *, operation: str, uri: str) -> dict[str, Any]:
+    """A JSON object answer; see :func:`parse_body`.
+
+    Raises:
+        TransientError: The body is not a JSON object.
+    """
+    return parse_body(_json_object, body, operation=operation, uri=uri)
+
+
+def parse_info(body: bytes, *, operation: str, uri: str) -> ObjectInfo:
+    """An object resource answer as :class:`ObjectInfo`; see :func:`parse_body`.
+
+    Raises:
+        TransientError: The body is not an object resource.
+    """
+    return parse_body(lambda b: object_info(_json_object(b)), body, operation=operation, uri=uri)

@@ -9,7 +9,6 @@ into bytes, into a caller's buffer, and as a stream that resumes where it broke.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -33,7 +32,6 @@ from torchbucket.storage._gcs_wire import (
     crc_b64,
     extend_crc,
     hash_header_crc32c,
-    object_info,
     quote_name,
     range_header,
     stream_end,
@@ -214,7 +212,7 @@ class GCSTransport:
 
         async def attempt() -> ObjectInfo:
             _, _, body = await self.request("GET", url, operation="head", uri=uri)
-            return object_info(json.loads(body))
+            return _http.parse_info(body, operation="head", uri=uri)
 
         return await self.call(attempt, "head", uri)
 

@@ -48,7 +48,9 @@ class GCSMultipart(GCSUploads):
             _, _, body = await self.request(
                 "POST", url, operation="multipart initiate", uri=uri, headers=headers, data=b""
             )
-            upload_id = _xml.parse_upload_id(body)
+            upload_id = _http.parse_body(
+                _xml.parse_upload_id, body, operation="multipart initiate", uri=uri
+            )
             if not upload_id:
                 raise StorageError(
                     "initiate answered no UploadId", operation="multipart initiate", uri=uri
@@ -167,7 +169,9 @@ class GCSMultipart(GCSUploads):
                 _, _, body = await self.request(
                     "GET", url, operation="multipart list", uri=uri, bucket_op=True
                 )
-                return _xml.parse_list_uploads(body)
+                return _http.parse_body(
+                    _xml.parse_list_uploads, body, operation="multipart list", uri=uri
+                )
 
             page = await self.call(attempt, "multipart list", uri)
             uploads.extend(page.uploads)

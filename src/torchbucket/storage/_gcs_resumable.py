@@ -18,12 +18,12 @@ from typing import Any
 import yarl
 
 from torchbucket.errors import RetryableError, StorageError
+from torchbucket.storage import _gcs_http as _http
 from torchbucket.storage._gcs_io import GCSTransport
 from torchbucket.storage._gcs_wire import (
     crc32c_of,
     crc_b64,
     extend_crc,
-    object_info,
     persisted,
     quote_name,
 )
@@ -107,7 +107,8 @@ class GCSUploads(GCSTransport):
                         allow=(308,),
                     )
                     if status != 308:
-                        return object_info(json.loads(body)), offset + len(chunk)
+                        info = _http.parse_info(body, operation="put", uri=uri)
+                        return info, offset + len(chunk)
                     begin = persisted(headers)
                     if not offset <= begin <= offset + len(chunk):
                         raise StorageError(
@@ -135,7 +136,7 @@ class GCSUploads(GCSTransport):
                 raise
             if status == 308:
                 return None, persisted(headers)
-            return object_info(json.loads(body)), offset + len(chunk)
+            return _http.parse_info(body, operation="put", uri=uri), offset + len(chunk)
 
         return await self.call(attempt, "put", uri)
 

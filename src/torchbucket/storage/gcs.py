@@ -42,6 +42,12 @@ logger = logging.getLogger(__name__)
 _LIST_FIELDS = f"items({INFO_FIELDS}),nextPageToken"
 
 
+def _list_page(body: bytes) -> ListPage:
+    doc = json.loads(body)
+    items = [object_info(item) for item in doc.get("items", ())]
+    return ListPage(items, doc.get("nextPageToken") or None)
+
+
 class GCSStore(GCSMultipart):
     """An :class:`~torchbucket.storage.base.ObjectStore` on one GCS bucket.
 
@@ -110,9 +116,7 @@ class GCSStore(GCSMultipart):
 
         async def attempt() -> ListPage:
             _, _, body = await self.request("GET", url, operation="list", uri=uri, bucket_op=True)
-            doc = json.loads(body)
-            items = [object_info(item) for item in doc.get("items", ())]
-            return ListPage(items, doc.get("nextPageToken") or None)
+            return _http.parse_body(_list_page, body, operation="list", uri=uri)
 
         return await self.call(attempt, "list", uri)
 
@@ -224,7 +228,8 @@ class GCSStore(GCSMultipart):
             _, _, resp = await self.request(
                 "POST", url, operation="put", uri=uri, headers=headers, data=body
             )
-            return self.check_written(object_info(json.loads(resp)), size, crc, "put", uri)
+            info = _http.parse_info(resp, operation="put", uri=uri)
+            return self.check_written(info, size, crc, "put", uri)
 
         if if_generation_match is None:
             return await self.call(attempt, "put", uri, idempotent=False)
@@ -311,7 +316,7 @@ class GCSStore(GCSMultipart):
             _, _, resp = await self.request(
                 "POST", url, operation="compose", uri=uri, headers=headers, data=body
             )
-            return object_info(json.loads(resp))
+            return _http.parse_info(resp, operation="compose", uri=uri)
 
         if if_generation_match is None:
             return await self.call(attempt, "compose", uri, idempotent=False)
@@ -358,8 +363,7 @@ class GCSStore(GCSMultipart):
                 _, _, resp = await self.request(
                     "POST", url, operation="copy", uri=uri, headers=headers, data=b"{}"
                 )
-                doc: dict[str, Any] = json.loads(resp)
-                return doc
+                return _http.parse_json(resp, operation="copy", uri=uri)
 
             # A repeated rewrite leaves the destination holding the source: safe.
             doc = await self.call(attempt, "copy", uri)
