@@ -227,7 +227,8 @@ async def call(
 
     Raises:
         DeadlineExceededError: Still failing when the deadline came, or when the
-            attempt cap was reached; chained from the last error.
+            attempt cap was reached; chained from the last error. Also when the
+            deadline cut an attempt short (a write that is not retried included).
         StorageError: A failure that is not retryable, as raised by ``fn``.
     """
     start = time.monotonic()
@@ -235,14 +236,26 @@ async def call(
     attempt = 0
     while True:
         remaining = deadline - time.monotonic()
+        # The attempt's own limit, or what is left before the deadline if less.
+        cut_by_deadline = remaining < config.attempt_timeout
         timeout = min(config.attempt_timeout, max(remaining, 0.001))
         if limiter is not None:
             await limiter.acquire()
         try:
             result = await _attempt(fn, timeout)
-        except asyncio.TimeoutError:
+        except asyncio.TimeoutError as exc:
+            if cut_by_deadline:
+                raise DeadlineExceededError(
+                    f"no answer before the {config.deadline:g} s retry deadline "
+                    f"({attempt + 1} attempt{'s' if attempt else ''}, "
+                    f"{time.monotonic() - start:.1f} s)",
+                    operation=operation,
+                    uri=uri,
+                ) from exc
             error: StorageError = TransientError(
-                f"no answer within {timeout:.1f} s", operation=operation, uri=uri
+                f"no answer within the {config.attempt_timeout:g} s attempt timeout",
+                operation=operation,
+                uri=uri,
             )
         except StorageError as exc:
             error = exc

@@ -199,3 +199,34 @@ def test_retry_config_validates(kwargs: dict[str, float]) -> None:
 def test_concurrency_config_validates() -> None:
     with pytest.raises(ConfigError, match="minimum <= initial <= maximum"):
         ConcurrencyConfig(initial=2, minimum=4)
+
+
+@pytest.mark.parametrize("idempotent", [True, False])
+def test_an_attempt_cut_short_by_the_deadline_is_a_deadline_error(idempotent: bool) -> None:
+    # The attempt timeout (5 s) is longer than the deadline (0.2 s): the deadline cuts
+    # the stalled write off, and says so, even where a failed write is not repeated.
+    config = RetryConfig(initial_backoff=0.001, attempt_timeout=5.0, deadline=0.2)
+
+    async def stall() -> str:
+        await asyncio.sleep(60)
+        return "never"
+
+    with pytest.raises(DeadlineExceededError, match=r"0\.2 s retry deadline") as info:
+        asyncio.run(
+            retry.call(stall, config=config, operation="put", uri="gs://b/k", idempotent=idempotent)
+        )
+    assert "gs://b/k" in str(info.value)
+    assert "0.0 s" not in str(info.value)
+
+
+def test_an_attempt_timeout_names_the_attempt_timeout() -> None:
+    config = RetryConfig(initial_backoff=0.001, attempt_timeout=0.05, deadline=5.0)
+
+    async def stall() -> str:
+        await asyncio.sleep(60)
+        return "never"
+
+    with pytest.raises(TransientError, match=r"no answer within the 0\.05 s attempt timeout"):
+        asyncio.run(
+            retry.call(stall, config=config, operation="put", uri="gs://b/k", idempotent=False)
+        )
