@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from torchbucket import runtime
-from torchbucket.errors import DeadlineExceededError, ThrottledError
+from torchbucket.errors import DeadlineExceededError, PreconditionFailedError, ThrottledError
 from torchbucket.storage.base import ObjectInfo
 
 pytestmark = pytest.mark.emulator
@@ -176,17 +176,53 @@ def test_an_endless_throttle_ends_at_the_deadline(emulator: Any, gcs_bucket_fact
     assert store.uri("obj") in str(info.value)
 
 
-def test_a_write_without_precondition_is_not_repeated(
+def test_a_write_without_precondition_is_repeated_pinned_to_what_it_saw(
     emulator: Any, gcs_bucket_factory: Any
 ) -> None:
     store = gcs_bucket_factory(emulator, prefix="fault")
-    emulator.add_fault("put", "503")
-    with pytest.raises(ThrottledError):
-        runtime.run(store.put("obj", DATA))
+    runtime.run(store.put("obj", b"old"))
     emulator.reset_stats()
+    emulator.add_fault("put", "503")
     info: ObjectInfo = runtime.run(store.put("obj", DATA))
     assert info.size == len(DATA)
+    assert runtime.run(store.get("obj")) == DATA
+    # The 503, one HEAD to see whether it took effect, one repeat.
+    assert emulator.stats()["by_op"].get("put") == 2
+    assert emulator.stats()["by_op"].get("head") == 1
+
+
+@pytest.mark.parametrize("kind", ["truncate", "corrupt"])
+def test_a_write_whose_answer_was_lost_is_recognised_not_repeated(
+    emulator: Any, gcs_bucket_factory: Any, kind: str
+) -> None:
+    store = gcs_bucket_factory(emulator, prefix="fault")
+    runtime.run(store.put("obj", b"old"))
+    emulator.reset_stats()
+    emulator.add_fault("put", kind)
+    info: ObjectInfo = runtime.run(store.put("obj", DATA))
+    assert info.size == len(DATA)
+    assert runtime.run(store.get("obj")) == DATA
     assert emulator.stats()["by_op"].get("put") == 1
+
+
+def test_a_repeat_does_not_overwrite_another_writers_object(
+    emulator: Any, gcs_bucket_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The repeat after a lost answer is pinned to the generation the HEAD saw."""
+    store = gcs_bucket_factory(emulator, prefix="fault")
+    runtime.run(store.put("obj", b"old"))
+    emulator.add_fault("put", "503")
+    original = type(store)._head_once
+
+    async def head_then_someone_writes(self: Any, key: str, operation: str) -> Any:
+        info = await original(self, key, operation)
+        emulator.seed(store.bucket, {"obj": b"another writer"})
+        return info
+
+    monkeypatch.setattr(type(store), "_head_once", head_then_someone_writes)
+    with pytest.raises(PreconditionFailedError):
+        runtime.run(store.put("obj", DATA))
+    assert runtime.run(store.get("obj")) == b"another writer"
 
 
 _EXIT_SCRIPT = """

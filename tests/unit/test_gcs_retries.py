@@ -24,7 +24,6 @@ from torchbucket.errors import (
     NotFoundError,
     PermissionDeniedError,
     PreconditionFailedError,
-    ThrottledError,
 )
 from torchbucket.storage import _gcs_http
 from torchbucket.storage._common import crc32c_b64
@@ -142,12 +141,36 @@ def test_not_found_and_forbidden_are_not_retried(server: Any) -> None:
     assert len(scripted.seen) == 2
 
 
-def test_a_write_without_precondition_is_not_retried(server: Any) -> None:
+def test_a_write_without_precondition_is_repeated_pinned_to_the_generation_seen(
+    server: Any,
+) -> None:
     scripted, store = server
-    scripted.handlers += [answer(503)]
-    with pytest.raises(ThrottledError):
-        runtime.run(store.put("k", b"data"))
-    assert scripted.methods() == ["POST"]
+    scripted.handlers += [
+        answer(503),
+        answer(200, resource("k", b"old", generation=3)),  # the HEAD: not what was sent
+        answer(200, resource("k", b"data", generation=4)),
+    ]
+    info = runtime.run(store.put("k", b"data"))
+    assert (info.size, info.generation) == (4, 4)
+    assert scripted.methods() == ["POST", "GET", "POST"]
+    assert "ifGenerationMatch" not in scripted.seen[0].path_qs
+    assert "ifGenerationMatch=3" in scripted.seen[2].path_qs
+
+
+def test_a_write_without_precondition_whose_answer_was_lost_is_recognised(server: Any) -> None:
+    scripted, store = server
+    scripted.handlers += [answer(500), answer(200, resource("k", b"data", generation=9))]
+    info = runtime.run(store.put("k", b"data"))
+    assert info.generation == 9
+    assert scripted.methods() == ["POST", "GET"]
+
+
+def test_a_write_refused_with_429_is_repeated_without_a_head(server: Any) -> None:
+    scripted, store = server
+    scripted.handlers += [answer(429), answer(200, resource("k", b"data"))]
+    runtime.run(store.put("k", b"data"))
+    assert scripted.methods() == ["POST", "POST"]
+    assert "ifGenerationMatch" not in scripted.seen[1].path_qs
 
 
 def test_a_conditional_write_accepts_its_own_lost_attempt(server: Any) -> None:

@@ -4,6 +4,12 @@
 loop, the limiter, the credentials), sends one request with the one error
 mapping, and performs the reads that are more than one request: verified reads
 into bytes, into a caller's buffer, and as a stream that resumes where it broke.
+
+It also owns the one answer to a write whose outcome is uncertain (the request
+failed without a definite answer: a server error, a reset, a timeout, a garbled
+answer): such a write may have taken effect. :meth:`GCSTransport.write` retries
+it safely and :meth:`GCSTransport.written_anyway` recognises it by the object
+itself, which holds exactly what was sent (size and CRC32C) if it did.
 """
 
 from __future__ import annotations
@@ -20,9 +26,13 @@ from multidict import CIMultiDictProxy
 from torchbucket import retry
 from torchbucket.config import ConcurrencyConfig, RetryConfig
 from torchbucket.errors import (
+    DeadlineExceededError,
     IntegrityError,
     NotFoundError,
+    PreconditionFailedError,
+    RetryableError,
     StorageError,
+    ThrottledError,
     TransientError,
 )
 from torchbucket.storage import _gcs_http as _http
@@ -48,6 +58,29 @@ _Response = tuple[int, "CIMultiDictProxy[str]", bytes]
 _MAX_STREAM_RESUMES = 10
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 _HEAD_QUERY = "fields=" + quote_name(INFO_FIELDS)
+
+
+def uncertain(exc: BaseException) -> bool:
+    """Whether a write that failed with ``exc`` may nevertheless have taken effect.
+
+    Everything that is not a definite answer: a server error, a reset, a
+    timeout (a cancelled attempt), a garbled answer, retries that ran out. A 429
+    is a definite refusal: the service did not act on the request.
+    """
+    if isinstance(exc, ThrottledError) and exc.status == 429:
+        return False
+    return isinstance(exc, (RetryableError, DeadlineExceededError, asyncio.CancelledError))
+
+
+def holds(info: ObjectInfo | None, size: int, crc32c: str | None) -> bool:
+    """Whether the object ``info`` describes holds exactly ``size`` bytes with ``crc32c``.
+
+    Without a CRC32C to compare (``crc32c`` or the object's is ``None``) the size
+    alone decides.
+    """
+    if info is None or info.size != size:
+        return False
+    return crc32c is None or info.crc32c is None or info.crc32c == crc32c
 
 
 class GCSTransport:
@@ -221,6 +254,119 @@ class GCSTransport:
             return await self.head(key)
         except NotFoundError:
             return None
+
+    async def _head_once(self, key: str, operation: str) -> ObjectInfo | None:
+        """One HEAD request, no retries of its own (it runs inside an attempt)."""
+        uri = self.uri(key)
+        url = self._object_url(key, _HEAD_QUERY)
+        status, _, body = await self.request("GET", url, operation=operation, uri=uri, allow=(404,))
+        if status == 404:
+            return None
+        return _http.parse_info(body, operation=operation, uri=uri)
+
+    # ------------------------------------------------------------ uncertain writes
+
+    async def write(
+        self,
+        send: Callable[[int | None], Awaitable[ObjectInfo]],
+        key: str,
+        *,
+        size: int,
+        crc32c: str | None,
+        if_generation_match: int | None,
+        operation: str,
+    ) -> ObjectInfo:
+        """Run a write with retries that never repeat it blindly.
+
+        ``send(precondition)`` makes one attempt, with ``ifGenerationMatch`` set
+        to ``precondition`` (``None``: no precondition). The first attempt uses
+        ``if_generation_match``. After an attempt whose outcome is uncertain
+        (see :func:`uncertain`):
+
+        - without a precondition, the object is read before the next attempt
+          (one HEAD): if it holds what was sent (``size`` and ``crc32c``), that
+          was this write and it is returned; otherwise the next attempts are
+          pinned to the generation just seen (0 for no object), so a repeat
+          cannot overwrite a write made meanwhile by someone else;
+        - with one, the repeat meets a 412 if the lost attempt took effect, and
+          a 412 after an uncertain attempt is checked the same way;
+        - when retries give up after an uncertain attempt, the object is
+          checked once more (:meth:`written_anyway`).
+
+        So an unconditional write costs one request when nothing fails, and is
+        retried like any idempotent request when something does.
+
+        Raises:
+            PreconditionFailedError: ``if_generation_match`` (or the generation
+                seen before a retry) did not hold, and the object is not this
+                write's.
+            StorageError: The write failed and the object does not hold what
+                was sent.
+        """
+        uri = self.uri(key)
+        precondition = if_generation_match
+        unsure = False
+
+        async def attempt() -> ObjectInfo:
+            nonlocal precondition, unsure
+            if unsure and precondition is None:
+                info = await self._head_once(key, operation)
+                if info is not None and holds(info, size, crc32c):
+                    logger.debug("%s %s: an earlier attempt took effect", operation, uri)
+                    return info
+                precondition = 0 if info is None else info.generation
+            try:
+                return await send(precondition)
+            except PreconditionFailedError:
+                if unsure:
+                    info = await self._head_once(key, operation)
+                    if info is not None and holds(info, size, crc32c):
+                        logger.debug("%s %s: an earlier attempt took effect", operation, uri)
+                        return info
+                raise
+            except (StorageError, asyncio.CancelledError) as exc:
+                unsure = unsure or uncertain(exc)
+                raise
+
+        try:
+            return await self.call(attempt, operation, uri)
+        except (PreconditionFailedError, IntegrityError):
+            raise
+        except StorageError as exc:
+            if not unsure:
+                raise
+            return await self.written_anyway(exc, key, size=size, crc32c=crc32c)
+
+    async def written_anyway(
+        self, error: StorageError, key: str, *, size: int, crc32c: str | None
+    ) -> ObjectInfo:
+        """The object, if a write that failed with ``error`` took effect after all.
+
+        For a write whose outcome is uncertain (its answers were lost until the
+        retry deadline, say): if the object now holds exactly what was sent,
+        ``size`` bytes with ``crc32c``, the write is accepted.
+
+        Raises:
+            StorageError: ``error`` itself, when the object does not hold what
+                was sent or cannot be read.
+        """
+        uri = self.uri(key)
+        if not uncertain(error):
+            raise error
+        try:
+            info = await self._head_or_none(key)
+        except StorageError:
+            logger.debug("%s: could not check the object after a failed write", uri, exc_info=True)
+            info = None
+        if info is None or not holds(info, size, crc32c):
+            raise error
+        logger.info(
+            "%s %s failed (%s), but the object holds what was sent: accepted",
+            error.operation,
+            uri,
+            type(error).__name__,
+        )
+        return info
 
     def check_written(
         self, info: ObjectInfo, size: int, crc32c: str | None, operation: str, uri: str

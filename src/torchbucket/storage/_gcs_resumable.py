@@ -4,7 +4,9 @@ A session is started once; chunks (multiples of 256 KiB but the last) are sent
 one request each. A chunk whose answer was lost is not resent blindly: the retry
 first asks the session how many bytes it holds and sends the rest, so a repeat
 never duplicates or skips bytes, and a final chunk that had in fact completed
-the upload is recognised by the object the session returns.
+the upload is recognised by the object the session returns. A final chunk whose
+answers were lost until the retry deadline is resolved by the object itself
+(:meth:`~torchbucket.storage._gcs_io.GCSTransport.written_anyway`).
 """
 
 from __future__ import annotations
@@ -166,9 +168,14 @@ class GCSUploads(GCSTransport):
         offset = 0
         while True:
             stop = min(offset + chunk_size, total)
-            info, offset = await self._resumable_send(
-                session_url, view[offset:stop], offset, total if stop == total else None, uri
-            )
+            try:
+                info, offset = await self._resumable_send(
+                    session_url, view[offset:stop], offset, total if stop == total else None, uri
+                )
+            except StorageError as exc:
+                if stop < total:
+                    raise  # the object cannot exist before its last chunk
+                info = await self.written_anyway(exc, key, size=total, crc32c=crc)
             if info is not None:
                 return self.check_written(info, total, crc, "put", uri)
 
@@ -198,9 +205,14 @@ class GCSUploads(GCSTransport):
                     offset = held
             while True:
                 piece = bytes(buf)
-                info, held = await self._resumable_send(
-                    session_url, piece, offset, offset + len(piece), uri
-                )
+                try:
+                    info, held = await self._resumable_send(
+                        session_url, piece, offset, offset + len(piece), uri
+                    )
+                except StorageError as exc:
+                    size = offset + len(piece)
+                    info = await self.written_anyway(exc, key, size=size, crc32c=crc_b64(crc))
+                    held = size
                 if info is not None:
                     break
                 del buf[: held - offset]

@@ -8,23 +8,26 @@ anonymously.
 
 Every request runs through :func:`torchbucket.retry.call` under the process's
 adaptive limiter for the endpoint. A write is retried only where a repeat is
-safe: with a generation precondition, or by the protocol (resumable chunks,
-multipart parts). Where a retry of such a write meets the precondition that the
-lost first attempt itself satisfied, the object is checked and accepted.
+safe: by the protocol (resumable chunks, multipart parts), or with a generation
+precondition. A write whose outcome is uncertain (no definite answer: a server
+error, a reset, a timeout, a garbled answer) may have taken effect, so it is
+resolved by the object itself: if the object holds exactly what was sent (size
+and CRC32C), the write is accepted; otherwise a simple upload is repeated pinned
+to the generation just seen (see ``GCSTransport.write``). A multipart initiate
+whose answer was lost aborts the empty uploads it may have left.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import yarl
 
 from torchbucket.errors import (
     NotFoundError,
-    PreconditionFailedError,
     RetryableError,
     StorageError,
 )
@@ -208,9 +211,6 @@ class GCSStore(GCSMultipart):
         meta: dict[str, Any] = {"name": key, "crc32c": crc}
         meta["contentType"] = content_type or "application/octet-stream"
         query = "uploadType=multipart&fields=" + quote_name(INFO_FIELDS)
-        if if_generation_match is not None:
-            query += f"&ifGenerationMatch={if_generation_match}"
-        url = yarl.URL(f"{self._upload_base}?{query}", encoded=True)
         boundary = "torchbucket-6c1b0e5a9f"
         body = b"".join(
             (
@@ -224,17 +224,24 @@ class GCSStore(GCSMultipart):
         headers = {"Content-Type": f"multipart/related; boundary={boundary}"}
         uri = self.uri(key)
 
-        async def attempt() -> ObjectInfo:
+        async def send(precondition: int | None) -> ObjectInfo:
+            q = query if precondition is None else f"{query}&ifGenerationMatch={precondition}"
+            url = yarl.URL(f"{self._upload_base}?{q}", encoded=True)
             _, _, resp = await self.request(
                 "POST", url, operation="put", uri=uri, headers=headers, data=body
             )
             info = _http.parse_info(resp, operation="put", uri=uri)
             return self.check_written(info, size, crc, "put", uri)
 
-        if if_generation_match is None:
-            return await self.call(attempt, "put", uri, idempotent=False)
-        return await self.call(
-            self._accept_own_write(attempt, key, size=size, crc32c=crc), "put", uri
+        # Retried even without a precondition: an attempt whose outcome is
+        # uncertain is checked against the object, and the repeat is pinned.
+        return await self.write(
+            send,
+            key,
+            size=size,
+            crc32c=crc,
+            if_generation_match=if_generation_match,
+            operation="put",
         )
 
     async def put_stream(
@@ -243,44 +250,6 @@ class GCSStore(GCSMultipart):
         return await self.resumable_put_stream(
             self._upload_base, key, chunks, content_type, self._config.chunk_size
         )
-
-    def _accept_own_write(
-        self,
-        attempt: Callable[[], Any],
-        key: str,
-        *,
-        size: int,
-        crc32c: str | None,
-    ) -> Callable[[], Any]:
-        """Wrap a conditional write so that a 412 caused by its own lost attempt passes.
-
-        When an attempt fails without a definite answer, the write may have taken
-        effect; the retry then meets a precondition that no longer holds. If the
-        object now holds exactly what we wrote, that was our write.
-        """
-        ambiguous = False
-
-        async def wrapped() -> ObjectInfo:
-            nonlocal ambiguous
-            try:
-                result: ObjectInfo = await attempt()
-                return result
-            except PreconditionFailedError:
-                if ambiguous:
-                    info = await self._head_or_none(key)
-                    if (
-                        info is not None
-                        and info.size == size
-                        and (crc32c is None or info.crc32c == crc32c)
-                    ):
-                        logger.debug("accepting %s as our own earlier write", self.uri(key))
-                        return info
-                raise
-            except RetryableError:
-                ambiguous = True
-                raise
-
-        return wrapped
 
     async def compose(
         self,
@@ -319,10 +288,20 @@ class GCSStore(GCSMultipart):
             return _http.parse_info(resp, operation="compose", uri=uri)
 
         if if_generation_match is None:
+            # Without a precondition a repeat could not be told from another
+            # writer's compose by its size alone: not retried.
             return await self.call(attempt, "compose", uri, idempotent=False)
-        total = sum(s.size for s in sources)
-        return await self.call(
-            self._accept_own_write(attempt, destination, size=total, crc32c=None), "compose", uri
+
+        async def send(precondition: int | None) -> ObjectInfo:
+            return await attempt()
+
+        return await self.write(
+            send,
+            destination,
+            size=sum(s.size for s in sources),
+            crc32c=None,
+            if_generation_match=if_generation_match,
+            operation="compose",
         )
 
     async def delete(self, key: str, *, generation: int | None = None) -> None:
