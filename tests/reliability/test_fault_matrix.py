@@ -100,11 +100,7 @@ _NOT_REPEATED = {("put", "truncate"), ("put", "corrupt")}
 
 #: Known bugs, reported (see docs/reliability.md): the case is expected to fail
 #: its checks until fixed. Strict: a fix makes the case pass and the marker go.
-KNOWN_BUGS: dict[tuple[str, str], str] = {
-    ("mpu_initiate", "corrupt"): "a garbled initiate answer raises xml ParseError",
-    ("mpu_initiate", "truncate"): "each initiate whose answer was lost leaves an empty "
-    "incomplete upload behind after the save (only abort_incomplete_uploads removes it)",
-}
+KNOWN_BUGS: dict[tuple[str, str], str] = {}
 KNOWN_BUGS_AT: dict[tuple[str, str, str], str] = {
     ("mpu_complete", "truncate", "past_deadline"): "a completion whose answers were lost until "
     "the deadline fails the save although the new checkpoint was completed",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -383,3 +384,52 @@ def test_the_project_goes_with_every_request(server: Any) -> None:
     runtime.run(billed.list_page())
     assert [s.headers.get("x-goog-user-project") for s in scripted.seen] == ["payer-1"] * 2
     runtime.run(billed.close())
+
+
+def _uploads_page(*uploads: tuple[str, str, float]) -> bytes:
+    items = "".join(
+        f"<Upload><Key>{key}</Key><UploadId>{upload_id}</UploadId>"
+        f"<Initiated>{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(when))}.000Z</Initiated>"
+        "</Upload>"
+        for key, upload_id, when in uploads
+    )
+    return f"<ListMultipartUploadsResult>{items}</ListMultipartUploadsResult>".encode()
+
+
+def test_an_initiate_whose_answer_was_lost_aborts_the_upload_it_began(server: Any) -> None:
+    scripted, store = server
+    now = time.time()
+    scripted.handlers += [
+        answer(200, b"<InitiateMultipartUploadResult><UploadId>lo"),  # cut short: lost
+        answer(
+            200,
+            b"<InitiateMultipartUploadResult><UploadId>B</UploadId>"
+            b"</InitiateMultipartUploadResult>",
+        ),
+        answer(
+            200,
+            _uploads_page(
+                ("ckpt", "A", now),  # what the lost answer began
+                ("ckpt", "B", now),  # the one returned
+                ("ckpt", "old", now - 3600),  # someone else's, from before
+                ("ckpt.tmp", "other-key", now),  # another key under the prefix
+            ),
+        ),
+        answer(204),
+    ]
+    assert runtime.run(store.multipart_initiate("ckpt")) == "B"
+    assert scripted.methods() == ["POST", "POST", "GET", "DELETE"]
+    assert scripted.seen[3].path_qs == "/bkt/ckpt?uploadId=A"
+
+
+def test_an_initiate_answered_at_once_lists_nothing(server: Any) -> None:
+    scripted, store = server
+    scripted.handlers += [
+        answer(
+            200,
+            b"<InitiateMultipartUploadResult><UploadId>B</UploadId>"
+            b"</InitiateMultipartUploadResult>",
+        ),
+    ]
+    assert runtime.run(store.multipart_initiate("ckpt")) == "B"
+    assert scripted.methods() == ["POST"]

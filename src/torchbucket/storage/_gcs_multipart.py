@@ -4,12 +4,17 @@ Path-style requests: ``POST /{bucket}/{key}?uploads`` starts an upload,
 ``PUT ?partNumber=N&uploadId=X`` sends a part, ``POST ?uploadId=X`` assembles
 the parts, ``DELETE ?uploadId=X`` abandons them and ``GET /{bucket}?uploads``
 lists what is incomplete. Parts and aborts are idempotent; a completion whose
-answer was lost is recognised on retry by the object it created.
+answer was lost is recognised on retry by the object it created. An initiate
+whose answer was lost may have created an upload nobody knows the id of: once
+the initiate is over (succeeded or failed), the uploads to exactly that key that
+began since it started, other than the one returned, are aborted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +31,10 @@ from torchbucket.storage.base import MultipartUpload, ObjectInfo, Part
 __all__ = ["GCSMultipart"]
 
 logger = logging.getLogger(__name__)
+
+#: Seconds by which the server's clock may trail ours when telling the uploads an
+#: initiate started from older ones (the window only opens after a lost answer).
+_CLOCK_SLACK = 2.0
 
 
 class GCSMultipart(GCSUploads):
@@ -44,21 +53,73 @@ class GCSMultipart(GCSUploads):
         uri = self.uri(key)
         headers = {"Content-Type": content_type or "application/octet-stream"}
 
+        started = time.time()
+        unsure = False
+
         async def attempt() -> str:
-            _, _, body = await self.request(
-                "POST", url, operation="multipart initiate", uri=uri, headers=headers, data=b""
-            )
-            upload_id = _http.parse_body(
-                _xml.parse_upload_id, body, operation="multipart initiate", uri=uri
-            )
+            nonlocal unsure
+            try:
+                _, _, body = await self.request(
+                    "POST", url, operation="multipart initiate", uri=uri, headers=headers, data=b""
+                )
+                upload_id = _http.parse_body(
+                    _xml.parse_upload_id, body, operation="multipart initiate", uri=uri
+                )
+            except (RetryableError, asyncio.CancelledError):
+                unsure = True  # the upload may exist; its id was lost
+                raise
             if not upload_id:
                 raise StorageError(
                     "initiate answered no UploadId", operation="multipart initiate", uri=uri
                 )
             return upload_id
 
-        # A repeat only leaves an empty upload behind, which abort_incomplete_uploads clears.
-        return await self.call(attempt, "multipart initiate", uri)
+        try:
+            upload_id = await self.call(attempt, "multipart initiate", uri)
+        except StorageError:
+            if unsure:
+                await self._abort_strays(key, started, keep=None)
+            raise
+        if unsure:
+            await self._abort_strays(key, started, keep=upload_id)
+        return upload_id
+
+    async def _abort_strays(self, key: str, since: float, *, keep: str | None) -> None:
+        """Abort the uploads to exactly ``key`` begun since ``since``, but ``keep``.
+
+        They are what initiates whose answers were lost created. An upload that
+        another writer began to the same key in that window is aborted too (two
+        saves to one object at once race whatever happens; the store cannot
+        tell whose an upload is). A failure here does not fail the initiate: a
+        stray upload costs storage only, until ``torchbucket cleanup`` removes
+        it. An initiate that reaches the server only after this listing (held
+        in a network queue) still leaves its upload behind.
+        """
+        try:
+            uploads = await self.multipart_list(key)
+            strays = [
+                u
+                for u in uploads
+                if u.key == key
+                and u.upload_id != keep
+                and u.initiated is not None
+                and u.initiated >= since - _CLOCK_SLACK
+            ]
+            for upload in strays:
+                try:
+                    await self.multipart_abort(key, upload.upload_id)
+                except NotFoundError:
+                    pass  # completed or aborted meanwhile
+        except StorageError:
+            logger.warning(
+                "could not abort the uploads that lost initiate answers left at %s; "
+                "`torchbucket cleanup` removes them",
+                self.uri(key),
+                exc_info=True,
+            )
+            return
+        if strays:
+            logger.info("aborted %d upload(s) whose initiate answer was lost", len(strays))
 
     async def multipart_upload_part(
         self, key: str, upload_id: str, number: int, data: bytes | bytearray | memoryview
