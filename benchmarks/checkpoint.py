@@ -6,7 +6,7 @@ per body each way), one run holds every contender against the same server:
 
 - ``torch.save`` / ``torch.load`` of one state dict (about 1 GiB; ``--quick``
   512 MiB) of a few large fp32 tensors (70%), 16 bf16 ones (20%) and about
-  1,000 small ones per GiB (10%), through
+  1,500 small ones per GiB (10%), through
   - torchbucket: ``BucketCheckpoint().writer(uri)`` / ``.reader(uri)``;
   - gcs-torch-dataflux 1.4.0: ``DatafluxCheckpoint.writer`` / ``.reader``
     (in ``.venv-bench``: it needs ``google-cloud-storage<3``);
