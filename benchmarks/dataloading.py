@@ -15,7 +15,11 @@ every sample checked in the consumer:
   (it reads about 90 objects/s), in ``.venv-bench``;
 - a bare ``aiohttp`` loop in one process with as many requests in flight as
   torchbucket's iterable dataset keeps (workers x ``FetchConfig.prefetch``):
-  the limit.
+  the limit;
+- for reference, a minimal asyncio prototype inside the same DataLoader (each
+  worker drives its own event loop from ``__next__``, as many requests in
+  flight per worker as torchbucket's iterable, no retries or checksums): what
+  the DataLoader architecture allows (``fraction_of_prototype_*``).
 
 Datasets: 10,000 x 100 KiB and 20,000 x 10 KiB, the plain Dataset on a
 sample of 1,000, every contender run 3 times; ``--quick`` scales them to 3,000
@@ -86,6 +90,8 @@ CONTENDERS = [
     Contender("naive", "plain Dataset (google-cloud-storage)", "gcs_dataset_loader.py", True,
               "naive", {}),
     Contender("aiohttp", "bare aiohttp loop (limit)", "aiohttp_loop.py", False, "limit", {}),
+    Contender("prototype", "asyncio prototype in DataLoader", "aiohttp_dataloader.py", False,
+              "reference", {}),
 ]  # fmt: skip
 
 
@@ -171,6 +177,8 @@ def run_one(
         spec["sample"] = min(ds.naive_sample, ds.count)
     if c.family == "limit":
         spec.update(concurrency=limit_concurrency(), verify="inline")
+    if c.family == "reference":
+        spec.update(prefetch=limit_concurrency() // NUM_WORKERS)
     before = len(emu.object_names(ds.bucket, COMPOSITES))
     run = h.run_contender(
         f"dl-{ds.key}-{c.key}-{rep}",
@@ -280,9 +288,11 @@ def main(argv: list[str] | None = None) -> int:
         df_key, df_rate = best(summary, "dataflux")
         _, naive_rate = best(summary, "naive")
         _, limit_rate = best(summary, "limit")
+        _, proto_rate = best(summary, "reference")
         result[f"speedup_vs_dataflux_{ds.key}"] = round(h.ratio(tb_rate, df_rate), 2)
         result[f"speedup_vs_naive_{ds.key}"] = round(h.ratio(tb_rate, naive_rate), 1)
         result[f"fraction_of_limit_{ds.key}"] = round(h.ratio(tb_rate, limit_rate), 3)
+        result[f"fraction_of_prototype_{ds.key}"] = round(h.ratio(tb_rate, proto_rate), 3)
         result[f"client_cpu_ms_per_obj_{ds.key}"] = (
             round(summary[tb_key]["client_cpu_ms_per_obj"], 3) if tb_key else None
         )

@@ -233,14 +233,18 @@ def build_page(statuses: dict[str, dict[str, Any]], quick: bool) -> str:
             ]
         stdout_path = h.OUTPUT_DIR / f"{name}.stdout.txt"
         json_path = h.OUTPUT_DIR / f"{name}.json"
-        stale = stdout_path.exists() and (
-            json_path.exists() and json_path.stat().st_mtime > stdout_path.stat().st_mtime + 5
-        )  # the benchmark ran again outside run_all: its JSON is the newer record
+        json_result = _json_result(name)
+        # The benchmark ran again outside run_all: its JSON is the newer record.
+        stale = (
+            json_result is not None
+            and stdout_path.exists()
+            and json_path.stat().st_mtime > stdout_path.stat().st_mtime + 5
+        )
         result = None
         if stdout_path.exists() and not stale:
             result = parse_result(stdout_path.read_text().splitlines())
         if result is None:
-            result = _json_result(name)
+            result = json_result
         if result is None:
             out += ["No RESULT recorded yet.", ""]
             continue
