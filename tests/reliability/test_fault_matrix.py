@@ -101,10 +101,7 @@ _NOT_REPEATED = {("put", "truncate"), ("put", "corrupt")}
 #: Known bugs, reported (see docs/reliability.md): the case is expected to fail
 #: its checks until fixed. Strict: a fix makes the case pass and the marker go.
 KNOWN_BUGS: dict[tuple[str, str], str] = {}
-KNOWN_BUGS_AT: dict[tuple[str, str, str], str] = {
-    ("mpu_complete", "truncate", "past_deadline"): "a completion whose answers were lost until "
-    "the deadline fails the save although the new checkpoint was completed",
-}
+KNOWN_BUGS_AT: dict[tuple[str, str, str], str] = {}
 
 
 def known_bug(op: str, kind: str, mode: str) -> str | None:

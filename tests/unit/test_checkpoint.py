@@ -25,6 +25,7 @@ from torchbucket.checkpoint._reader import split_ranges
 from torchbucket.checkpoint._writer import first_part_size
 from torchbucket.errors import (
     ConfigError,
+    DeadlineExceededError,
     IntegrityError,
     InvalidURIError,
     NotFoundError,
@@ -399,3 +400,32 @@ def test_checkpoint_pickles_without_its_stores(bucket: str) -> None:
     copy = pickle.loads(pickle.dumps(checkpoint))
     assert copy.config == TINY
     assert copy.load(f"memory://{bucket}/p.pt") == {"x": 1}
+
+
+@pytest.mark.parametrize("completed", [True, False])
+def test_a_completion_without_an_answer_is_judged_by_the_object(
+    bucket: str, monkeypatch: pytest.MonkeyPatch, completed: bool
+) -> None:
+    """Answers lost until the deadline: saved if the object holds what was written."""
+    ckpt = BucketCheckpoint(TINY)
+    uri = f"memory://{bucket}/c.pt"
+    ckpt.save({"old": torch.zeros(10)}, uri)
+    original = MemoryStore.multipart_complete
+
+    async def lost(self: MemoryStore, key: str, upload_id: str, parts: Sequence[Part]) -> Any:
+        if completed:
+            await original(self, key, upload_id, parts)
+        raise DeadlineExceededError("answers lost", operation="multipart complete", uri=uri)
+
+    monkeypatch.setattr(MemoryStore, "multipart_complete", lost)
+    new = state_dict(3)
+    if completed:
+        ckpt.save(new, uri)
+    else:
+        with pytest.raises(DeadlineExceededError):
+            ckpt.save(new, uri)
+    monkeypatch.undo()
+    got = ckpt.load(uri, weights_only=True)
+    assert ("old" not in got) == completed
+    store, _ = ckpt.open(uri)
+    assert runtime.run(store.multipart_list("")) == []

@@ -19,6 +19,13 @@ that generation and raises :class:`~torchbucket.errors.IntegrityError`: a
 missing checkpoint fails loudly on load, a corrupt one might not. Jobs that
 must keep the previous checkpoint until the next is proven good write each
 checkpoint under a new name (as Lightning does) rather than over the old one.
+
+Uncertain outcomes: the store resolves a simple or resumable upload whose
+answers were lost by the object itself (it holds exactly what was sent, or the
+write is repeated pinned to the generation seen). A multipart completion is
+resolved here, where the CRC32C of the whole object is known: if completing
+fails without a definite answer, the object is read, and the save succeeded if
+it holds what was written (size and CRC32C).
 """
 
 from __future__ import annotations
@@ -42,7 +49,13 @@ from torchbucket.checkpoint._upload import (
     StreamSession,
     UploadSession,
 )
-from torchbucket.errors import IntegrityError, StorageError
+from torchbucket.errors import (
+    DeadlineExceededError,
+    IntegrityError,
+    NotFoundError,
+    RetryableError,
+    StorageError,
+)
 from torchbucket.storage.base import MULTIPART_MAX_PARTS, ObjectInfo, ObjectStore
 
 __all__ = ["CheckpointWriter"]
@@ -310,7 +323,35 @@ class CheckpointWriter(io.BufferedIOBase):
             return runtime.run(self._store.put(self._key, data, content_type=CONTENT_TYPE))
         if self._fill:
             self._hand_over()
-        return runtime.run(self._session.finish())
+        try:
+            return runtime.run(self._session.finish())
+        except (RetryableError, DeadlineExceededError) as exc:
+            # No definite answer: the completion may have happened all the same.
+            info = self._saved_anyway()
+            if info is None:
+                raise
+            logger.info(
+                "%s: completing the upload failed (%s), but the object holds what was "
+                "written: saved",
+                self.uri,
+                type(exc).__name__,
+            )
+            return info
+
+    def _saved_anyway(self) -> ObjectInfo | None:
+        """The object, if it holds exactly what was written (size and CRC32C)."""
+        try:
+            info = runtime.run(self._store.head(self._key))
+        except NotFoundError:
+            return None
+        except StorageError:
+            logger.debug(
+                "%s: could not check the object after a failed save", self.uri, exc_info=True
+            )
+            return None
+        if info.size == self._written and info.crc32c == self._crc.b64():
+            return info
+        return None
 
     def _verify(self, info: ObjectInfo) -> ObjectInfo:
         if info.crc32c is None:
