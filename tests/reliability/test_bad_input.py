@@ -332,17 +332,16 @@ def test_a_checkpoint_beyond_the_part_limit_fails_naming_it(part_sizes: list[int
     assert not ckpt.exists(uri)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: through torch.save the part-limit StorageError raised by write() "
-    "becomes torch's RuntimeError 'enforce fail at inline_container.cc ... unexpected pos', "
-    "which names neither the URI nor the remedy (part failures are deferred to close, "
-    "this one is not)",
-)
 def test_a_torch_save_beyond_the_part_limit_fails_naming_it(part_sizes: list[int]) -> None:
     ckpt = BucketCheckpoint(CheckpointConfig(part_size=1, min_part_size=1, max_parts_in_flight=64))
     uri = f"memory://rel-{uuid.uuid4().hex[:8]}/c.pt"
-    raises(StorageError, uri, lambda: ckpt.save({"w": torch.zeros(300_000)}, uri))
+    error = raises(StorageError, uri, lambda: ckpt.save({"w": torch.zeros(300_000)}, uri))
+    # What the user sees is torchbucket's error, not torch's "unexpected pos".
+    assert "part_size or pass size_hint" in str(error)
+    assert "10000 parts" in str(error)
+    store, _ = ckpt.open(uri)
+    assert runtime.run(store.multipart_list("")) == []
+    assert not ckpt.exists(uri)
 
 
 # -- unusual names ----------------------------------------------------------------

@@ -140,6 +140,8 @@ class CheckpointWriter(io.BufferedIOBase):
         self._parts = 0
         self._written = 0
         self._crc = Crc32c()
+        #: A failure found by the writer itself, raised by ``close``.
+        self._error: StorageError | None = None
         self._state: Literal["open", "committing", "committed", "aborted"] = "open"
         self._loop = runtime.get_loop()
 
@@ -168,9 +170,10 @@ class CheckpointWriter(io.BufferedIOBase):
         """Copy ``data`` into part buffers, handing over each one that fills.
 
         Blocks while ``max_parts_in_flight`` parts are uploading. Once a part
-        has failed, writes are dropped and ``close`` raises the failure: raising
-        here would not reach the caller of ``torch.save``, whose zip writer
-        replaces any error from ``write`` with its own ``RuntimeError``.
+        has failed, or the checkpoint has outgrown the store's part limit,
+        writes are dropped and ``close`` raises the failure: raising here would
+        not reach the caller of ``torch.save``, whose zip writer replaces any
+        error from ``write`` with its own ``RuntimeError`` ("unexpected pos").
 
         Raises:
             ValueError: The writer is closed.
@@ -178,7 +181,7 @@ class CheckpointWriter(io.BufferedIOBase):
         self._check_open()
         view = memoryview(data).cast("B")
         total = len(view)
-        if self._session.error is not None:
+        if self._session.error is not None or self._error is not None:
             self._written += total
             return total
         offset = 0
@@ -279,7 +282,7 @@ class CheckpointWriter(io.BufferedIOBase):
             raise ValueError(f"I/O operation on a closed checkpoint writer ({self.uri})")
 
     def _raise_part_error(self) -> None:
-        error = self._session.error
+        error = self._error or self._session.error
         if error is not None:
             raise error
 
@@ -291,12 +294,18 @@ class CheckpointWriter(io.BufferedIOBase):
         assert buffer is not None
         number = self._parts + 1
         if number > MULTIPART_MAX_PARTS and isinstance(self._session, MultipartSession):
-            raise StorageError(
-                f"the checkpoint needs more than {MULTIPART_MAX_PARTS} parts; "
-                "raise CheckpointConfig.part_size or pass size_hint",
+            # Recorded, not raised: see write(). close() raises it.
+            self._error = StorageError(
+                f"the checkpoint needs more than the store's limit of {MULTIPART_MAX_PARTS} "
+                f"parts (parts began at {self._base_part_size} bytes and grew to "
+                f"{self._part_size(number - 1)}); raise CheckpointConfig.part_size "
+                "or pass size_hint (the expected size in bytes) to BucketCheckpoint.writer()",
                 operation="checkpoint save",
                 uri=self.uri,
             )
+            self._pool.give(buffer)
+            self._buffer, self._fill = None, 0
+            return
         view = memoryview(buffer)[:fill]
         self._crc.update(view)
         self._slots.acquire()
@@ -323,6 +332,7 @@ class CheckpointWriter(io.BufferedIOBase):
             return runtime.run(self._store.put(self._key, data, content_type=CONTENT_TYPE))
         if self._fill:
             self._hand_over()
+            self._raise_part_error()  # the last part may be one too many
         try:
             return runtime.run(self._session.finish())
         except (RetryableError, DeadlineExceededError) as exc:
