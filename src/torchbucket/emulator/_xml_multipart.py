@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 from urllib.parse import quote
 
+import google_crc32c
 from aiohttp import web
 
 from torchbucket.emulator._http import (
@@ -26,7 +27,6 @@ from torchbucket.emulator._http import (
     XML_TYPE,
     ApiError,
     Call,
-    checksums,
     error_response,
     json_call,
     rfc3339,
@@ -228,11 +228,15 @@ class XmlApi:
                 f"partNumber must be in [1, {MAX_PARTS}], got {number}",
                 xml_code="InvalidArgument",
             )
-        crc, md5 = checksums(call.body)
-        etag = base64.b64decode(md5).hex()
+        # GCS's part ETag is the part's MD5 and clients treat it as opaque. MD5
+        # costs ~1.8 ms of server CPU per MiB (CRC32C ~0.1), the largest share of
+        # the emulator's cost per uploaded byte, so the model tags a part with
+        # its CRC32C and length instead and reports only the CRC32C hash, which
+        # is the one google-resumable-media's XMLMPUPart checks.
+        crc = google_crc32c.value(call.body)
+        etag = f"{crc:08x}{len(call.body):016x}"
         upload.parts[number] = (etag, call.body, time.time())
-        # GCS reports each part's hashes; google-resumable-media's XMLMPUPart checks them.
-        hashes = f"crc32c={crc},md5={md5}"
+        hashes = "crc32c=" + base64.b64encode(crc.to_bytes(4, "big")).decode()
         return web.Response(status=200, headers={"ETag": f'"{etag}"', "x-goog-hash": hashes})
 
     async def _complete(self, call: Call) -> web.Response:
