@@ -234,7 +234,10 @@ def _progress_bar(
 
 def _rewrap(exc: StorageError, uri: str, found: int) -> StorageError:
     """``exc`` as an error of the same type about the whole listing."""
-    message = f"listing failed after {found} objects, nothing returned: {exc}"
+    # The cause's own message, not str(exc): that repeats the operation, the URI
+    # and the HTTP status, which the new error names itself.
+    detail = exc.message if exc.uri in ("", uri) else f"{exc.uri}: {exc.message}"
+    message = f"listing failed after {found} objects, nothing returned: {detail}"
     try:
         error = type(exc)(message, operation="list", uri=uri, status=exc.status)
     except TypeError:  # a subclass with another constructor

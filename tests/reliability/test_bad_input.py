@@ -68,7 +68,12 @@ def test_missing_bucket(emulator: Emulator) -> None:
     g = gcs(emulator)
     bucket = f"missing-{uuid.uuid4().hex[:12]}"
     uri = f"gs://{bucket}/d/"
-    raises(BucketNotFoundError, uri, lambda: BucketMapDataset.from_prefix(uri, gcs_config=g))
+    error = raises(
+        BucketNotFoundError, uri, lambda: BucketMapDataset.from_prefix(uri, gcs_config=g)
+    )
+    # Said once: not the cause's operation, URI and status repeated inside.
+    assert str(error).count(uri) == 1
+    assert str(error).count("HTTP 404") == 1
     raises(BucketNotFoundError, uri, lambda: BucketIterableDataset.from_prefix(uri, gcs_config=g))
     obj = f"gs://{bucket}/d/0"
     # Object requests cannot tell a missing bucket from a missing object by
