@@ -52,9 +52,7 @@ def check_compose_sources(sources: Sequence[ObjectInfo]) -> None:
     if not sources:
         raise ValueError("compose needs at least one source object")
     if len(sources) > COMPOSE_MAX_SOURCES:
-        raise ValueError(
-            f"compose takes at most {COMPOSE_MAX_SOURCES} sources, got {len(sources)}"
-        )
+        raise ValueError(f"compose takes at most {COMPOSE_MAX_SOURCES} sources, got {len(sources)}")
 
 
 def check_part_number(number: int) -> None:

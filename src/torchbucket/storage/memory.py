@@ -101,9 +101,7 @@ class MemoryStore:
             if self._create:
                 with _registry_lock:
                     return _registry.setdefault(self._bucket, _Bucket())
-            raise BucketNotFoundError(
-                "bucket does not exist", operation=operation, uri=self.uri()
-            )
+            raise BucketNotFoundError("bucket does not exist", operation=operation, uri=self.uri())
         return bucket
 
     def _object(self, key: str, operation: str, generation: int | None = None) -> _Object:
@@ -113,7 +111,9 @@ class MemoryStore:
             raise NotFoundError(what, operation=operation, uri=self.uri(key))
         return obj
 
-    def _store(self, key: str, data: bytes, operation: str, if_generation_match: int | None) -> ObjectInfo:
+    def _store(
+        self, key: str, data: bytes, operation: str, if_generation_match: int | None
+    ) -> ObjectInfo:
         bucket = self._data(operation)
         current = bucket.objects.get(key)
         if if_generation_match is not None:
