@@ -6,14 +6,18 @@ import concurrent.futures
 import logging
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
+from torchbucket.errors import ConfigError
 from torchbucket.lightning._filesystem import set_active_checkpoint
+
+if TYPE_CHECKING:
+    from torchbucket.storage.gcs import GCSConfig
 
 __all__ = ["AsyncBucketCheckpointIO", "BucketCheckpointIO"]
 
@@ -51,7 +55,7 @@ class BucketCheckpointIO(CheckpointIO):  # type: ignore[misc]
     def __init__(
         self,
         config: CheckpointConfig | None = None,
-        gcs_config: Any = None,
+        gcs_config: GCSConfig | None = None,
         *,
         checkpoint: BucketCheckpoint | None = None,
     ) -> None:
@@ -130,14 +134,14 @@ class AsyncBucketCheckpointIO(BucketCheckpointIO):
     def __init__(
         self,
         config: CheckpointConfig | None = None,
-        gcs_config: Any = None,
+        gcs_config: GCSConfig | None = None,
         *,
         checkpoint: BucketCheckpoint | None = None,
         max_pending: int = 1,
     ) -> None:
         super().__init__(config, gcs_config, checkpoint=checkpoint)
         if max_pending < 1:
-            raise ValueError(f"max_pending must be >= 1, got {max_pending!r}")
+            raise ConfigError(f"max_pending must be >= 1, got {max_pending!r}")
         self.max_pending = max_pending
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: list[concurrent.futures.Future[None]] = []
