@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -12,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from _torchrun import torchrun
 
 from torchbucket.checkpoint import CheckpointConfig
 from torchbucket.dcp import BucketStorageReader
@@ -27,27 +25,8 @@ pytestmark = [
 WORKER = Path(__file__).with_name("_dcp_worker.py")
 
 
-def torchrun(mode: str, emulator: Emulator, uri: str, out: Path) -> list[dict[str, Any]]:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            str(WORKER),
-            mode,
-            emulator.endpoint,
-            uri,
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+def run_ranks(mode: str, emulator: Emulator, uri: str, out: Path) -> list[dict[str, Any]]:
+    return torchrun(WORKER, mode, emulator.endpoint, uri, str(out), out=out)
 
 
 def full_state() -> dict[str, torch.Tensor]:
@@ -62,7 +41,7 @@ def test_two_ranks_save_and_load_then_one_rank_reshards(
     bucket = f"dcp-{uuid.uuid4().hex[:16]}"
     emulator.create_bucket(bucket)
     uri = f"gs://{bucket}/ckpt/step-7"
-    ranks = torchrun(mode, emulator, uri, tmp_path)
+    ranks = run_ranks(mode, emulator, uri, tmp_path)
     for report in ranks:
         assert report["local_shard_ok"] and report["full_ok"] and report["b_ok"], report
         assert report["step"] == 7

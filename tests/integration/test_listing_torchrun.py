@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
+from _torchrun import torchrun
 
 from torchbucket.emulator import Emulator
 
@@ -23,25 +21,7 @@ def test_rank_zero_lists_and_the_others_receive(emulator: Emulator, tmp_path: Pa
     names = [f"data/{i:05d}" for i in range(N)] + ["data/é", "data/~z"]
     emulator.seed(bucket, {name: name.encode() for name in names})
     worker = Path(__file__).with_name("_dist_listing_worker.py")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            str(worker),
-            emulator.endpoint,
-            bucket,
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    rank0, rank1 = torchrun(worker, emulator.endpoint, bucket, str(tmp_path), out=tmp_path)
     # The same sorted listing, down to sizes and generations, on both ranks.
     assert rank0["names"] == sorted(names, key=lambda n: n.encode())
     assert rank1["names"] == rank0["names"] and rank1["infos"] == rank0["infos"]
