@@ -178,6 +178,24 @@ def _open(
     return Catalog.from_prefix(uri, gcs_config=resolved), compose
 
 
+def _adopt(
+    dataset: Any,
+    project_name: str | None,
+    bucket_name: str,
+    config: Config | None,
+    data_format_fn: Callable[[bytes], Any],
+    storage_client: Any,
+    gcs_config: GCSConfig | None,
+) -> tuple[Catalog, ComposeConfig]:
+    """Keep dataflux's public attributes on ``dataset`` and list its objects."""
+    dataset.project_name = project_name
+    dataset.bucket_name = bucket_name
+    dataset.config = config if config is not None else Config()
+    dataset.data_format_fn = data_format_fn
+    dataset.storage_client = None  # never pickled, never used
+    return _open(project_name, bucket_name, dataset.config, storage_client, gcs_config)
+
+
 class DataFluxMapStyleDataset(BucketMapDataset):
     """dataflux's map-style dataset, on :class:`~torchbucket.datasets.BucketMapDataset`.
 
@@ -203,12 +221,9 @@ class DataFluxMapStyleDataset(BucketMapDataset):
         *,
         gcs_config: GCSConfig | None = None,
     ) -> None:
-        self.project_name = project_name
-        self.bucket_name = bucket_name
-        self.config = config if config is not None else Config()
-        self.data_format_fn = data_format_fn
-        self.storage_client = None  # never pickled, never used
-        catalog, compose = _open(project_name, bucket_name, self.config, storage_client, gcs_config)
+        catalog, compose = _adopt(
+            self, project_name, bucket_name, config, data_format_fn, storage_client, gcs_config
+        )
         super().__init__(catalog, data_format_fn=data_format_fn, compose=compose)
 
     @property
@@ -245,12 +260,9 @@ class DataFluxIterableDataset(BucketIterableDataset):
         *,
         gcs_config: GCSConfig | None = None,
     ) -> None:
-        self.project_name = project_name
-        self.bucket_name = bucket_name
-        self.config = config if config is not None else Config()
-        self.data_format_fn = data_format_fn
-        self.storage_client = None
-        catalog, compose = _open(project_name, bucket_name, self.config, storage_client, gcs_config)
+        catalog, compose = _adopt(
+            self, project_name, bucket_name, config, data_format_fn, storage_client, gcs_config
+        )
         super().__init__(catalog, data_format_fn=data_format_fn, compose=compose)
 
     @property
