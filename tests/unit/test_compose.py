@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import uuid
@@ -17,6 +18,7 @@ from torchbucket.compose import (
     ComposeConfig,
     cleanup_composites,
     cleanup_registered,
+    drain_deletes,
     fetch_group,
     in_flight,
     plan_groups,
@@ -174,6 +176,33 @@ def test_group_is_composed_read_once_split_and_deleted(bucket: str) -> None:
     assert store.calls == {"compose": 1, "get": 1, "delete": 1}
     assert _composites(store) == []
     assert in_flight() == []
+
+
+def test_group_bytes_come_back_before_the_composite_is_deleted(bucket: str) -> None:
+    class SlowDelete(CountingStore):
+        release: asyncio.Event | None = None
+
+        async def delete(self, key: str, *, generation: int | None = None) -> None:
+            assert self.release is not None
+            await self.release.wait()
+            await super().delete(key, generation=generation)
+
+    store = SlowDelete(bucket)
+    infos = _seed(store, 6)
+
+    async def fetch() -> list[bytes | BaseException]:
+        store.release = asyncio.Event()
+        return await fetch_group(store, infos, ComposeConfig())
+
+    got = runtime.run(fetch())
+    assert got == [bytes([i]) * (100 + i) for i in range(6)]
+    # The delete runs in the background; the registry covers it meanwhile.
+    assert len(_composites(store)) == 1
+    assert in_flight() == [store.uri(_composites(store)[0])]
+    assert store.release is not None
+    runtime.get_loop().call_soon_threadsafe(store.release.set)
+    runtime.run(drain_deletes())
+    assert _composites(store) == [] and in_flight() == []
 
 
 def test_job_sub_prefix_is_used_and_cleaned(bucket: str) -> None:

@@ -33,6 +33,7 @@ from torchbucket.compose._fetch import compose_allowed, fetch_group, read_verifi
 from torchbucket.compose._plan import plan_groups
 from torchbucket.compose._registry import (
     cleanup_registered,
+    drain_deletes,
     in_flight,
     install_sigterm_handler,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "cleanup_composites",
     "cleanup_registered",
     "compose_allowed",
+    "drain_deletes",
     "fetch_group",
     "in_flight",
     "install_sigterm_handler",

@@ -11,13 +11,14 @@ new bytes under an old listing).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
 from collections.abc import Sequence
 
 from torchbucket.compose._config import ComposeConfig
-from torchbucket.compose._registry import delete_composite, register, unregister
+from torchbucket.compose._registry import delete_in_background, register, unregister
 from torchbucket.errors import (
     DeadlineExceededError,
     IntegrityError,
@@ -172,13 +173,28 @@ def _split(data: bytes, infos: Sequence[ObjectInfo]) -> list[bytes | BaseExcepti
     return out
 
 
+def _delete_failed(store: ObjectStore, name: str, error: StorageError) -> None:
+    if isinstance(error, PermissionDeniedError):
+        _refused.add(store.uri())
+        _warn_once(
+            "delete refused",
+            "deleting composite %s was refused (%s): compose is off for %s in this "
+            "process; run `torchbucket cleanup` with an account that may delete",
+            store.uri(name),
+            error,
+            store.uri(),
+        )
+
+
 async def fetch_group(
     store: ObjectStore, infos: Sequence[ObjectInfo], config: ComposeConfig
 ) -> list[bytes | BaseException]:
     """Read a group of objects, through one composite when compose is allowed.
 
-    The composite, if one was made, is deleted before this returns (or, if the
-    delete fails, stays registered for deletion at process exit).
+    The composite, if one was made, is deleted in the background, off the
+    group's critical path (:func:`~torchbucket.compose.drain_deletes` waits
+    for those deletes); if a delete fails, the composite stays registered for
+    deletion at process exit.
 
     Args:
         store: The store holding every object of the group.
@@ -199,17 +215,10 @@ async def fetch_group(
         data, may_exist, generation = await _compose_and_read(store, name, infos, config)
     finally:
         if may_exist:
-            error = await delete_composite(store, name, generation)
-            if isinstance(error, PermissionDeniedError):
-                _refused.add(store.uri())
-                _warn_once(
-                    "delete refused",
-                    "deleting composite %s was refused (%s): compose is off for %s in this "
-                    "process; run `torchbucket cleanup` with an account that may delete",
-                    store.uri(name),
-                    error,
-                    store.uri(),
-                )
+            # Off the critical path: the group's bytes are returned now.
+            delete_in_background(
+                store, name, generation, on_error=functools.partial(_delete_failed, store, name)
+            )
         else:
             unregister(store, name)
     if data is None:

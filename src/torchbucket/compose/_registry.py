@@ -19,12 +19,14 @@ the parent's to delete.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import multiprocessing.util
 import os
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -35,6 +37,8 @@ from torchbucket.storage.base import ObjectStore
 __all__ = [
     "cleanup_registered",
     "delete_composite",
+    "delete_in_background",
+    "drain_deletes",
     "in_flight",
     "install_sigterm_handler",
     "register",
@@ -47,6 +51,8 @@ _EXIT_TIMEOUT_S = 20.0
 
 _lock = threading.Lock()
 _in_flight: dict[str, tuple[ObjectStore, str]] = {}
+# Deletes running in the background on the runtime loop (loop thread only).
+_deleting: set[asyncio.Task[StorageError | None]] = set()
 _finalizer_pid: int | None = None
 _exit_hooks_installed = False
 _sigterm_pid: int | None = None
@@ -101,6 +107,52 @@ async def delete_composite(
         return exc
     unregister(store, name)
     return None
+
+
+def delete_in_background(
+    store: ObjectStore,
+    name: str,
+    generation: int | None = None,
+    on_error: Callable[[StorageError], None] | None = None,
+) -> None:
+    """Delete a composite in a task of the running loop, off the caller's path.
+
+    The composite stays registered until it is gone, so the exit, worker and
+    SIGTERM cleanups cover a delete still pending; :func:`drain_deletes` waits
+    for those pending.
+
+    Args:
+        store: Where the composite is.
+        name: Its name.
+        generation: Its generation, when known (see :func:`delete_composite`).
+        on_error: Called with the error when the delete failed.
+    """
+    task = asyncio.get_running_loop().create_task(delete_composite(store, name, generation))
+    _deleting.add(task)
+
+    def done(task: asyncio.Task[StorageError | None]) -> None:
+        _deleting.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:  # not a StorageError: a bug, logged, the name stays registered
+            logger.error("deleting composite %s failed", store.uri(name), exc_info=error)
+            return
+        result = task.result()
+        if result is not None and on_error is not None:
+            on_error(result)
+
+    task.add_done_callback(done)
+
+
+async def drain_deletes() -> None:
+    """Wait for the composite deletes running in the background to finish.
+
+    Must run on the runtime loop. Failures are not raised: a composite whose
+    delete failed stays registered (see :func:`delete_composite`).
+    """
+    while _deleting:
+        await asyncio.wait(set(_deleting))
 
 
 async def cleanup_registered() -> int:
@@ -205,6 +257,7 @@ def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.Lock()
     _in_flight.clear()
+    _deleting.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+
+import numpy as np
 
 from torchbucket import runtime
 from torchbucket.compose import ComposeConfig, compose_allowed, fetch_group, plan_groups
@@ -18,13 +20,22 @@ from torchbucket.datasets._catalog import Catalog
 from torchbucket.datasets._sharding import IndexArray
 from torchbucket.datasets.config import FetchConfig
 
-__all__ = ["PrefetchWindow", "fetch_batch", "plan_units"]
+__all__ = ["Item", "PrefetchWindow", "fetch_batch", "plan_units"]
 
 Item = bytes | BaseException
 
 # The window plans compose groups this many positions at a time, so an epoch's
 # first object does not wait for a plan of the whole shard.
 _PLAN_CHUNK = 2048
+
+# A waiting consumer is woken once this many results are ready in order (or
+# every admitted one has arrived): one thread hand-off per chunk, not per object.
+_HANDOVER_CHUNK = 32
+
+# With compose on, a window of ``prefetch`` has ``prefetch // 8`` groups in
+# flight: 16 by default, up to 512 objects, ~7,000 objects/s per worker at
+# ~65 ms per compose + GET, while the memory ahead stays that of ~1,000 objects.
+_GROUPS_PER_PREFETCH = 8
 
 
 def plan_units(catalog: Catalog, indices: Sequence[int], compose: ComposeConfig) -> list[range]:
@@ -92,12 +103,21 @@ async def fetch_batch(
 class PrefetchWindow:
     """An ordered window of fetches over one shard, with bounded memory.
 
-    A producer on the runtime loop launches fetches ahead of the consumer while
-    fewer than ``prefetch`` objects (and ``prefetch_bytes``) are requested and
-    not yet taken; results are taken in shard order from another thread with
-    :meth:`take`. The producer sleeps when the window is full and is woken once
-    a quarter of it is free (or it is empty), so the two threads talk about
-    once per quarter window, not once per object.
+    ``prefetch`` fetcher coroutines on the runtime loop take the shard's units
+    (one object, or a group to compose) in order and keep up to ``prefetch``
+    requests in flight. A unit is admitted while the window, from the first
+    position not yet taken to the unit's end, spans at most twice as many
+    objects as can be in flight and at most ``prefetch_bytes`` (a unit alone in
+    the window is always admitted). Results that have arrived but are not yet
+    taken count against the window, so memory stays bounded, but a slow
+    consumer never drains the requests in flight below ``prefetch`` until the
+    window is full.
+
+    The threads hand results over in chunks: :meth:`take` returns every result
+    that has arrived in order from the position asked for, with at most one
+    lock acquisition; a waiting consumer is woken once a chunk of results is
+    ready in order (or everything admitted has arrived), and the fetchers are
+    woken once a quarter of the window is free.
 
     Args:
         catalog: The objects.
@@ -117,109 +137,157 @@ class PrefetchWindow:
     ) -> None:
         self._catalog = catalog
         self._order = order
-        self._start = start
-        self._limit = fetch.prefetch
-        self._limit_bytes = fetch.prefetch_bytes
         self._compose = compose
+        if compose.enabled:
+            # Groups of up to max_sources objects: fewer requests in flight hide
+            # the compose + GET latency for as many objects.
+            self._fetchers = max(2, fetch.prefetch // _GROUPS_PER_PREFETCH)
+            self._ahead = 2 * self._fetchers * compose.max_sources
+        else:
+            self._fetchers = fetch.prefetch
+            self._ahead = 2 * fetch.prefetch
+        self._limit_bytes = fetch.prefetch_bytes
+        self._chunk = max(1, min(_HANDOVER_CHUNK, fetch.prefetch // 4))
+        # Bytes before each position of the shard: the window's bytes are a
+        # difference, with no per-object accounting.
+        cum = np.zeros(len(order) + 1, dtype=np.int64)
+        np.cumsum(catalog.sizes[order], out=cum[1:])
+        self._cum = cum
         self._cond = threading.Condition(threading.Lock())
         self._results: dict[int, Item] = {}
+        # Written by the consumer only.
+        self._taken = start
         self._waiting_for = -1
-        self._outstanding = 0
-        self._outstanding_bytes = 0
-        self._producer_waiting = False
-        self._resume_objects = 0
-        self._resume_bytes = 0
+        # Written by the fetchers only.
+        self._admitted_end = start
+        self._arrived_upto = start
+        self._resume_at = -1
+        self._start = start
         self._failure: BaseException | None = None
-        self._wake: asyncio.Event | None = None
+        self._room: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._future: concurrent.futures.Future[None] | None = None
 
     def start(self) -> None:
-        """Start the producer on the runtime loop."""
+        """Start the fetchers on the runtime loop."""
         if self._future is None:
             self._future = runtime.submit(self._produce())
 
     def close(self) -> None:
-        """Stop fetching; in-flight composites are still deleted."""
+        """Stop fetching; composites in flight are still deleted."""
         future = self._future
         if future is not None and not future.done():
             future.cancel()
 
-    def take(self, pos: int) -> Item:
-        """Wait for the object at ``pos`` (positions are taken in order)."""
-        with self._cond:
-            while pos not in self._results:
-                if self._failure is not None:
-                    raise self._failure
-                self._waiting_for = pos
-                self._cond.wait()
-            self._waiting_for = -1
-            item = self._results.pop(pos)
-            self._outstanding -= 1
-            self._outstanding_bytes -= int(self._catalog.sizes[self._order[pos]])
-            if self._producer_waiting and (
-                self._outstanding == 0
-                or (
-                    self._outstanding <= self._resume_objects
-                    and self._outstanding_bytes <= self._resume_bytes
-                )
-            ):
-                self._producer_waiting = False
-                assert self._loop is not None and self._wake is not None
-                self._loop.call_soon_threadsafe(self._wake.set)
-        return item
+    def take(self, pos: int) -> list[Item]:
+        """Every result that has arrived in order from ``pos`` (at least one).
 
-    async def _admit(self, count: int, nbytes: int) -> None:
-        assert self._wake is not None
-        while True:
+        Positions are taken in order: ``pos`` is the first position not yet
+        taken.
+        """
+        results = self._results
+        if pos not in results:
             with self._cond:
-                if self._outstanding == 0 or (
-                    self._outstanding + count <= self._limit
-                    and self._outstanding_bytes + nbytes <= self._limit_bytes
-                ):
-                    self._outstanding += count
-                    self._outstanding_bytes += nbytes
-                    return
-                self._resume_objects = self._limit - max(count, self._limit // 4)
-                self._resume_bytes = self._limit_bytes - nbytes
-                self._producer_waiting = True
-                self._wake.clear()
-            await self._wake.wait()
+                # Announced before looking, so a delivery cannot slip between.
+                self._waiting_for = pos
+                try:
+                    while pos not in results:
+                        if self._failure is not None:
+                            raise self._failure
+                        self._cond.wait()
+                finally:
+                    self._waiting_for = -1
+        out: list[Item] = []
+        p = pos
+        while p in results:
+            out.append(results.pop(p))
+            p += 1
+        self._taken = p
+        resume = self._resume_at
+        if 0 <= resume <= p:
+            self._resume_at = -1
+            assert self._loop is not None and self._room is not None
+            self._loop.call_soon_threadsafe(self._room.set)
+        return out
+
+    def _fits(self, first: int, end: int) -> bool:
+        taken = self._taken
+        return first <= taken or (
+            end - taken <= self._ahead
+            and int(self._cum[end] - self._cum[taken]) <= self._limit_bytes
+        )
+
+    async def _admit(self, first: int, end: int) -> None:
+        room = self._room
+        assert room is not None
+        while not self._fits(first, end):
+            # Wake when a quarter of the window is free, or it is empty.
+            by_count = end - self._ahead + self._ahead // 4
+            by_bytes = int(np.searchsorted(self._cum, self._cum[end] - self._limit_bytes))
+            room.clear()
+            self._resume_at = min(first, max(by_count, by_bytes))
+            if self._fits(first, end):
+                self._resume_at = -1
+                return
+            await room.wait()
+        self._admitted_end = end
 
     def _deliver(self, first: int, items: list[Item]) -> None:
-        with self._cond:
-            for k, item in enumerate(items):
-                self._results[first + k] = item
-            if first <= self._waiting_for < first + len(items):
+        results = self._results
+        for k, item in enumerate(items):
+            results[first + k] = item
+        waiting = self._waiting_for
+        if waiting < 0:
+            return
+        p = max(self._arrived_upto, self._taken)
+        while p in results:
+            p += 1
+        self._arrived_upto = p
+        if p > waiting and (p >= waiting + self._chunk or p >= self._admitted_end):
+            with self._cond:
                 self._cond.notify()
 
-    async def _run_unit(self, first: int, indices: list[int]) -> None:
-        self._deliver(first, await _fetch_unit(self._catalog, indices, self._compose))
+    def _units(self) -> Iterator[tuple[int, list[int]]]:
+        pos = self._start
+        while pos < len(self._order):
+            chunk = self._order[pos : pos + _PLAN_CHUNK].tolist()
+            for unit in plan_units(self._catalog, chunk, self._compose):
+                yield pos + unit.start, chunk[unit.start : unit.stop]
+            pos += len(chunk)
+
+    async def _fetcher(self, units: Iterator[tuple[int, list[int]]], gate: asyncio.Lock) -> None:
+        while True:
+            async with gate:  # units are admitted in order, one fetcher at a time
+                unit = next(units, None)
+                if unit is None:
+                    return
+                first, indices = unit
+                await self._admit(first, first + len(indices))
+            self._deliver(first, await _fetch_unit(self._catalog, indices, self._compose))
 
     async def _produce(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
-        tasks: set[asyncio.Task[None]] = set()
-        sizes = self._catalog.sizes
+        self._room = asyncio.Event()
+        units = self._units()
+        gate = asyncio.Lock()
+        remaining = len(self._order) - self._start
+        fetchers = [
+            self._loop.create_task(self._fetcher(units, gate))
+            for _ in range(max(1, min(self._fetchers, remaining)))
+        ]
         try:
-            pos = self._start
-            while pos < len(self._order):
-                chunk = self._order[pos : pos + _PLAN_CHUNK].tolist()
-                for unit in plan_units(self._catalog, chunk, self._compose):
-                    indices = chunk[unit.start : unit.stop]
-                    await self._admit(len(indices), int(sizes[indices].sum()))
-                    task = self._loop.create_task(self._run_unit(pos + unit.start, indices))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                pos += len(chunk)
-            while tasks:
-                await asyncio.wait(set(tasks))
+            await asyncio.gather(*fetchers)
         except BaseException as exc:
-            for task in tasks:
+            for task in fetchers:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*fetchers, return_exceptions=True)
             if not isinstance(exc, asyncio.CancelledError):
                 with self._cond:
                     self._failure = exc
                     self._cond.notify_all()
             raise
+        finally:
+            # The last results may have arrived while the consumer waited for
+            # a whole chunk.
+            with self._cond:
+                self._cond.notify_all()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -9,10 +10,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from torchbucket.compose import ComposeConfig
+from torchbucket import runtime
+from torchbucket.compose import ComposeConfig, drain_deletes
 from torchbucket.datasets._catalog import Catalog
 from torchbucket.datasets._common import DataFormatFn, apply_format, prepare_compose, raise_item
-from torchbucket.datasets._fetch import PrefetchWindow
+from torchbucket.datasets._fetch import Item, PrefetchWindow
 from torchbucket.datasets._sharding import IndexArray, epoch_order, shard_of
 from torchbucket.datasets.config import FetchConfig, ShardingConfig
 from torchbucket.errors import ConfigError
@@ -299,6 +301,8 @@ class _EpochIterator(Iterator[Any]):
         self._position = position
         self._order: IndexArray | None = None
         self._window: PrefetchWindow | None = None
+        # Results taken from the window and not yet returned.
+        self._ready: collections.deque[Item] = collections.deque()
         self._finalizer: weakref.finalize[Any, Any] | None = None
 
     def __iter__(self) -> _EpochIterator:
@@ -326,16 +330,24 @@ class _EpochIterator(Iterator[Any]):
         pos = self._position
         if pos >= len(order):
             self.close()
+            if self._dataset._compose.enabled:
+                # The epoch leaves no composite behind.
+                runtime.run(drain_deletes())
             raise StopIteration
         if self._window is None:
             ds = self._dataset
             self._window = PrefetchWindow(ds._catalog, order, pos, ds._fetch, ds._compose)
             self._finalizer = weakref.finalize(self, self._window.close)
             self._window.start()
-        item = self._window.take(pos)
+        ready = self._ready
+        if not ready:
+            ready.extend(self._window.take(pos))
+        item = ready.popleft()
         self._position = pos + 1
-        index = int(order[pos])
-        return apply_format(self._dataset._format, raise_item(item), self._dataset._catalog, index)
+        ds = self._dataset
+        if ds._format is None and not isinstance(item, BaseException):
+            return item
+        return apply_format(ds._format, raise_item(item), ds._catalog, int(order[pos]))
 
     def close(self) -> None:
         """Stop prefetching (called at the end, or when the iterator is dropped)."""
@@ -343,6 +355,7 @@ class _EpochIterator(Iterator[Any]):
             self._finalizer()
             self._finalizer = None
         self._window = None
+        self._ready.clear()
 
     def state_dict(self) -> dict[str, Any]:
         """Epoch and position of this iterator in its shard."""

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import Dataset
 
 from torchbucket import runtime
-from torchbucket.compose import ComposeConfig, read_verified
+from torchbucket.compose import ComposeConfig, drain_deletes, read_verified
 from torchbucket.datasets._catalog import Catalog
 from torchbucket.datasets._common import DataFormatFn, apply_format, prepare_compose, raise_item
 from torchbucket.datasets._fetch import fetch_batch
@@ -147,10 +147,15 @@ class BucketMapDataset(Dataset[Any]):
         checked = [self._check(i) for i in indices]
         prepare_compose(self._compose)
         items = runtime.run(fetch_batch(self._catalog, checked, self._compose))
-        return [
-            apply_format(self._format, raise_item(item), self._catalog, i)
-            for i, item in zip(checked, items, strict=True)
-        ]
+        try:
+            # The batch's composites are being deleted meanwhile.
+            return [
+                apply_format(self._format, raise_item(item), self._catalog, i)
+                for i, item in zip(checked, items, strict=True)
+            ]
+        finally:
+            if self._compose.enabled:
+                runtime.run(drain_deletes())
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({len(self)} objects)"

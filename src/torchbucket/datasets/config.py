@@ -21,11 +21,17 @@ class FetchConfig:
     the whole process.
 
     Attributes:
-        prefetch: Objects in the window, per iterator (so per DataLoader worker).
-            Default 128: at ~20 ms per GET that is ~6,000 objects/s per worker
-            before the bandwidth or CPU is the limit.
-        prefetch_bytes: Bytes in the window, per iterator; an object larger than
-            this is still fetched, alone. Default 256 MiB.
+        prefetch: Requests in flight per iterator (so per DataLoader worker).
+            With compose on, ``prefetch // 8`` groups (at least 2) are in
+            flight instead, each up to 32 objects. Results that arrived and are
+            not yet taken do not count here, so a consumer that takes a batch at
+            a time does not drain the requests in flight; the window ahead of
+            the consumer spans at most twice the objects in flight. Default
+            128: at ~20 ms per GET that is ~6,000 objects/s per worker before
+            the bandwidth or CPU is the limit.
+        prefetch_bytes: Bytes in the window (in flight, or arrived and not yet
+            taken), per iterator; a unit larger than this is still fetched,
+            alone. Default 256 MiB.
     """
 
     prefetch: int = 128
