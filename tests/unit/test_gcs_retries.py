@@ -248,6 +248,37 @@ def test_a_stalled_server_is_a_timeout_not_a_hang(server: Any) -> None:
         runtime.run(store.get("k"))
 
 
+def _trickle(pause: float, pieces: int) -> Handler:
+    """Headers at once, then the body in ``pieces`` parts ``pause`` seconds apart."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"x-goog-hash": f"crc32c={crc32c_b64(DATA)}"})
+        resp.content_length = len(DATA)
+        await resp.prepare(request)
+        step = -(-len(DATA) // pieces)
+        for i in range(0, len(DATA), step):
+            await resp.write(DATA[i : i + step])
+            await asyncio.sleep(pause)
+        return resp
+
+    return handler
+
+
+def test_a_body_that_stops_midway_is_a_read_timeout(server: Any) -> None:
+    scripted, store = server  # read_timeout=0.3
+    scripted.handlers += [_trickle(2.0, 2)] * 4
+    with pytest.raises(DeadlineExceededError, match="4 attempts") as info:
+        runtime.run(store.get("k"))
+    assert "read timeout" in str(info.value.__cause__)
+
+
+def test_a_slow_body_that_keeps_coming_is_not_cut_short(server: Any) -> None:
+    scripted, store = server  # read_timeout=0.3: the whole body takes 0.8 s
+    scripted.handlers += [_trickle(0.1, 8)]
+    assert runtime.run(store.get("k")) == DATA
+    assert len(scripted.seen) == 1
+
+
 def test_a_stream_resumes_where_the_connection_broke(server: Any) -> None:
     scripted, store = server
     half = len(DATA) // 2

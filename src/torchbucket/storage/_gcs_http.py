@@ -81,7 +81,13 @@ def user_agent() -> str:
 
 @dataclass(frozen=True, slots=True)
 class SessionKey:
-    """What makes two stores able to share one session."""
+    """What makes two stores able to share one session.
+
+    The session itself has no read timeout: requests that stream a body pass
+    ``read_timeout`` as aiohttp's ``sock_read``; whole-answer requests are
+    watched by the loop's :mod:`~torchbucket._watchdog` instead (see
+    ``GCSTransport.request``).
+    """
 
     limit: int
     read_timeout: float
@@ -131,11 +137,10 @@ def acquire_session(key: SessionKey) -> aiohttp.ClientSession:
         session = aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(
-                total=None, sock_read=key.read_timeout, sock_connect=key.connect_timeout
+                total=None, sock_read=None, sock_connect=key.connect_timeout
             ),
             headers={"User-Agent": user_agent()},
             auto_decompress=False,  # stored bytes, so that they match the stored CRC32C
-            skip_auto_headers=("Content-Type",),
         )
         entry = _sessions[(id(loop), key)] = _Entry(loop, session)
     entry.users += 1

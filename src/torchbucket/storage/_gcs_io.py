@@ -23,7 +23,7 @@ import aiohttp
 import yarl
 from multidict import CIMultiDictProxy
 
-from torchbucket import retry
+from torchbucket import _watchdog, retry
 from torchbucket.config import ConcurrencyConfig, RetryConfig
 from torchbucket.errors import (
     DeadlineExceededError,
@@ -56,6 +56,9 @@ T = TypeVar("T")
 
 _Response = tuple[int, "CIMultiDictProxy[str]", bytes]
 _MAX_STREAM_RESUMES = 10
+_LoopState = tuple[
+    asyncio.AbstractEventLoop, aiohttp.ClientSession, retry.AdaptiveLimiter, _watchdog.Watchdog
+]
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 _HEAD_QUERY = "fields=" + quote_name(INFO_FIELDS)
 
@@ -102,9 +105,22 @@ class GCSTransport:
         self._retry_config = retry_config
         self._concurrency = concurrency
         self._session_key = session_key
-        self._state: (
-            tuple[asyncio.AbstractEventLoop, aiohttp.ClientSession, retry.AdaptiveLimiter] | None
-        ) = None
+        self._read_timeout = session_key.read_timeout
+        # For bodies read chunk by chunk, and uploads: aiohttp's read timeout,
+        # which starts once the request is sent and rescheduled on every chunk.
+        self._streaming_kw: dict[str, Any] = {
+            "timeout": aiohttp.ClientTimeout(
+                total=None,
+                sock_read=session_key.read_timeout,
+                sock_connect=session_key.connect_timeout,
+            )
+        }
+        self._upload_kw: dict[str, Any] = {
+            **self._streaming_kw,
+            # No Content-Type but the one given: aiohttp's would be octet-stream.
+            "skip_auto_headers": ("Content-Type",),
+        }
+        self._state: _LoopState | None = None
         self._uri_prefix = f"gs://{bucket}/"
         b = quote_name(bucket)
         self._json_base = f"{endpoint}/storage/v1/b/{b}"
@@ -142,9 +158,7 @@ class GCSTransport:
 
     # ------------------------------------------------------------ one request
 
-    def _loop_state(
-        self,
-    ) -> tuple[asyncio.AbstractEventLoop, aiohttp.ClientSession, retry.AdaptiveLimiter]:
+    def _loop_state(self) -> _LoopState:
         loop = asyncio.get_running_loop()
         state = self._state
         if state is None or state[0] is not loop or state[1].closed:
@@ -152,6 +166,7 @@ class GCSTransport:
                 loop,
                 _http.acquire_session(self._session_key),
                 retry.get_limiter(self._endpoint, self._concurrency),
+                _watchdog.watchdog(loop),
             )
         return state
 
@@ -199,15 +214,44 @@ class GCSTransport:
             StorageError: The mapped error for a status >= 300 not in ``allow``,
                 or for a transport failure.
         """
-        session = self._loop_state()[1]
+        _, session, _, dog = self._loop_state()
         hdrs = await self._headers(headers, operation, uri)
-        try:
-            async with session.request(method, url, headers=hdrs, data=data) as resp:
-                body = await resp.read()
-                status = resp.status
-                resp_headers = resp.headers
-        except _TRANSPORT_ERRORS as exc:
-            raise self._transport_error(exc, operation, uri) from exc
+        if data is not None:
+            # An upload: aiohttp's read timeout, which starts once it is sent.
+            try:
+                async with session.request(
+                    method, url, headers=hdrs, data=data, **self._upload_kw
+                ) as resp:
+                    body = await resp.read()
+                    status = resp.status
+                    resp_headers = resp.headers
+            except _TRANSPORT_ERRORS as exc:
+                raise self._transport_error(exc, operation, uri) from exc
+        else:
+            # The loop's watchdog cuts the request short after read_timeout
+            # without a byte (headers included): no timer per request or chunk.
+            response: aiohttp.ClientResponse | None = None
+            watch = dog.start(
+                quiet=self._read_timeout,
+                progress=lambda: -1 if response is None else response.content.total_bytes,
+            )
+            try:
+                async with session.request(method, url, headers=hdrs) as response:
+                    body = await response.read()
+                    status = response.status
+                    resp_headers = response.headers
+            except _TRANSPORT_ERRORS as exc:
+                raise self._transport_error(exc, operation, uri) from exc
+            except asyncio.CancelledError:
+                if dog.stop(watch):
+                    raise TransientError(
+                        f"no data from the server for {self._read_timeout:g} s (read timeout)",
+                        operation=operation,
+                        uri=uri,
+                    ) from None
+                raise
+            finally:
+                dog.stop(watch)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "%s %s: %s -> HTTP %d, %d bytes", operation, uri, method, status, len(body)
@@ -433,7 +477,7 @@ class GCSTransport:
             session = self._loop_state()[1]
             hdrs = await self._headers(headers, "get", uri)
             try:
-                async with session.get(url, headers=hdrs) as resp:
+                async with session.get(url, headers=hdrs, **self._streaming_kw) as resp:
                     if resp.status == 416:
                         return 0
                     if resp.status >= 300:
@@ -508,7 +552,7 @@ class GCSTransport:
                 session = self._loop_state()[1]
                 hdrs = await self._headers(headers, "stream", uri)
                 try:
-                    resp = await session.get(url, headers=hdrs)
+                    resp = await session.get(url, headers=hdrs, **self._streaming_kw)
                     if resp.status >= 300 and resp.status != 416:
                         body = await resp.read()
                         resp.release()
