@@ -429,3 +429,51 @@ def test_a_completion_without_an_answer_is_judged_by_the_object(
     assert ("old" not in got) == completed
     store, _ = ckpt.open(uri)
     assert runtime.run(store.multipart_list("")) == []
+
+
+# -- load() through a memfd mapped by torch.load ------------------------------
+
+
+@pytest.mark.parametrize("mmap", [None, False, True])
+def test_load_gives_writable_tensors_equal_to_the_saved_ones(
+    bucket: str, mmap: bool | None
+) -> None:
+    checkpoint = BucketCheckpoint(TINY)
+    uri = f"memory://{bucket}/mapped.pt"
+    original = state_dict(scale=2)
+    checkpoint.save(original, uri)
+    kwargs = {} if mmap is None else {"mmap": mmap}
+    loaded = checkpoint.load(uri, weights_only=True, **kwargs)
+    assert_same(loaded, original)
+    # Written in place, a loaded tensor changes alone: neither the saved object
+    # nor a second load sees it.
+    loaded["big"].add_(1.0)
+    assert torch.equal(loaded["big"], original["big"] + 1.0)
+    assert_same(checkpoint.load(uri, weights_only=True), original)
+
+
+def test_load_leaves_no_file_descriptor_open(bucket: str) -> None:
+    import os
+
+    checkpoint = BucketCheckpoint(TINY)
+    uri = f"memory://{bucket}/fds.pt"
+    checkpoint.save(state_dict(), uri)
+    checkpoint.load(uri, weights_only=True)  # opens the store
+    before = len(os.listdir("/proc/self/fd"))
+    loaded = [checkpoint.load(uri, weights_only=True, mmap=True) for _ in range(5)]
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert_same(loaded[-1], state_dict())
+
+
+def test_load_reads_the_legacy_format(bucket: str) -> None:
+    checkpoint = BucketCheckpoint(TINY)
+    uri = f"memory://{bucket}/legacy.pt"
+    with checkpoint.writer(uri) as f:
+        torch.save({"x": torch.arange(6)}, f, _use_new_zipfile_serialization=False)
+    for mmap in (False, True):
+        assert torch.equal(checkpoint.load(uri, weights_only=True, mmap=mmap)["x"], torch.arange(6))
+
+
+def test_load_of_a_missing_checkpoint_is_not_found(bucket: str) -> None:
+    with pytest.raises(NotFoundError):
+        BucketCheckpoint(TINY).load(f"memory://{bucket}/absent.pt", weights_only=True, mmap=True)

@@ -7,6 +7,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from torchbucket import runtime
 from torchbucket._uri import parse_uri
+from torchbucket.checkpoint import _mapped as mapped
 from torchbucket.checkpoint._config import CheckpointConfig
 from torchbucket.checkpoint._reader import CheckpointReader
 from torchbucket.checkpoint._writer import CheckpointWriter
@@ -107,9 +108,32 @@ class BucketCheckpoint:
             torch.save(obj, cast(IO[bytes], f), **torch_save_kwargs)
 
     def load(self, uri: str, **torch_load_kwargs: Any) -> Any:
-        """``torch.load`` from ``uri``; keyword arguments go to ``torch.load``."""
+        """``torch.load`` from ``uri``; keyword arguments go to ``torch.load``.
+
+        With ``mmap=True`` (on Linux) the checkpoint is downloaded into an
+        in-memory file that ``torch.load(..., mmap=True)`` maps, so the tensors
+        are the downloaded pages rather than copies of them: the load skips
+        ``torch.load``'s copy of every byte and its peak memory is the
+        checkpoint once instead of twice. As with a mapped local file, the
+        tensors are a private copy-on-write mapping: a page written in place is
+        copied on its first write, and the download stays in memory while any
+        loaded tensor does. (Pages of an in-memory file cost the kernel more to
+        allocate than ordinary memory, so on hosts without transparent huge
+        pages for shared memory the CPU saved is mostly spent there.)
+
+        Raises:
+            NotFoundError: No such checkpoint (also a ``FileNotFoundError``), or
+                it was rewritten while it was read.
+            IntegrityError: The bytes do not match the object's CRC32C.
+        """
         import torch
 
+        if torch_load_kwargs.get("mmap") is True and mapped.supported():
+            torch_load_kwargs.pop("mmap", None)
+            store, key = self.open(uri)
+            with mapped.MappedCheckpoint.load(store, key, self.config) as fetched:
+                return fetched.torch_load(**torch_load_kwargs)
+        torch_load_kwargs.pop("mmap", None)
         with self.reader(uri) as f:
             return torch.load(cast(IO[bytes], f), **torch_load_kwargs)
 

@@ -28,7 +28,14 @@ logger = logging.getLogger(__name__)
 #: Whole-object reads before a CRC32C mismatch is reported.
 _LOAD_ATTEMPTS = 2
 
-__all__ = ["CheckpointReader", "MemoryFile", "allocate", "fetch_ranges", "split_ranges"]
+__all__ = [
+    "CheckpointReader",
+    "MemoryFile",
+    "allocate",
+    "download",
+    "fetch_ranges",
+    "split_ranges",
+]
 
 
 def split_ranges(size: int, chunk: int) -> list[tuple[int, int]]:
@@ -205,37 +212,50 @@ class CheckpointReader(MemoryFile):
             NotFoundError: No such checkpoint, or it was rewritten mid-load.
             IntegrityError: The bytes do not match the object's CRC32C.
         """
-        uri = store.uri(key)
         info = runtime.run(store.head(key))
         buffer = allocate(info.size)
-        for attempt in range(1, _LOAD_ATTEMPTS + 1):
-            try:
-                runtime.run(
-                    fetch_ranges(
-                        store,
-                        [(key, buffer, 0)],
-                        generation=info.generation,
-                        chunk_size=config.read_chunk_size,
-                        parallelism=config.read_parallelism,
-                    )
+        download(store, key, info, buffer, config)
+        return cls(store.uri(key), info, buffer)
+
+
+def download(
+    store: ObjectStore, key: str, info: ObjectInfo, buffer: memoryview, config: CheckpointConfig
+) -> None:
+    """Fill ``buffer`` (``info.size`` bytes) with generation ``info.generation`` of ``key``.
+
+    Raises:
+        NotFoundError: The object is gone, or was rewritten since ``info`` was read.
+        IntegrityError: The bytes do not match the object's CRC32C (after a
+            second read).
+    """
+    uri = store.uri(key)
+    for attempt in range(1, _LOAD_ATTEMPTS + 1):
+        try:
+            runtime.run(
+                fetch_ranges(
+                    store,
+                    [(key, buffer, 0)],
+                    generation=info.generation,
+                    chunk_size=config.read_chunk_size,
+                    parallelism=config.read_parallelism,
                 )
-            except NotFoundError as exc:
-                raise NotFoundError(
-                    f"the checkpoint was deleted or rewritten while it was read "
-                    f"(generation {info.generation}); load it again",
-                    operation="checkpoint load",
-                    uri=uri,
-                ) from exc
-            if not config.verify_crc32c or info.crc32c is None:
-                break
-            crc = Crc32c()
-            crc.update(buffer)
-            if crc.b64() == info.crc32c:
-                break
-            # A range is checked only for its length on the way in, so which one
-            # was damaged is unknown: read them all again.
-            message = f"crc32c of the bytes read is {crc.b64()}, the object's is {info.crc32c}"
-            if attempt == _LOAD_ATTEMPTS:
-                raise IntegrityError(message, operation="checkpoint load", uri=uri)
-            logger.warning("%s: %s; reading it again", uri, message)
-        return cls(uri, info, buffer)
+            )
+        except NotFoundError as exc:
+            raise NotFoundError(
+                f"the checkpoint was deleted or rewritten while it was read "
+                f"(generation {info.generation}); load it again",
+                operation="checkpoint load",
+                uri=uri,
+            ) from exc
+        if not config.verify_crc32c or info.crc32c is None:
+            return
+        crc = Crc32c()
+        crc.update(buffer)
+        if crc.b64() == info.crc32c:
+            return
+        # A range is checked only for its length on the way in, so which one
+        # was damaged is unknown: read them all again.
+        message = f"crc32c of the bytes read is {crc.b64()}, the object's is {info.crc32c}"
+        if attempt == _LOAD_ATTEMPTS:
+            raise IntegrityError(message, operation="checkpoint load", uri=uri)
+        logger.warning("%s: %s; reading it again", uri, message)
