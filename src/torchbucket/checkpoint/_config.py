@@ -38,8 +38,10 @@ class CheckpointConfig:
             on GCS, the backend's own multipart elsewhere). ``"resumable"``: one
             sequential stream (a resumable upload on GCS), for buckets where
             multipart uploads are not allowed.
-        read_chunk_size: Bytes per ranged GET when loading. Default 16 MiB.
-        read_parallelism: Ranged GETs in flight per load. Default 16.
+        read_chunk_size: Bytes per ranged GET when loading. Default 8 MiB:
+            with 20 ms to the first byte and 200 MB/s per response a range
+            takes ~60 ms, and more of them in flight keep the link busy.
+        read_parallelism: Ranged GETs in flight per load. Default 32.
         verify_crc32c: Check the CRC32C of everything written against what the
             store reports after the save, and of everything read against the
             object's CRC32C on load. Default ``True``.
@@ -53,8 +55,8 @@ class CheckpointConfig:
     min_part_size: int = 5 * MiB
     max_parts_in_flight: int = 8
     upload_method: Literal["multipart", "resumable"] = "multipart"
-    read_chunk_size: int = 16 * MiB
-    read_parallelism: int = 16
+    read_chunk_size: int = 8 * MiB
+    read_parallelism: int = 32
     verify_crc32c: bool = True
     stale_upload_age: float | None = 3600.0
 
