@@ -170,7 +170,20 @@ _watchdogs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Watchdog] = (
 def watchdog(loop: asyncio.AbstractEventLoop | None = None) -> Watchdog:
     """The watchdog of ``loop`` (default: the running loop), created on first use."""
     loop = loop or asyncio.get_running_loop()
+    dog = _last
+    if dog is not None and dog._loop is loop:
+        return dog
     dog = _watchdogs.get(loop)
     if dog is None:
         dog = _watchdogs[loop] = Watchdog(loop)
+    _remember(dog)
     return dog
+
+
+def _remember(dog: Watchdog) -> None:
+    global _last
+    _last = dog
+
+
+# The last one asked for: nearly always the background loop's.
+_last: Watchdog | None = None

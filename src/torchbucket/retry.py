@@ -116,6 +116,13 @@ class AdaptiveLimiter:
         """Requests now in flight."""
         return self._in_flight
 
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free now and nobody waits; whether it did."""
+        if self._in_flight < int(self._limit) and not self._waiters:
+            self._in_flight += 1
+            return True
+        return False
+
     async def acquire(self) -> None:
         """Wait for a slot."""
         if self._in_flight < self.limit and not self._waiters:
@@ -240,7 +247,7 @@ async def call(
         # The attempt's own limit, or what is left before the deadline if less.
         cut_by_deadline = remaining < config.attempt_timeout
         timeout = min(config.attempt_timeout, max(remaining, 0.001))
-        if limiter is not None:
+        if limiter is not None and not limiter.try_acquire():
             await limiter.acquire()
         try:
             result = await _attempt(fn, timeout, dog)

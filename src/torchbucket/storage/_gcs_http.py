@@ -219,6 +219,15 @@ class Credentials:
         if not self._credentials.valid:
             self._credentials.refresh(google.auth.transport.requests.Request())
 
+    def ready_headers(self) -> Mapping[str, str] | None:
+        """The headers of :meth:`headers` if no token needs fetching, else ``None``."""
+        if self.anonymous:
+            return self._headers
+        creds = self._credentials
+        if creds is not None and creds.valid and creds.token == self._token:
+            return self._headers
+        return None
+
     async def headers(self, operation: str, uri: str) -> Mapping[str, str]:
         """Headers that authorise a request: none but the user project when anonymous.
 

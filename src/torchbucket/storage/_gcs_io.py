@@ -191,7 +191,10 @@ class GCSTransport:
     async def _headers(
         self, extra: Mapping[str, str] | None, operation: str, uri: str
     ) -> Mapping[str, str] | None:
-        auth = await self._credentials.headers(operation, uri)
+        # Without a token to refresh (anonymous, or still valid) no coroutine.
+        auth = self._credentials.ready_headers()
+        if auth is None:
+            auth = await self._credentials.headers(operation, uri)
         if not extra:
             return auth or None
         return {**auth, **extra} if auth else extra
