@@ -1,7 +1,8 @@
-"""Pure helpers of the GCS backend: name quoting and header parsing."""
+"""Pure helpers of the GCS backend: object resources, name quoting and header parsing."""
 
 from __future__ import annotations
 
+import pickle
 from urllib.parse import quote, unquote
 
 from hypothesis import given
@@ -11,10 +12,13 @@ from multidict import CIMultiDict
 from torchbucket.storage._gcs_wire import (
     content_range,
     hash_header_crc32c,
+    object_info,
+    object_infos,
     quote_name,
     range_header,
     stream_end,
 )
+from torchbucket.storage.base import ObjectInfo
 
 
 @given(st.text())
@@ -55,3 +59,31 @@ def test_range_header_and_stream_end() -> None:
     assert stream_end(50, None) == 50
     assert stream_end(None, 30) == 30
     assert stream_end(50, 30) == 30
+
+
+@given(
+    st.text(min_size=1),
+    st.integers(0, 2**63),
+    st.none() | st.integers(1, 2**63),
+    st.none() | st.text(),
+    st.none() | st.sampled_from(["STANDARD", "NEARLINE"]),
+)
+def test_object_resources_become_object_info_equal_to_one_built_normally(
+    name: str, size: int, generation: int | None, crc: str | None, klass: str | None
+) -> None:
+    doc: dict[str, str] = {"name": name, "size": str(size)}
+    if generation is not None:
+        doc["generation"] = str(generation)
+    if crc is not None:
+        doc["crc32c"] = crc
+    if klass is not None:
+        doc["storageClass"] = klass
+    expected = ObjectInfo(name, size, generation, crc, klass)
+    info = object_info(doc)
+    assert info == expected and hash(info) == hash(expected) and repr(info) == repr(expected)
+    assert object_infos([doc, doc]) == [expected, expected]
+    assert pickle.loads(pickle.dumps(info)) == expected
+
+
+def test_an_object_resource_without_size_has_size_zero() -> None:
+    assert object_info({"name": "k"}) == ObjectInfo("k", 0)

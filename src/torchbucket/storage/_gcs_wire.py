@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -20,6 +20,7 @@ __all__ = [
     "extend_crc",
     "hash_header_crc32c",
     "object_info",
+    "object_infos",
     "persisted",
     "quote_name",
     "range_header",
@@ -32,16 +33,39 @@ _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.~/-]*")
 INFO_FIELDS = "name,size,generation,crc32c,storageClass"
 
 
+# ObjectInfo is a frozen dataclass: its __init__ sets each field through
+# object.__setattr__. Setting the slots directly gives the same object in less
+# than half the time, which counts when a listing turns 1,000 resources a page
+# into ObjectInfo. (ObjectInfo has no __post_init__ that this would skip.)
+_new_info = object.__new__
+_slot_setters: tuple[Callable[[ObjectInfo, Any], None], ...] = tuple(
+    ObjectInfo.__dict__[f].__set__
+    for f in ("name", "size", "generation", "crc32c", "storage_class")
+)
+
+
 def object_info(doc: Mapping[str, Any]) -> ObjectInfo:
     """An :class:`ObjectInfo` from a JSON API object resource."""
-    generation = doc.get("generation")
-    return ObjectInfo(
-        name=doc["name"],
-        size=int(doc.get("size", 0)),
-        generation=int(generation) if generation is not None else None,
-        crc32c=doc.get("crc32c"),
-        storage_class=doc.get("storageClass"),
-    )
+    return object_infos((doc,))[0]
+
+
+def object_infos(docs: Iterable[Mapping[str, Any]]) -> list[ObjectInfo]:
+    """:class:`ObjectInfo` of each JSON API object resource (a listing page's items)."""
+    set_name, set_size, set_generation, set_crc32c, set_class = _slot_setters
+    new = _new_info
+    out: list[ObjectInfo] = []
+    append = out.append
+    for doc in docs:
+        info = new(ObjectInfo)
+        set_name(info, doc["name"])
+        size = doc.get("size")
+        set_size(info, 0 if size is None else int(size))
+        generation = doc.get("generation")
+        set_generation(info, None if generation is None else int(generation))
+        set_crc32c(info, doc.get("crc32c"))
+        set_class(info, doc.get("storageClass"))
+        append(info)
+    return out
 
 
 #: ``extend_crc(crc, data)``: the CRC32C of what ``crc`` covered followed by ``data``.

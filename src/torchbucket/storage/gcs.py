@@ -35,7 +35,13 @@ from torchbucket.storage import _gcs_http as _http
 from torchbucket.storage._common import check_compose_sources
 from torchbucket.storage._gcs_config import DEFAULT_ENDPOINT, GCSConfig
 from torchbucket.storage._gcs_multipart import GCSMultipart
-from torchbucket.storage._gcs_wire import INFO_FIELDS, crc32c_of, object_info, quote_name
+from torchbucket.storage._gcs_wire import (
+    INFO_FIELDS,
+    crc32c_of,
+    object_info,
+    object_infos,
+    quote_name,
+)
 from torchbucket.storage.base import ListPage, ObjectInfo
 
 __all__ = ["DEFAULT_ENDPOINT", "GCSConfig", "GCSStore"]
@@ -47,8 +53,7 @@ _LIST_FIELDS = f"items({INFO_FIELDS}),nextPageToken"
 
 def _list_page(body: bytes) -> ListPage:
     doc = json.loads(body)
-    items = [object_info(item) for item in doc.get("items", ())]
-    return ListPage(items, doc.get("nextPageToken") or None)
+    return ListPage(object_infos(doc.get("items", ())), doc.get("nextPageToken") or None)
 
 
 class GCSStore(GCSMultipart):
