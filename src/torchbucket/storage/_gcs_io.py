@@ -233,6 +233,9 @@ class GCSTransport:
         else:
             # The loop's watchdog cuts the request short after read_timeout
             # without a byte (headers included): no timer per request or chunk.
+            # Unlike aiohttp's sock_read the silence counts from the start, a
+            # wait for a pooled connection included (the limiter keeps the
+            # requests in flight within the pool's size).
             response: aiohttp.ClientResponse | None = None
             watch = dog.start(
                 quiet=self._read_timeout,
