@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 
 from torchbucket.errors import NotFoundError
-from torchbucket.storage.base import ObjectStore
+from torchbucket.storage.base import MultipartUpload, ObjectStore
 
 __all__ = ["abort_incomplete_uploads", "abort_uploads"]
 
@@ -17,20 +18,38 @@ _ABORT_PARALLELISM = 16
 
 
 async def abort_uploads(
-    store: ObjectStore, prefix: str, *, older_than: float, exact: bool = False
+    store: ObjectStore,
+    prefix: str,
+    *,
+    older_than: float,
+    exact: bool = False,
+    listed: Sequence[MultipartUpload] | None = None,
+    keep: str | None = None,
 ) -> int:
-    """Abort incomplete uploads under ``prefix`` (to exactly ``prefix`` if ``exact``)."""
-    uploads = await store.multipart_list(prefix)
+    """Abort incomplete uploads under ``prefix`` (to exactly ``prefix`` if ``exact``).
+
+    Args:
+        store: The bucket.
+        prefix: The key prefix (the key, with ``exact``).
+        older_than: Only uploads that began at least this many seconds ago.
+        exact: Only uploads to exactly ``prefix``.
+        listed: ``store.multipart_list(prefix)``, if already listed.
+        keep: An upload id never to abort (the caller's own).
+    """
+    uploads = await store.multipart_list(prefix) if listed is None else listed
     now = time.time()
     stale = [
         upload
         for upload in uploads
         if (not exact or upload.key == prefix)
+        and upload.upload_id != keep
         and (
             older_than <= 0
             or (upload.initiated is not None and now - upload.initiated >= older_than)
         )
     ]
+    if not stale:
+        return 0
     semaphore = asyncio.Semaphore(_ABORT_PARALLELISM)
 
     async def abort(key: str, upload_id: str) -> int:

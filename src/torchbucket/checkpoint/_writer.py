@@ -30,6 +30,7 @@ it holds what was written (size and CRC32C).
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import io
 import logging
@@ -56,7 +57,12 @@ from torchbucket.errors import (
     RetryableError,
     StorageError,
 )
-from torchbucket.storage.base import MULTIPART_MAX_PARTS, ObjectInfo, ObjectStore
+from torchbucket.storage.base import (
+    MULTIPART_MAX_PARTS,
+    MultipartUpload,
+    ObjectInfo,
+    ObjectStore,
+)
 
 __all__ = ["CheckpointWriter"]
 
@@ -210,6 +216,13 @@ class CheckpointWriter(io.BufferedIOBase):
             super().close()
             return
         self._state = "committing"
+        # Listed while the last parts upload and the upload completes, rather
+        # than after: a save costs no extra round trip for it.
+        listing = (
+            runtime.submit(self._store.multipart_list(self._key))
+            if self._config.stale_upload_age is not None
+            else None
+        )
         finished = False
         try:
             info = self._finish()
@@ -222,11 +235,13 @@ class CheckpointWriter(io.BufferedIOBase):
                 self._state = "committed"
             else:
                 self._state = "aborted"
+                if listing is not None:
+                    listing.cancel()
                 self._abort_after_failure()
             self._release_buffers()
             super().close()
-        if self._config.stale_upload_age is not None:
-            self._abort_stale_uploads(self._config.stale_upload_age)
+        if listing is not None and self._config.stale_upload_age is not None:
+            self._abort_stale_uploads(listing, self._config.stale_upload_age)
 
     def abort(self) -> None:
         """Discard everything written; nothing becomes visible.
@@ -380,9 +395,17 @@ class CheckpointWriter(io.BufferedIOBase):
             uri=self.uri,
         )
 
-    def _abort_stale_uploads(self, age: float) -> None:
+    def _abort_stale_uploads(
+        self, listing: concurrent.futures.Future[list[MultipartUpload]], age: float
+    ) -> None:
+        own = self._session.upload_id if isinstance(self._session, MultipartSession) else None
         try:
-            aborted = runtime.run(abort_uploads(self._store, self._key, older_than=age, exact=True))
+            listed = listing.result()
+            aborted = runtime.run(
+                abort_uploads(
+                    self._store, self._key, older_than=age, exact=True, listed=listed, keep=own
+                )
+            )
         except StorageError:
             # The checkpoint is saved; a leftover upload only costs storage until
             # `torchbucket cleanup` runs, so this does not fail the save.
