@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import sys
 import uuid
 from typing import Any
 
@@ -27,6 +28,33 @@ __all__ = ["BucketStorageReader"]
 
 #: Gaps up to this size between needed ranges are read through.
 DEFAULT_MAX_GAP = 1 << 20
+
+
+def _view_saved_tensor(name: str, data: memoryview) -> torch.Tensor | None:
+    """The tensor ``torch.save`` wrote into ``data``, as a view of ``data`` (no copy).
+
+    ``torch.load`` with ``map_location="meta"`` reads only the zip's directory
+    and pickle: it gives the tensor's dtype, shape and strides, and the offset
+    of its bytes inside ``data``, which are then viewed in place. That skips
+    ``torch.load``'s copy of every byte into a new storage (the item is copied
+    once, into the state dict). ``None`` where that does not apply (not a
+    plain tensor, an older torch without the offset, unaligned bytes): the
+    caller then loads a copy.
+    """
+    if sys.byteorder != "little":
+        return None
+    meta = torch.load(MemoryFile(name, data), map_location="meta", weights_only=True)  # type: ignore[arg-type]
+    if not isinstance(meta, torch.Tensor) or meta.is_quantized or meta.layout != torch.strided:
+        return None
+    storage = meta.untyped_storage()
+    offset = getattr(storage, "_checkpoint_offset", None)
+    nbytes = storage.nbytes()
+    if not isinstance(offset, int) or nbytes == 0 or offset < 0 or offset + nbytes > len(data):
+        return None
+    raw = torch.frombuffer(data, dtype=torch.uint8, offset=offset, count=nbytes)
+    if raw.data_ptr() % meta.element_size():
+        return None
+    return raw.view(meta.dtype).as_strided(meta.size(), meta.stride(), meta.storage_offset())
 
 
 class BucketStorageReader(StorageReader):
@@ -173,8 +201,11 @@ class BucketStorageReader(StorageReader):
         if item.type == LoadItemType.BYTE_IO:
             planner.load_bytes(item, io.BytesIO(data))
             return
-        stream = MemoryFile(f"{self.uri}/{info.relative_path}", data)
-        tensor = torch.load(stream, map_location="cpu", weights_only=True)  # type: ignore[arg-type]
+        name = f"{self.uri}/{info.relative_path}"
+        tensor = _view_saved_tensor(name, data)
+        if tensor is None:
+            stream = MemoryFile(name, data)
+            tensor = torch.load(stream, map_location="cpu", weights_only=True)  # type: ignore[arg-type]
         tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
         target = planner.resolve_tensor(item).detach()
         if target.size() != tensor.size():

@@ -23,6 +23,9 @@ from torchbucket.errors import ConfigError, StorageError
 
 __all__ = ["BucketStorageWriter"]
 
+#: Items begin at multiples of this many bytes in a data file.
+_ALIGNMENT = 64
+
 
 def _item_size(item: WriteItem) -> int:
     if item.tensor_data is None:
@@ -193,6 +196,10 @@ class BucketStorageWriter(StorageWriter):
             # Blobs first, then tensors, as FileSystemWriter orders them.
             ordered = sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO)
             for item in ordered:
+                # Each item starts on a 64-byte boundary (the zip inside aligns
+                # the tensor's bytes to 64 from its start), so that readers can
+                # view the bytes as the tensor in place, without a copy.
+                stream.write(bytes(-stream.tell() % _ALIGNMENT))
                 offset = stream.tell()
                 data = planner.resolve_data(item)
                 if item.type == WriteItemType.BYTE_IO:
