@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
 import numpy as np
@@ -52,19 +52,24 @@ async def fetch_ranges(
     generation: int | None = None,
     chunk_size: int,
     parallelism: int,
+    on_job_done: Callable[[int], None] | None = None,
 ) -> None:
     """Fill each ``(key, buffer, start)`` job's buffer from ``key`` at ``start``.
 
     Buffers larger than ``chunk_size`` are split into ranges; at most
-    ``parallelism`` ranges are in flight across all jobs.
+    ``parallelism`` ranges are in flight across all jobs, started in job order.
+    ``on_job_done(index)`` (called on the loop) says when a job's buffer is full,
+    so a caller can use it while later jobs still download.
 
     Raises:
         NotFoundError: An object is gone, or (with ``generation``) was rewritten.
         IntegrityError: A range came back short.
     """
     semaphore = asyncio.Semaphore(parallelism)
+    ranges = [split_ranges(len(buffer), chunk_size) for _, buffer, _ in jobs]
+    left = [len(r) for r in ranges]
 
-    async def one(key: str, view: memoryview, start: int) -> None:
+    async def one(index: int, key: str, view: memoryview, start: int) -> None:
         async with semaphore:
             got = await store.get_into(key, view, start=start, generation=generation)
         if got != len(view):
@@ -73,12 +78,19 @@ async def fetch_ranges(
                 operation="checkpoint load",
                 uri=store.uri(key),
             )
+        left[index] -= 1
+        if not left[index] and on_job_done is not None:
+            on_job_done(index)
 
     tasks = [
-        asyncio.ensure_future(one(key, buffer[lo:hi], start + lo))
-        for key, buffer, start in jobs
-        for lo, hi in split_ranges(len(buffer), chunk_size)
+        asyncio.ensure_future(one(index, key, buffer[lo:hi], start + lo))
+        for index, (key, buffer, start) in enumerate(jobs)
+        for lo, hi in ranges[index]
     ]
+    if on_job_done is not None:
+        for index, count in enumerate(left):
+            if not count:  # an empty buffer is full already
+                on_job_done(index)
     try:
         await asyncio.gather(*tasks)
     finally:

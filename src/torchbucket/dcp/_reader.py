@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import queue
 import sys
 import uuid
 from typing import Any
@@ -23,8 +24,12 @@ from torchbucket.checkpoint._reader import MemoryFile, allocate, fetch_ranges
 from torchbucket.dcp._common import is_bucket_uri, join, metadata_name, normalize
 from torchbucket.dcp._ranges import merge_ranges
 from torchbucket.errors import NotFoundError
+from torchbucket.storage.base import ObjectStore
 
 __all__ = ["BucketStorageReader"]
+
+#: Put on the queue of finished ranges when the download is over.
+_FETCH_OVER = -1
 
 #: Gaps up to this size between needed ranges are read through.
 DEFAULT_MAX_GAP = 1 << 20
@@ -55,6 +60,19 @@ def _view_saved_tensor(name: str, data: memoryview) -> torch.Tensor | None:
     if raw.data_ptr() % meta.element_size():
         return None
     return raw.view(meta.dtype).as_strided(meta.size(), meta.stride(), meta.storage_offset())
+
+
+def _pieces(
+    spans: list[tuple[tuple[int, int], ReadItem]], size: int
+) -> list[list[tuple[tuple[int, int], ReadItem]]]:
+    """Group sorted, overlapping-or-close item spans into runs of about ``size`` bytes."""
+    pieces: list[list[tuple[tuple[int, int], ReadItem]]] = []
+    for span, item in spans:
+        if pieces and span[1] - pieces[-1][0][0][0] <= size:
+            pieces[-1].append((span, item))
+        else:
+            pieces.append([(span, item)])
+    return pieces
 
 
 class BucketStorageReader(StorageReader):
@@ -146,32 +164,29 @@ class BucketStorageReader(StorageReader):
             )
         # One buffer per merged range; every item is a view into one of them.
         jobs: list[tuple[str, memoryview, int]] = []
-        views: dict[int, tuple[memoryview, int]] = {}  # id(item) -> (buffer, its start)
+        job_items: list[list[tuple[ReadItem, int, int]]] = []  # (item, lo, hi) in the buffer
         store, _ = self.checkpoint.open(join(self.uri, metadata_name(None)))
         for name, items in per_file.items():
             _, key = self.checkpoint.open(join(self.uri, name))
             spans = [self._span(item) for item in items]
             for start, end in merge_ranges(spans, self.max_gap):
-                buffer = allocate(end - start)
-                jobs.append((key, buffer, start))
-                for item, (lo, hi) in zip(items, spans):
-                    if start <= lo and hi <= end:
-                        views[id(item)] = (buffer, start)
-        if jobs:
-            config = self.checkpoint.config
-            runtime.run(
-                fetch_ranges(
-                    store,
-                    jobs,
-                    chunk_size=config.read_chunk_size,
-                    parallelism=config.read_parallelism,
+                inside = sorted(
+                    (
+                        (span, item)
+                        for item, span in zip(items, spans, strict=True)
+                        if start <= span[0] and span[1] <= end
+                    ),
+                    key=lambda pair: pair[0],
                 )
-            )
+                # Cut at item boundaries into pieces of about one read chunk,
+                # so that items load while the rest still downloads.
+                for piece in _pieces(inside, self.checkpoint.config.read_chunk_size):
+                    lo, hi = piece[0][0][0], max(span[1] for span, _ in piece)
+                    jobs.append((key, allocate(hi - lo), lo))
+                    job_items.append([(item, a - lo, b - lo) for (a, b), item in piece])
         self.bytes_fetched = sum(len(buffer) for _, buffer, _ in jobs)
-        for item in plan.items:
-            buffer, start = views[id(item)]
-            lo, hi = self._span(item)
-            self._load_item(item, buffer[lo - start : hi - start], planner)
+        if jobs:
+            self._fetch_and_load(store, jobs, job_items, planner)
         future: Future[None] = Future()
         future.set_result(None)
         return future
@@ -186,6 +201,46 @@ class BucketStorageReader(StorageReader):
         return is_bucket_uri(checkpoint_id)
 
     # -- internals -----------------------------------------------------------
+
+    def _fetch_and_load(
+        self,
+        store: ObjectStore,
+        jobs: list[tuple[str, memoryview, int]],
+        job_items: list[list[tuple[ReadItem, int, int]]],
+        planner: LoadPlanner,
+    ) -> None:
+        """Download the ranges; load each one's items as soon as it has arrived.
+
+        Items are loaded here, in the calling thread, while later ranges still
+        download on the background loop.
+        """
+        config = self.checkpoint.config
+        ready: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+        async def fetch() -> None:
+            try:
+                await fetch_ranges(
+                    store,
+                    jobs,
+                    chunk_size=config.read_chunk_size,
+                    parallelism=config.read_parallelism,
+                    on_job_done=ready.put,
+                )
+            finally:
+                ready.put(_FETCH_OVER)
+
+        fetching = runtime.submit(fetch())
+        try:
+            while (index := ready.get()) != _FETCH_OVER:
+                buffer = jobs[index][1]
+                for item, lo, hi in job_items[index]:
+                    self._load_item(item, buffer[lo:hi], planner)
+            fetching.result()  # raises what stopped the download
+        finally:
+            if not fetching.done():
+                # Loading an item failed: stop the download (the buffers stay
+                # alive for as long as a request still holds a view of them).
+                fetching.cancel()
 
     def _span(self, item: ReadItem) -> tuple[int, int]:
         info = self.storage_data[item.storage_index]
