@@ -32,9 +32,9 @@ _PLAN_CHUNK = 2048
 # every admitted one has arrived): one thread hand-off per chunk, not per object.
 _HANDOVER_CHUNK = 32
 
-# With compose on, a window of ``prefetch`` has ``prefetch // 8`` groups in
-# flight: 16 by default, up to 512 objects, ~7,000 objects/s per worker at
-# ~65 ms per compose + GET, while the memory ahead stays that of ~1,000 objects.
+# With compose on, a window of ``prefetch`` has at most ``prefetch // 8`` groups
+# in flight: 16 by default, up to 512 objects, ~7,000 objects/s per worker at
+# ~75 ms per compose + GET, while the memory ahead stays that of ~1,000 objects.
 _GROUPS_PER_PREFETCH = 8
 
 
@@ -105,7 +105,8 @@ class PrefetchWindow:
 
     ``prefetch`` fetcher coroutines on the runtime loop take the shard's units
     (one object, or a group to compose) in order and keep up to ``prefetch``
-    requests in flight. A unit is admitted while the window, from the first
+    requests in flight, of which at most ``prefetch // 8`` (at least 2)
+    composed groups. A unit is admitted while the window, from the first
     position not yet taken to the unit's end, spans at most twice as many
     objects as can be in flight and at most ``prefetch_bytes`` (a unit alone in
     the window is always admitted). Results that have arrived but are not yet
@@ -138,14 +139,16 @@ class PrefetchWindow:
         self._catalog = catalog
         self._order = order
         self._compose = compose
+        self._fetchers = fetch.prefetch
+        self._ahead = 2 * fetch.prefetch
+        self._groups = 0
         if compose.enabled:
             # Groups of up to max_sources objects: fewer requests in flight hide
             # the compose + GET latency for as many objects.
-            self._fetchers = max(2, fetch.prefetch // _GROUPS_PER_PREFETCH)
-            self._ahead = 2 * self._fetchers * compose.max_sources
-        else:
-            self._fetchers = fetch.prefetch
-            self._ahead = 2 * fetch.prefetch
+            self._groups = max(2, fetch.prefetch // _GROUPS_PER_PREFETCH)
+            # Objects not grouped (larger than the cap) still have ``prefetch``
+            # requests in flight.
+            self._ahead = max(self._ahead, 2 * self._groups * compose.max_sources)
         self._limit_bytes = fetch.prefetch_bytes
         self._chunk = max(1, min(_HANDOVER_CHUNK, fetch.prefetch // 4))
         # Bytes before each position of the shard: the window's bytes are a
@@ -255,7 +258,12 @@ class PrefetchWindow:
                 yield pos + unit.start, chunk[unit.start : unit.stop]
             pos += len(chunk)
 
-    async def _fetcher(self, units: Iterator[tuple[int, list[int]]], gate: asyncio.Lock) -> None:
+    async def _fetcher(
+        self,
+        units: Iterator[tuple[int, list[int]]],
+        gate: asyncio.Lock,
+        group_slots: asyncio.Semaphore,
+    ) -> None:
         while True:
             async with gate:  # units are admitted in order, one fetcher at a time
                 unit = next(units, None)
@@ -263,7 +271,15 @@ class PrefetchWindow:
                     return
                 first, indices = unit
                 await self._admit(first, first + len(indices))
-            self._deliver(first, await _fetch_unit(self._catalog, indices, self._compose))
+                grouped = len(indices) > 1
+                if grouped:
+                    await group_slots.acquire()
+            try:
+                items = await _fetch_unit(self._catalog, indices, self._compose)
+            finally:
+                if grouped:
+                    group_slots.release()
+            self._deliver(first, items)
 
     async def _produce(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -271,8 +287,9 @@ class PrefetchWindow:
         units = self._units()
         gate = asyncio.Lock()
         remaining = len(self._order) - self._start
+        group_slots = asyncio.Semaphore(max(1, self._groups))
         fetchers = [
-            self._loop.create_task(self._fetcher(units, gate))
+            self._loop.create_task(self._fetcher(units, gate, group_slots))
             for _ in range(max(1, min(self._fetchers, remaining)))
         ]
         try:

@@ -21,9 +21,9 @@ class FetchConfig:
     the whole process.
 
     Attributes:
-        prefetch: Requests in flight per iterator (so per DataLoader worker).
-            With compose on, ``prefetch // 8`` groups (at least 2) are in
-            flight instead, each up to 32 objects. Results that arrived and are
+        prefetch: Requests in flight per iterator (so per DataLoader worker);
+            with compose on, at most ``prefetch // 8`` of them (at least 2)
+            are composed groups of up to 32 objects. Results that arrived and are
             not yet taken do not count here, so a consumer that takes a batch at
             a time does not drain the requests in flight; the window ahead of
             the consumer spans at most twice the objects in flight. Default
