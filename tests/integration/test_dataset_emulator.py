@@ -103,7 +103,9 @@ def test_compose_refused_over_http_falls_back_with_one_warning(
 ) -> None:
     compose_fetch._warned.discard("refused")
     emulator.add_fault("compose", "403", count=None)
-    ds = BucketMapDataset.from_prefix(f"gs://{bucket}/train/", gcs_config=_gcs(emulator))
+    ds = BucketMapDataset.from_prefix(
+        f"gs://{bucket}/train/", gcs_config=_gcs(emulator), compose=ComposeConfig()
+    )
     with caplog.at_level(logging.WARNING, logger="torchbucket"):
         got = ds.__getitems__(list(range(64))) + ds.__getitems__(list(range(64, 128)))
     assert got == [payload(i) for i in range(128)]
@@ -113,7 +115,9 @@ def test_compose_refused_over_http_falls_back_with_one_warning(
 
 
 def test_object_rewritten_after_listing_raises_over_http(emulator: Emulator, bucket: str) -> None:
-    ds = BucketMapDataset.from_prefix(f"gs://{bucket}/train/", gcs_config=_gcs(emulator))
+    ds = BucketMapDataset.from_prefix(
+        f"gs://{bucket}/train/", gcs_config=_gcs(emulator), compose=ComposeConfig()
+    )
     emulator.seed(bucket, {"train/00007": payload(7)})  # same bytes, a new generation
     with pytest.raises(NotFoundError, match="train/00007"):
         ds.__getitems__(list(range(16)))

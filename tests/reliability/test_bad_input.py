@@ -183,7 +183,7 @@ def test_permission_denied_on_compose_falls_back_with_one_warning(
     composes = op_count(model_bucket.emu, "compose")
     with caplog.at_level(logging.WARNING, logger="torchbucket"):
         if kind == "map":
-            ds = BucketMapDataset.from_prefix(uri, gcs_config=g)
+            ds = BucketMapDataset.from_prefix(uri, gcs_config=g, compose=ComposeConfig())
             got = [
                 s for start in range(0, 100, 25) for s in ds.__getitems__(range(start, start + 25))
             ]

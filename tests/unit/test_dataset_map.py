@@ -69,7 +69,7 @@ def test_from_prefix_lists_in_name_order_and_reads_by_index(bucket: str) -> None
 def test_getitems_fetches_a_batch_in_order_composing_small_objects(bucket: str) -> None:
     infos = runtime.run(MemoryStore(bucket).list_page("train/")).objects
     store = GetCounter(bucket)
-    ds = BucketMapDataset(Catalog([store], [0] * len(infos), infos))
+    ds = BucketMapDataset(Catalog([store], [0] * len(infos), infos), compose=ComposeConfig())
     GetCounter.gets = 0
     indices = [7, 3, 99, 0, 64, 65, 66, 1]
     assert ds.__getitems__(indices) == [payload(i) for i in indices]
@@ -77,11 +77,10 @@ def test_getitems_fetches_a_batch_in_order_composing_small_objects(bucket: str) 
     assert _composites(bucket) == []
 
     GetCounter.gets = 0
-    plain = BucketMapDataset(
-        Catalog([store], [0] * len(infos), infos), compose=ComposeConfig(disable=True)
-    )
+    plain = BucketMapDataset(Catalog([store], [0] * len(infos), infos))  # off by default
     assert plain.__getitems__(indices) == [payload(i) for i in indices]
     assert GetCounter.gets == len(indices)
+    assert not plain._compose.enabled
 
 
 def test_dataloader_batches_with_data_format_fn(bucket: str) -> None:

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 __all__ = ["BucketMapDataset"]
 
+# Measured: see the class docstring.
+_DEFAULT_COMPOSE = ComposeConfig(disable=True)
+
 
 class BucketMapDataset(Dataset[Any]):
     """The objects under a prefix (or a list of objects), by index.
@@ -33,13 +36,15 @@ class BucketMapDataset(Dataset[Any]):
     small objects. Any sampler works, ``DistributedSampler`` included. The
     dataset pickles as its listing and configuration, for spawned workers.
 
-    Compose saves requests and client CPU (measured on the emulator's
-    same-region model with 10 KiB objects: 0.11 instead of 0.28 ms per object)
-    but adds a compose and a delete round trip to every batch, which a
-    map-style dataset cannot hide (each worker fetches one batch at a time):
-    about 7% fewer objects/s at 10 KiB, a third fewer at 100 KiB. For the
-    highest throughput use :class:`BucketIterableDataset`, whose prefetch
-    window hides both; or pass ``ComposeConfig(disable=True)``.
+    Compose is off by default here, by measurement: it saves requests and
+    client CPU, but adds a compose round trip to every batch, which a
+    map-style dataset cannot hide (each worker fetches one batch at a time and
+    cannot know the next one's indices). On the emulator's same-region model
+    it cut the objects/s to about half (see
+    :class:`~torchbucket.compose.ComposeConfig`).
+    Pass ``compose=ComposeConfig()`` to trade throughput for fewer requests
+    and less client CPU; for both, use :class:`BucketIterableDataset`, whose
+    prefetch window hides the compose round trip.
 
     Args:
         catalog: The objects (use the classmethods instead).
@@ -49,7 +54,8 @@ class BucketMapDataset(Dataset[Any]):
             error it raises keeps its type and gains a note naming the
             object's URI (shown in the traceback, and in the message the
             DataLoader re-raises a worker's error with).
-        compose: Small-object coalescing; default ``ComposeConfig()`` (on).
+        compose: Small-object coalescing; default ``ComposeConfig(disable=True)``
+            (off; see above).
     """
 
     def __init__(
@@ -61,7 +67,7 @@ class BucketMapDataset(Dataset[Any]):
     ) -> None:
         self._catalog = catalog
         self._format = data_format_fn
-        self._compose = compose if compose is not None else ComposeConfig()
+        self._compose = compose if compose is not None else _DEFAULT_COMPOSE
 
     @classmethod
     def from_prefix(
