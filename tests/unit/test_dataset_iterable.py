@@ -129,6 +129,19 @@ def test_window_keeps_many_reads_in_flight_and_no_more_than_prefetch(bucket: str
     assert 6 <= SlowStore.peak <= 12
 
 
+def test_objects_too_large_to_compose_keep_prefetch_reads_in_flight(bucket: str) -> None:
+    # With compose on, composed groups in flight are limited to prefetch // 8
+    # (2 here); objects read directly are not.
+    SlowStore.peak = 0
+    infos = runtime.run(MemoryStore(bucket).list_page("train/")).objects
+    catalog = Catalog([SlowStore(bucket)], [0] * len(infos), infos)
+    ds = BucketIterableDataset(
+        catalog, fetch=FetchConfig(prefetch=16), compose=ComposeConfig(max_composite_object_size=1)
+    )
+    assert list(ds) == [payload(i) for i in range(N)]
+    assert 6 <= SlowStore.peak <= 16
+
+
 def test_window_bytes_bound_the_memory_ahead(bucket: str) -> None:
     SlowStore.peak = SlowStore.peak_bytes = 0
     largest = max(len(payload(i)) for i in range(N))
