@@ -30,6 +30,7 @@ __all__ = ["BucketStorageReader"]
 
 #: Put on the queue of finished ranges when the download is over.
 _FETCH_OVER = -1
+_NO_BYTES = memoryview(b"")
 
 #: Gaps up to this size between needed ranges are read through.
 DEFAULT_MAX_GAP = 1 << 20
@@ -232,9 +233,12 @@ class BucketStorageReader(StorageReader):
         fetching = runtime.submit(fetch())
         try:
             while (index := ready.get()) != _FETCH_OVER:
-                buffer = jobs[index][1]
+                key, buffer, start = jobs[index]
                 for item, lo, hi in job_items[index]:
                     self._load_item(item, buffer[lo:hi], planner)
+                # Loaded: its buffer is freed now rather than with the others.
+                jobs[index] = (key, _NO_BYTES, start)
+                del buffer
             fetching.result()  # raises what stopped the download
         finally:
             if not fetching.done():
