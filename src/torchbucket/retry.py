@@ -181,20 +181,6 @@ class AdaptiveLimiter:
         logger.debug("throttled: concurrency limit now %d", self.limit)
 
 
-async def _attempt(fn: Callable[[], Awaitable[T]], timeout: float, dog: _watchdog.Watchdog) -> T:
-    # One watchdog timer per loop rather than a timer per attempt
-    # (asyncio.timeout's): a measurable share of a small read's client CPU.
-    watch = dog.start(timeout)
-    try:
-        return await fn()
-    except asyncio.CancelledError:
-        if dog.stop(watch):
-            raise asyncio.TimeoutError from None
-        raise
-    finally:
-        dog.stop(watch)
-
-
 _limiters: dict[tuple[int, int, str], AdaptiveLimiter] = {}
 
 
@@ -249,9 +235,17 @@ async def call(
         timeout = min(config.attempt_timeout, max(remaining, 0.001))
         if limiter is not None and not limiter.try_acquire():
             await limiter.acquire()
+        # One watchdog timer per loop rather than a timer per attempt
+        # (asyncio.timeout's): a measurable share of a small read's client CPU.
+        watch = dog.start(timeout)
         try:
-            result = await _attempt(fn, timeout, dog)
-        except asyncio.TimeoutError as exc:
+            result = await fn()
+        except (asyncio.CancelledError, asyncio.TimeoutError) as exc:
+            cause: BaseException = exc
+            if isinstance(exc, asyncio.CancelledError):
+                if not dog.stop(watch):
+                    raise  # cancelled from outside, not by the attempt's limit
+                cause = asyncio.TimeoutError(f"attempt cut short after {timeout:.3g} s")
             if cut_by_deadline:
                 raise DeadlineExceededError(
                     f"no answer before the {config.deadline:g} s retry deadline "
@@ -259,7 +253,7 @@ async def call(
                     f"{time.monotonic() - start:.1f} s)",
                     operation=operation,
                     uri=uri,
-                ) from exc
+                ) from cause
             error: StorageError = TransientError(
                 f"no answer within the {config.attempt_timeout:g} s attempt timeout",
                 operation=operation,
@@ -272,6 +266,7 @@ async def call(
                 limiter.on_success()
             return result
         finally:
+            dog.stop(watch)
             if limiter is not None:
                 limiter.release()
 

@@ -170,16 +170,17 @@ class GCSTransport:
             )
         return state
 
-    async def call(
+    def call(
         self,
         attempt: Callable[[], Awaitable[T]],
         operation: str,
         uri: str,
         *,
         idempotent: bool = True,
-    ) -> T:
-        """Run ``attempt`` with retries under the endpoint's limiter."""
-        return await retry.call(
+    ) -> Awaitable[T]:
+        """Run ``attempt`` with retries under the endpoint's limiter (await the result)."""
+        # retry.call's coroutine itself, not one more coroutine around it.
+        return retry.call(
             attempt,
             config=self._retry_config,
             operation=operation,
