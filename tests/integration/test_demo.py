@@ -17,7 +17,8 @@ import pytest
 def test_quick_demo_trains_resumes_and_leaves_the_bucket_clean(tmp_path: Path) -> None:
     out = tmp_path / "demo-output"
     done = subprocess.run(
-        [sys.executable, "-m", "torchbucket", "demo", "--quick", "--out", str(out)],
+        # --compose: the bucket must be left clean of composites too.
+        [sys.executable, "-m", "torchbucket", "demo", "--quick", "--compose", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=240,
@@ -37,6 +38,7 @@ def test_quick_demo_trains_resumes_and_leaves_the_bucket_clean(tmp_path: Path) -
     assert summary["objects"] == 1200
     assert summary["requests"]["upload"]["A"] >= 1200
     assert summary["requests"]["training"]["B"] > 0
+    assert summary["requests"]["training"]["A"] > 0  # the composes
     # Six classes: chance is 1/6. Even the quick run learns something.
     assert summary["final_accuracy"] > 0.25
 

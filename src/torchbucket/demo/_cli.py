@@ -76,10 +76,10 @@ def add_demo(
         help=f"a small run: {_QUICK['objects']} images, {_QUICK['epochs']} epochs",
     )
     parser.add_argument(
-        "--no-compose",
+        "--compose",
         action="store_true",
-        help="read every image with its own GET instead of coalescing small objects "
-        "server-side (compose makes class A requests; compare the summaries)",
+        help="coalesce small objects server-side instead of reading every image with its "
+        "own GET (compose makes class A requests; compare the summaries)",
     )
     parser.add_argument("--seed", type=int, default=0, help="picks the images (default: 0)")
     parser.set_defaults(func=_demo)
@@ -102,7 +102,7 @@ def _demo(args: argparse.Namespace) -> int:
         endpoint=args.endpoint,
         latency=not args.no_latency,
         seed=args.seed,
-        compose=not args.no_compose,
+        compose=args.compose,
     )
     result = run_demo(config)
     figure = write_figure(result, os.path.join(config.out, "demo.png"))
