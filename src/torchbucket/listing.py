@@ -37,13 +37,16 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from torchbucket import runtime
 from torchbucket._lister import ListingStats, list_parallel
 from torchbucket._manifest import ManifestLocation, decode_objects, encode_objects
 from torchbucket.errors import ConfigError, StorageError, ThrottledError
 from torchbucket.storage.base import HIDDEN_PREFIXES, ObjectInfo, ObjectStore
+
+if TYPE_CHECKING:
+    from torchbucket.storage.gcs import GCSConfig
 
 __all__ = ["ListingConfig", "ListingStats", "ProgressBar", "alist_objects", "list_objects"]
 
@@ -359,7 +362,7 @@ def list_objects(
     *,
     config: ListingConfig | None = None,
     progress: bool | Literal["auto"] | ProgressBar | None = None,
-    gcs_config: Any = None,
+    gcs_config: GCSConfig | None = None,
 ) -> list[ObjectInfo]:
     """Every object under a prefix URI, sorted by name: the synchronous form.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -22,12 +22,16 @@ from torchbucket.errors import ConfigError, NotFoundError
 from torchbucket.storage import store_for
 from torchbucket.storage.base import ObjectInfo, ObjectStore
 
+if TYPE_CHECKING:
+    from torchbucket.listing import ListingConfig
+    from torchbucket.storage.gcs import GCSConfig
+
 __all__ = ["Catalog", "open_store"]
 
 _NO_GENERATION = -1
 
 
-def open_store(uri: str, gcs_config: Any) -> tuple[ObjectStore, str]:
+def open_store(uri: str, gcs_config: GCSConfig | None) -> tuple[ObjectStore, str]:
     """The store and key of ``uri``; ``gcs_config`` applies to ``gs://`` only."""
     parsed = parse_uri(uri)
     if parsed.scheme == "gs" and gcs_config is not None:
@@ -94,7 +98,11 @@ class Catalog:
 
     @classmethod
     def from_prefix(
-        cls, uri: str, *, gcs_config: Any = None, listing_config: Any = None
+        cls,
+        uri: str,
+        *,
+        gcs_config: GCSConfig | None = None,
+        listing_config: ListingConfig | None = None,
     ) -> Catalog:
         """List every object under a prefix URI.
 
@@ -102,14 +110,13 @@ class Catalog:
             NotFoundError: Nothing is under the prefix.
         """
         store, prefix = open_store(uri, gcs_config)
-        kwargs: dict[str, Any] = {} if listing_config is None else {"config": listing_config}
-        infos = runtime.run(listing.alist_objects(store, prefix, **kwargs))
+        infos = runtime.run(listing.alist_objects(store, prefix, config=listing_config))
         if not infos:
             raise NotFoundError("no objects under this prefix", operation="list", uri=uri)
         return cls([store], [0] * len(infos), infos)
 
     @classmethod
-    def from_objects(cls, uris: Sequence[str], *, gcs_config: Any = None) -> Catalog:
+    def from_objects(cls, uris: Sequence[str], *, gcs_config: GCSConfig | None = None) -> Catalog:
         """Look up the objects named by ``uris`` (concurrently), in that order.
 
         Raises:

@@ -20,6 +20,7 @@ from torchbucket.datasets.config import FetchConfig, ShardingConfig
 from torchbucket.errors import ConfigError
 
 if TYPE_CHECKING:
+    from torchbucket.listing import ListingConfig
     from torchbucket.storage.gcs import GCSConfig
 
 __all__ = ["BucketIterableDataset"]
@@ -106,7 +107,7 @@ class BucketIterableDataset(IterableDataset[Any]):
         *,
         data_format_fn: DataFormatFn | None = None,
         gcs_config: GCSConfig | None = None,
-        listing: Any = None,
+        listing: ListingConfig | None = None,
         shuffle: bool = False,
         seed: int = 0,
         sharding: ShardingConfig | None = None,

@@ -14,6 +14,7 @@ from torchbucket.datasets._common import DataFormatFn, apply_format, prepare_com
 from torchbucket.datasets._fetch import fetch_batch
 
 if TYPE_CHECKING:
+    from torchbucket.listing import ListingConfig
     from torchbucket.storage.gcs import GCSConfig
 
 __all__ = ["BucketMapDataset"]
@@ -76,7 +77,7 @@ class BucketMapDataset(Dataset[Any]):
         *,
         data_format_fn: DataFormatFn | None = None,
         gcs_config: GCSConfig | None = None,
-        listing: Any = None,
+        listing: ListingConfig | None = None,
         compose: ComposeConfig | None = None,
     ) -> BucketMapDataset:
         """Every object under a prefix, in name order.

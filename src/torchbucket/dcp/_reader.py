@@ -8,7 +8,7 @@ import pickle
 import queue
 import sys
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index
@@ -25,6 +25,9 @@ from torchbucket.dcp._common import is_bucket_uri, join, metadata_name, normaliz
 from torchbucket.dcp._ranges import merge_ranges
 from torchbucket.errors import NotFoundError
 from torchbucket.storage.base import ObjectStore
+
+if TYPE_CHECKING:
+    from torchbucket.storage.gcs import GCSConfig
 
 __all__ = ["BucketStorageReader"]
 
@@ -98,7 +101,7 @@ class BucketStorageReader(StorageReader):
         uri: str | os.PathLike[str],
         *,
         config: CheckpointConfig | None = None,
-        gcs_config: Any = None,
+        gcs_config: GCSConfig | None = None,
         checkpoint: BucketCheckpoint | None = None,
         max_gap: int = DEFAULT_MAX_GAP,
     ) -> None:

@@ -8,7 +8,7 @@ import io
 import os
 import pickle
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo, _StoragePrefix
@@ -20,6 +20,9 @@ from torch.futures import Future
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.dcp._common import DATA_SUFFIX, is_bucket_uri, join, metadata_name, normalize
 from torchbucket.errors import ConfigError, StorageError
+
+if TYPE_CHECKING:
+    from torchbucket.storage.gcs import GCSConfig
 
 __all__ = ["BucketStorageWriter"]
 
@@ -92,7 +95,7 @@ class BucketStorageWriter(StorageWriter):
         uri: str | os.PathLike[str],
         *,
         config: CheckpointConfig | None = None,
-        gcs_config: Any = None,
+        gcs_config: GCSConfig | None = None,
         checkpoint: BucketCheckpoint | None = None,
         files_per_rank: int = 1,
         overwrite: bool = True,
