@@ -266,8 +266,27 @@ def main() -> None:
     print(
         f"\nload average (1, 5, 15 min) before {load_before}, after {os.getloadavg()}; {cpus} CPUs"
     )
+    names = [name for name, _, _ in contenders]
+    panels = [
+        h.Panel(
+            f"{case} (median s)",
+            names,
+            [results[case].get(name, {}).get("data.wall_s") for name in names],
+            "seconds",
+            log=True,
+        )
+        for case in results
+    ]
+    png = h.bar_chart("listing", panels, suptitle=f"Listing {PREFIX}: time per contender", ncols=2)
     h.write_json(
-        "listing", {"repeats": repeats, "results": results, "summary": payload, "load": load}
+        "listing",
+        {
+            "repeats": repeats,
+            "results": results,
+            "summary": payload,
+            "load": load,
+            "figure": h.rel(png),
+        },
     )
     h.emit_result(payload)
 

@@ -499,6 +499,10 @@ class GCSTransport:
                         buffer[: len(piece)] = piece
                         return len(piece)
                     span = content_range(resp.headers)
+                    # Only a range that is the whole object can be checked against
+                    # the object's CRC32C; the CRC of any other range is wasted work
+                    # (callers such as checkpoint loads check the whole object once).
+                    whole_object = span is not None and span[0] == 0 and span[2] == span[1] + 1
                     crc = 0
                     pos = 0
                     async for chunk in resp.content.iter_any():
@@ -510,7 +514,8 @@ class GCSTransport:
                                 uri=uri,
                             )
                         buffer[pos : pos + n] = chunk
-                        crc = extend_crc(crc, chunk)
+                        if whole_object:
+                            crc = extend_crc(crc, chunk)
                         pos += n
                     if span is not None:
                         first, last, total = span
