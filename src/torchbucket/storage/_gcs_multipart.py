@@ -194,21 +194,7 @@ class GCSMultipart(GCSUploads):
 
     async def multipart_abort(self, key: str, upload_id: str) -> None:
         url = self._xml_url(key, f"uploadId={quote_name(upload_id)}")
-        uri = self.uri(key)
-        ambiguous = False
-
-        async def attempt() -> None:
-            nonlocal ambiguous
-            try:
-                await self.request("DELETE", url, operation="multipart abort", uri=uri)
-            except NotFoundError:
-                if not ambiguous:
-                    raise
-            except RetryableError:
-                ambiguous = True
-                raise
-
-        await self.call(attempt, "multipart abort", uri)
+        await self.delete_request(url, "multipart abort", self.uri(key))
         self._part_sizes.pop(upload_id, None)
 
     async def multipart_list(self, prefix: str = "") -> list[MultipartUpload]:

@@ -28,7 +28,6 @@ import yarl
 
 from torchbucket.errors import (
     NotFoundError,
-    RetryableError,
     StorageError,
 )
 from torchbucket.storage import _gcs_http as _http
@@ -311,22 +310,7 @@ class GCSStore(GCSMultipart):
 
     async def delete(self, key: str, *, generation: int | None = None) -> None:
         url = self._object_url(key, "" if generation is None else f"generation={generation}")
-        uri = self.uri(key)
-        ambiguous = False
-
-        async def attempt() -> None:
-            nonlocal ambiguous
-            try:
-                await self.request("DELETE", url, operation="delete", uri=uri)
-            except NotFoundError:
-                if not ambiguous:
-                    raise
-                # A retry of a delete whose answer was lost: that one deleted it.
-            except RetryableError:
-                ambiguous = True
-                raise
-
-        await self.call(attempt, "delete", uri, idempotent=generation is not None)
+        await self.delete_request(url, "delete", self.uri(key), idempotent=generation is not None)
 
     async def copy(self, source: str, destination: str) -> ObjectInfo:
         base = (
