@@ -131,6 +131,8 @@ def generate(
         for task in tasks:
             yield _render_many(task)
         return
-    context = multiprocessing.get_context("fork")
+    # Not fork: by now this process runs threads (torchbucket's loop, tqdm's
+    # monitor), and a child forked while one of them holds a lock can hang.
+    context = multiprocessing.get_context("spawn")
     with context.Pool(processes) as pool:
         yield from pool.imap_unordered(_render_many, tasks)
