@@ -307,3 +307,41 @@ def run_epoch(
         "first_batch_s": t_first - t0,
         "steady_samples_per_s": (total - first_len) / span if span > 0 else None,
     }
+
+
+def measure_loader(
+    spec: dict[str, Any],
+    dataset: Any,
+    verifier: Verifier,
+    *,
+    names_known: bool = False,
+    **extra: Any,
+) -> None:
+    """Read one epoch of ``dataset`` through the spec's DataLoader, measured, and emit it.
+
+    Every loader contender ends with this, so all of them are timed, checked and
+    reported the same way; ``extra`` adds contender-specific fields.
+    """
+    from torch.utils.data import DataLoader  # only the loader contenders need torch
+
+    pids = WorkerPids(spec.get("pid_file"))
+    with Phase(spec["endpoint"]) as phase:
+        loader = DataLoader(
+            dataset,
+            batch_size=spec["batch_size"],
+            num_workers=spec["num_workers"],
+            collate_fn=identity_collate,
+            worker_init_fn=pids,
+        )
+        epoch = run_epoch(loader, verifier, names_known=names_known)
+        del loader
+    emit(
+        {
+            **phase.result(),
+            "objects": verifier.finish(),
+            "bytes": verifier.bytes,
+            **epoch,
+            "worker_pids": pids.pids(),
+            **extra,
+        }
+    )

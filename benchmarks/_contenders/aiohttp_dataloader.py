@@ -22,17 +22,13 @@ from typing import Any
 
 import aiohttp
 from _common import (
-    Phase,
     Verifier,
-    WorkerPids,
-    emit,
     generated_names,
-    identity_collate,
     load_spec,
+    measure_loader,
     object_url,
-    run_epoch,
 )
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
 
 class PrototypeDataset(IterableDataset[tuple[str, bytes]]):
@@ -92,26 +88,7 @@ def main() -> None:
     names = generated_names(spec["prefix"], spec["count"])
     verifier = Verifier(names, spec["size"], spec.get("seed", 0))
     dataset = PrototypeDataset(spec["endpoint"], spec["bucket"], names, int(spec["prefetch"]))
-    pids = WorkerPids(spec.get("pid_file"))
-    with Phase(spec["endpoint"]) as phase:
-        loader = DataLoader(
-            dataset,
-            batch_size=spec["batch_size"],
-            num_workers=spec["num_workers"],
-            collate_fn=identity_collate,
-            worker_init_fn=pids,
-        )
-        epoch = run_epoch(loader, verifier, names_known=True)
-        del loader
-    emit(
-        {
-            **phase.result(),
-            "objects": verifier.finish(),
-            "bytes": verifier.bytes,
-            **epoch,
-            "worker_pids": pids.pids(),
-        }
-    )
+    measure_loader(spec, dataset, verifier, names_known=True)
 
 
 if __name__ == "__main__":

@@ -18,17 +18,12 @@ from __future__ import annotations
 import os
 
 from _common import (
-    Phase,
     Verifier,
-    WorkerPids,
-    emit,
     generated_names,
-    identity_collate,
     load_spec,
-    run_epoch,
+    measure_loader,
 )
 from dataflux_pytorch import dataflux_iterable_dataset, dataflux_mapstyle_dataset
-from torch.utils.data import DataLoader
 
 
 def main() -> None:
@@ -55,26 +50,7 @@ def main() -> None:
         raise SystemExit(f"dataflux listed {listed} objects, expected {spec['count']}")
     names = generated_names(spec["prefix"], spec["count"])
     verifier = Verifier(names, spec["size"], spec.get("seed", 0))
-    pids = WorkerPids(spec.get("pid_file"))
-    with Phase(spec["endpoint"]) as phase:
-        loader = DataLoader(
-            dataset,
-            batch_size=spec["batch_size"],
-            num_workers=spec["num_workers"],
-            collate_fn=identity_collate,
-            worker_init_fn=pids,
-        )
-        epoch = run_epoch(loader, verifier)
-        del loader
-    emit(
-        {
-            **phase.result(),
-            "objects": verifier.finish(),
-            "bytes": verifier.bytes,
-            **epoch,
-            "worker_pids": pids.pids(),
-        }
-    )
+    measure_loader(spec, dataset, verifier)
 
 
 if __name__ == "__main__":

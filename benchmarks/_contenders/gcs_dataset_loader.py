@@ -16,18 +16,14 @@ import os
 from typing import Any
 
 from _common import (
-    Phase,
     Verifier,
-    WorkerPids,
-    emit,
     generated_names,
-    identity_collate,
     load_spec,
-    run_epoch,
+    measure_loader,
 )
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 
 class PlainGCSDataset(Dataset[tuple[str, bytes]]):
@@ -55,26 +51,7 @@ def main() -> None:
     names = generated_names(spec["prefix"], spec["count"])[: int(spec["sample"])]
     verifier = Verifier(names, spec["size"], spec.get("seed", 0))
     dataset = PlainGCSDataset(spec["bucket"], names)
-    pids = WorkerPids(spec.get("pid_file"))
-    with Phase(spec["endpoint"]) as phase:
-        loader = DataLoader(
-            dataset,
-            batch_size=spec["batch_size"],
-            num_workers=spec["num_workers"],
-            collate_fn=identity_collate,
-            worker_init_fn=pids,
-        )
-        epoch = run_epoch(loader, verifier, names_known=True)
-        del loader
-    emit(
-        {
-            **phase.result(),
-            "objects": verifier.finish(),
-            "bytes": verifier.bytes,
-            **epoch,
-            "worker_pids": pids.pids(),
-        }
-    )
+    measure_loader(spec, dataset, verifier, names_known=True)
 
 
 if __name__ == "__main__":

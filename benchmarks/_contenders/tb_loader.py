@@ -12,16 +12,11 @@ Spec: ``endpoint``, ``bucket``, ``prefix``, ``count``, ``size``, ``seed``,
 from __future__ import annotations
 
 from _common import (
-    Phase,
     Verifier,
-    WorkerPids,
-    emit,
     generated_names,
-    identity_collate,
     load_spec,
-    run_epoch,
+    measure_loader,
 )
-from torch.utils.data import DataLoader
 
 from torchbucket.compose import ComposeConfig
 from torchbucket.datasets import BucketIterableDataset, BucketMapDataset, FetchConfig
@@ -42,27 +37,7 @@ def main() -> None:
         concurrency = FetchConfig().prefetch
     names = generated_names(spec["prefix"], spec["count"])
     verifier = Verifier(names, spec["size"], spec.get("seed", 0))
-    pids = WorkerPids(spec.get("pid_file"))
-    with Phase(spec["endpoint"]) as phase:
-        loader = DataLoader(
-            dataset,
-            batch_size=spec["batch_size"],
-            num_workers=spec["num_workers"],
-            collate_fn=identity_collate,
-            worker_init_fn=pids,
-        )
-        epoch = run_epoch(loader, verifier)
-        del loader
-    emit(
-        {
-            **phase.result(),
-            "objects": verifier.finish(),
-            "bytes": verifier.bytes,
-            **epoch,
-            "worker_pids": pids.pids(),
-            "in_flight_per_worker": concurrency,
-        }
-    )
+    measure_loader(spec, dataset, verifier, in_flight_per_worker=concurrency)
 
 
 if __name__ == "__main__":
