@@ -275,3 +275,27 @@ def test_forked_and_spawned_children_read_and_every_process_exits_cleanly(
     assert done.stdout.strip() == "ok"
     assert "Unclosed" not in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("kind", ["503", "reset"])
+def test_a_part_sent_in_slices_is_sent_whole_again_after_a_fault(
+    emulator: Any, gcs_bucket_factory: Any, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    from torchbucket.storage import _gcs_multipart
+
+    # Parts of several slices, one of them not full, each from a writable view
+    # as a checkpoint writer hands them over.
+    monkeypatch.setattr(_gcs_multipart, "_SLICE", 1000)
+    store = gcs_bucket_factory(emulator, prefix="fault")
+    parts_data = [bytearray(bytes([n]) * 2500 + DATA[: 100 * n]) for n in (1, 2, 3)]
+    rule = emulator.add_fault("mpu_part", kind, nth=2)
+    upload_id = runtime.run(store.multipart_initiate("ckpt"))
+    parts = [
+        runtime.run(store.multipart_upload_part("ckpt", upload_id, n, memoryview(data)))
+        for n, data in enumerate(parts_data, 1)
+    ]
+    info = runtime.run(store.multipart_complete("ckpt", upload_id, parts))
+    whole = b"".join(parts_data)
+    assert info.size == len(whole)
+    assert runtime.run(store.get("ckpt")) == whole
+    assert {r["id"]: r["fired"] for r in emulator.faults()}[rule] == 1

@@ -8,6 +8,13 @@ answer was lost is recognised on retry by the object it created. An initiate
 whose answer was lost may have created an upload nobody knows the id of: once
 the initiate is over (succeeded or failed), the uploads to exactly that key that
 began since it started, other than the one returned, are aborted.
+
+A part's bytes go out a slice at a time (:class:`_PartBody`), not in one write:
+on Python before 3.12.9 aiohttp joins the request's headers to a bytes-like
+body (a copy of the whole part), and asyncio copies what the socket does not
+take at once (most of an 8 MiB part) into the transport's buffer, where it stays
+until sent. Written in slices, waiting for the transport to drain between them,
+a part is sent from the caller's buffer with at most a slice copied.
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import aiohttp
 import yarl
+from aiohttp.abc import AbstractStreamWriter
 
 from torchbucket.errors import IntegrityError, NotFoundError, RetryableError, StorageError
 from torchbucket.storage import _gcs_http as _http
@@ -35,6 +44,41 @@ logger = logging.getLogger(__name__)
 #: Seconds by which the server's clock may trail ours when telling the uploads an
 #: initiate started from older ones (the window only opens after a lost answer).
 _CLOCK_SLACK = 2.0
+
+#: Bytes of a part handed to the connection at once.
+_SLICE = 512 * 1024
+
+
+class _PartBody(aiohttp.Payload):
+    """A part's bytes, written to the connection :data:`_SLICE` bytes at a time.
+
+    Reusable: each attempt of a retried part writes it from the start.
+    """
+
+    _autoclose = True
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        super().__init__(view, content_type="application/octet-stream")
+        self._view = view
+        self._size = len(view)
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return bytes(self._view).decode(encoding, errors)
+
+    async def write(self, writer: AbstractStreamWriter) -> None:
+        await self.write_with_length(writer, None)
+
+    async def write_with_length(
+        self, writer: AbstractStreamWriter, content_length: int | None
+    ) -> None:
+        view = self._view if content_length is None else self._view[:content_length]
+        for start in range(0, len(view), _SLICE):
+            # Drains (waits until the transport has sent what it holds) as needed.
+            await writer.write(view[start : start + _SLICE])
 
 
 class GCSMultipart(GCSUploads):
@@ -128,10 +172,11 @@ class GCSMultipart(GCSUploads):
         url = self._xml_url(key, f"partNumber={number}&uploadId={quote_name(upload_id)}")
         uri = self.uri(key)
         headers = {"x-goog-hash": f"crc32c={crc32c_of(data)}"}
+        body = _PartBody(data)
 
         async def attempt() -> Part:
             _, resp_headers, _ = await self.request(
-                "PUT", url, operation="multipart upload part", uri=uri, headers=headers, data=data
+                "PUT", url, operation="multipart upload part", uri=uri, headers=headers, data=body
             )
             etag = resp_headers.get("ETag")
             if not etag:
@@ -141,9 +186,7 @@ class GCSMultipart(GCSUploads):
             return Part(number, etag)
 
         part = await self.call(attempt, "multipart upload part", uri)
-        self._part_sizes.setdefault(upload_id, {})[number] = (
-            data.nbytes if isinstance(data, memoryview) else len(data)
-        )
+        self._part_sizes.setdefault(upload_id, {})[number] = len(body)
         return part
 
     async def multipart_complete(
