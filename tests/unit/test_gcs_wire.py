@@ -11,6 +11,7 @@ from multidict import CIMultiDict
 
 from torchbucket.storage._gcs_wire import (
     content_range,
+    crc32c_of,
     hash_header_crc32c,
     object_info,
     object_infos,
@@ -87,3 +88,30 @@ def test_object_resources_become_object_info_equal_to_one_built_normally(
 
 def test_an_object_resource_without_size_has_size_zero() -> None:
     assert object_info({"name": "k"}) == ObjectInfo("k", 0)
+
+
+@given(st.binary(max_size=5000), st.integers(0, 5000), st.booleans())
+def test_crc32c_of_any_buffer_is_that_of_its_bytes(data: bytes, cut: int, native: bool) -> None:
+    import google_crc32c
+
+    from torchbucket.storage import _crc32c
+
+    expected = google_crc32c.value(data)
+    saved = _crc32c._native
+    if not native:
+        _crc32c._native = None  # the copying path, as where the library is missing
+    try:
+        for buffer in (data, bytearray(data), memoryview(bytearray(data)), memoryview(data)):
+            assert crc32c_of(buffer) == _crc32c.b64(expected)
+            view = memoryview(buffer)
+            at = min(cut, len(view))
+            assert _crc32c.extend(_crc32c.extend(0, view[:at]), view[at:]) == expected
+    finally:
+        _crc32c._native = saved
+
+
+def test_the_native_crc32c_library_is_found() -> None:
+    # Without it every part of a checkpoint is copied to be checksummed.
+    from torchbucket.storage import _crc32c
+
+    assert _crc32c._native is not None

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import base64
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
 
-import google_crc32c
-
+from torchbucket.storage import _crc32c
 from torchbucket.storage.base import ObjectInfo
 
 __all__ = [
@@ -68,13 +66,12 @@ def object_infos(docs: Iterable[Mapping[str, Any]]) -> list[ObjectInfo]:
     return out
 
 
-#: ``extend_crc(crc, data)``: the CRC32C of what ``crc`` covered followed by ``data``.
-extend_crc: Callable[[int, bytes], int] = google_crc32c.extend
+#: ``extend_crc(crc, data)``: the CRC32C of what ``crc`` covered followed by ``data``
+#: (a writable buffer is checksummed in place, without the GIL).
+extend_crc = _crc32c.extend
 
-
-def crc_b64(crc: int) -> str:
-    """A CRC32C value as GCS writes it: base64 of the 4 big-endian bytes."""
-    return base64.b64encode(crc.to_bytes(4, "big")).decode("ascii")
+#: ``crc_b64(crc)``: a CRC32C value as GCS writes it, base64 of the 4 big-endian bytes.
+crc_b64 = _crc32c.b64
 
 
 def quote_name(name: str) -> str:
@@ -88,15 +85,9 @@ def quote_name(name: str) -> str:
     return quote(name, safe="")
 
 
-def crc32c_of(data: bytes | bytearray | memoryview, piece: int = 1 << 20) -> str:
-    """Base64 CRC32C of ``data``; non-``bytes`` data is copied a piece at a time."""
-    if isinstance(data, bytes):
-        return crc_b64(extend_crc(0, data))
-    view = memoryview(data).cast("B")
-    crc = 0
-    for i in range(0, len(view), piece):
-        crc = extend_crc(crc, bytes(view[i : i + piece]))
-    return crc_b64(crc)
+def crc32c_of(data: bytes | bytearray | memoryview) -> str:
+    """Base64 CRC32C of ``data`` (in place where it is writable, see :func:`extend_crc`)."""
+    return crc_b64(extend_crc(0, data))
 
 
 def hash_header_crc32c(headers: Mapping[str, str]) -> str | None:
