@@ -10,12 +10,14 @@ points, which is Python's ``str`` order. A name becomes a number by dropping a
 stem every name in play starts with, then reading the rest as a mixed-radix
 number: the digit at each position is the character's rank among the
 characters seen at that position (its *column*), and digit 0 means "the name
-ended here". Counting only the characters seen, position by position, keeps
-the spacing of the numbers close to the spacing of the names: six decimal
-digits followed by ``.jpg`` use radix 11 at the first six positions, not
-1,114,112, and no key space is wasted on ``img/00j`` between ``img/009`` and
-``img/01``. The map is monotone: ``a < b`` implies ``value(a) <= value(b)``,
-strictly for names no longer than the depth.
+ended here", at positions where some name seen did end (elsewhere a name that
+ends early counts as if padded with the lowest characters). Counting only the
+characters seen, position by position, keeps the spacing of the numbers close
+to the spacing of the names: six decimal digits followed by ``.jpg`` use radix
+10 at the first six positions, not 1,114,112, and no key space is wasted on
+``img/00j`` between ``img/009`` and ``img/01``, nor on ``img/01`` itself. The
+map is monotone: ``a < b`` implies ``value(a) <= value(b)``, strictly for
+names of the lengths seen, no longer than the depth.
 
 Numbers map back to names only approximately (most numbers, such as one with
 a "name ended" digit followed by more digits, are no name at all), so
@@ -91,10 +93,12 @@ class Columns:
     from it which characters each position may hold.
     """
 
-    __slots__ = ("_cache", "_numeric", "_seen", "version")
+    __slots__ = ("_cache", "_ends", "_numeric", "_seen", "version")
 
     def __init__(self, suffixes: Iterable[str] = ()) -> None:
         self._seen: list[set[str]] = []
+        # Positions at which some name seen ended (its length).
+        self._ends: set[int] = set()
         self._cache: list[_Digits] | None = None
         self._numeric: frozenset[str] = frozenset()
         #: Counts the changes: anything computed from the columns is stale
@@ -109,19 +113,21 @@ class Columns:
         """Add the characters at each position of ``suffixes`` (names less the prefix)."""
         if not suffixes:
             return
-        seen = self._seen
-        before = sum(len(c) for c in seen)
+        seen, ends = self._seen, self._ends
+        before = sum(len(c) for c in seen) + len(ends)
         longest = max(len(s) for s in suffixes)
         while len(seen) < longest:
             seen.append(set())
         if all(len(s) == longest for s in suffixes):
             for column, chars in zip(seen, zip(*suffixes)):
                 column.update(chars)
+            ends.add(longest)
         else:
             for s in suffixes:
                 for column, ch in zip(seen, s):
                     column.add(ch)
-        if sum(len(c) for c in seen) != before:
+            ends.update(len(s) for s in suffixes)
+        if sum(len(c) for c in seen) + len(ends) != before:
             self._cache = None
             self.version += 1
 
@@ -133,6 +139,10 @@ class Columns:
             self._refresh()
         assert self._cache is not None
         return self._cache[i]
+
+    def closed(self, i: int) -> bool:
+        """Whether position ``i`` held a character in every name seen (none ended there)."""
+        return i < len(self._seen) and i not in self._ends
 
     @property
     def numeric(self) -> frozenset[str]:
@@ -169,7 +179,7 @@ class KeyScale:
             stem's key space, for a range without an upper bound.
     """
 
-    __slots__ = ("_chars", "_digits", "_radix", "stem", "top")
+    __slots__ = ("_chars", "_digits", "_open", "_radix", "stem", "top")
 
     def __init__(
         self,
@@ -193,7 +203,15 @@ class KeyScale:
         numeric = columns.numeric if columns is not None else frozenset()
         fallback: _Digits | None = None
         digits: list[_Digits] = []
+        is_open: list[bool] = []
         for i in range(depth):
+            # A position where no name seen has ended gets no digit for "the
+            # name ended here": fixed-length names (counters, hashes) would
+            # otherwise leave a gap of 1/radix at the start of every block of
+            # the key space, and ranges cut evenly by value would hold uneven
+            # numbers of names. A key that ends there counts as if it went on
+            # with the lowest characters (the map stays monotone).
+            is_open.append(columns is None or not columns.closed(skip + i))
             seen = columns.position(skip + i) if columns is not None else None
             here = {s[i] for s in suffixes if i < len(s)} | extra
             if seen is not None and all(ch in seen[1] for ch in here):
@@ -208,7 +226,8 @@ class KeyScale:
         chars = [d[0] for d in digits]
         self._chars = chars
         self._digits = [d[1] for d in digits]
-        self._radix = [len(col) + 1 for col in chars]
+        self._open = is_open
+        self._radix = [len(col) + int(o) for col, o in zip(chars, is_open)]
         top = 1
         for radix in self._radix:
             top *= radix
@@ -234,6 +253,8 @@ class KeyScale:
                 digit = self._digits[i].get(rest[i], -1)
                 if digit < 0:
                     raise ValueError(f"character {rest[i]!r} of {key!r} is not in the scale")
+                if not self._open[i]:
+                    digit -= 1
             value = value * radix + digit
         return value
 
@@ -246,6 +267,9 @@ class KeyScale:
         digits.reverse()
         out: list[str] = []
         for i, digit in enumerate(digits):
+            if not self._open[i]:
+                out.append(self._chars[i][digit])
+                continue
             if digit == 0:
                 # "The name ends here": a real string unless more digits follow.
                 # Rounding down ends it; rounding up takes the smallest character

@@ -1,35 +1,46 @@
-"""The parallel lister: asyncio work stealing over key ranges of one prefix.
+"""The parallel lister: key ranges of one prefix, cut where the names are.
 
 One listing job, on one event loop. The first page is fetched plainly; when it
 says there is no more, the listing cost one request. Otherwise the rest of the
-prefix's key space, ``(last name of page 1, end of prefix)``, is one range, and
-listers take pieces of it:
+prefix's key space, ``(last name of page 1, end of prefix)``, is one range,
+and ranges are cut in two ways, both from densities (names per unit of key
+space, see :mod:`torchbucket._keyspace`) measured on pages already listed:
 
-- Each lister drains one range at a time with ``start_offset``/``end_offset``
-  page requests, following page tokens while its end stays put.
-- A lister without a range steals from the range with the most estimated work
-  left. A bounded range is cut half way between where its lister will be once
-  its request in flight returns and its end. The top range (no end; it runs to
-  the end of the prefix, wherever that is) is cut a few pages ahead of its
-  lister: the victim keeps a bounded range, the thief becomes the new top.
-- Estimates come from names seen: a range's density (names per unit of key
-  space, see :mod:`torchbucket._keyspace`) from its own pages or from the range
-  it was cut from. A wrong estimate costs time or a request, never a name.
-- The number of listers grows as pages come back full, like TCP's slow start,
-  so a prefix of a few pages does not start sixteen listers to find them empty.
+- *Probes* look past the greatest name seen (the frontier), where nobody knows
+  whether names go on. The range holding the frontier keeps a stretch and
+  hands out a few ranges at geometrically growing distances, the last one
+  starting a page and a half short of where the names would end if the
+  density held to the end of the prefix's key space. A probe that comes back
+  empty costs one request and says where the names stop; one that comes back
+  full moves the frontier. Probes in flight are kept to a couple per page
+  listed so far (one after the first page), so a prefix of two pages costs
+  three requests, and there is one round of probes at a time.
+- *Fills*: a range with names known past its end (below the frontier) and a
+  page of its own is cut at once into pieces of nine tenths of a page each,
+  which are listed one request each, as many at a time as ``parallelism``
+  allows. Names spread evenly (hashes) are thus listed in about four round
+  trips whatever their number up to a few hundred pages; names packed at one
+  end (counters) take a few rounds of probes more.
 
-Correctness does not rest on estimates: a steal lowers the victim's end in the
-same step (nothing else runs between two awaits of one loop) and the thief's
+A piece whose estimate was wrong comes back with a page token: it has its own
+density by then and is cut again the same way; a lister with nothing to do
+halves the range below the frontier with the most work left. A wrong estimate
+costs time or a request, never a name.
+
+Correctness does not rest on estimates: a cut lowers the range's end in the
+same step (nothing else runs between two awaits of one loop) and the new
 range starts exactly there, so the ranges always partition the key space. A
-victim whose page in flight returns names at or past its new end drops them and
-stops; they belong to the thief.
+range whose page in flight returns names at or past its new end drops them
+and stops; they belong to the range cut off it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -40,20 +51,27 @@ __all__ = ["ListingStats", "list_parallel"]
 
 logger = logging.getLogger(__name__)
 
-# A range is aimed at this fraction of a whole number of pages, so that its
-# last page is seldom a short one holding a handful of names.
+# A fill piece is aimed at this fraction of a page, so that the spread of the
+# names around the estimate seldom pushes it onto a second page.
 _PAGE_AIM = 0.9
-# Whole pages a lister keeps when its top range is cut (more as the listing
-# grows): fewer make more ranges, each with its own short last page.
-_MIN_KEEP = 3.0
-# Slow start: listers let in per well-filled page (2 triples them per round).
-_GROWTH = 2
-# A top range is cut at most this many pages (times the pages listed so far)
-# past the last name seen: past the end of the prefix a guess is an empty
-# request. Measured on the emulator: 1.5 lists slower, 3 wastes more requests.
-_SPECULATION = 2.0
-# Ranges not yet answered (guesses), at most this many per page listed so far.
-_GUESSES = 2.0
+# The last probe starts this many pages short of where the names would end if
+# the density measured held to the end of the key space.
+_TAIL_PAGES = 1.5
+# Probes in flight at once: at most this many per page listed past the first,
+# and at most _MAX_PROBES.
+_PROBES_PER_PAGE = 2.0
+_MAX_PROBES = 8
+# A cut makes at most this many pieces per lister (a range of more pages than
+# that is cut into pieces of several pages each, listed with page tokens).
+_PIECES_PER_LISTER = 4
+
+
+def _geometric(first: float, last: float, count: int) -> list[float]:
+    """``count`` offsets from ``first`` to ``last`` (one: ``last``), each a constant factor apart."""
+    if count <= 1:
+        return [last]
+    ratio = (last / first) ** (1 / (count - 1))
+    return [first * ratio**i for i in range(count - 1)] + [last]
 
 
 @dataclass
@@ -85,7 +103,8 @@ class _Range:
     sample: tuple[str, str, int] | None = None
     in_flight: bool = False
     done: bool = False
-    memo: tuple[object, tuple[float, str] | None] | None = None
+    probe: bool = False  # a probe whose first page has not answered yet
+    filled: bool = False  # cut into fill pieces already
 
 
 class _Job:
@@ -104,12 +123,15 @@ class _Job:
         self.page_size = page_size
         self.on_page = on_page
         self.ranges: list[_Range] = []
+        self.probes: collections.deque[_Range] = collections.deque()
+        self.fills: collections.deque[_Range] = collections.deque()
+        self.probing = 0  # probes not answered yet
+        self.void = False  # a probe came back empty
         self.columns = Columns()
-        self.limit = 1
         self.active = 0
         self.listed = 0
         self.frontier = ""  # the greatest name seen so far
-        self.void = False  # a guess past the frontier found nothing
+        self.front: _Range | None = None  # the range that holds it
         self.idle: list[asyncio.Future[_Range | None]] = []
         self.stats = ListingStats()
 
@@ -117,11 +139,10 @@ class _Job:
 
     async def _drain(self, r: _Range, token: str | None = None) -> None:
         query_end: str | None = r.end
-        start: str | None = r.cursor if r.cursor is not None else r.start
         while True:
             if token is None:
                 query_end = r.end
-                start = r.cursor if r.cursor is not None else r.start
+            start = r.cursor if r.cursor is not None else r.start
             r.in_flight = True
             try:
                 self.stats.requests += 1
@@ -135,25 +156,24 @@ class _Job:
             finally:
                 r.in_flight = False
             past_end = self._take(r, page.objects)
-            self._grow(len(page.objects))
-            if past_end or page.next_page_token is None:
-                if r.cursor is None and r.start is not None and r.start > self.frontier:
-                    # A guess past every name seen found nothing: the names
-                    # probably end before it. Guess no further (ranges that have
-                    # listed something can still be cut).
+            self.listed += len(page.objects)
+            finished = past_end or page.next_page_token is None
+            r.done = finished
+            if r.probe:
+                r.probe = False
+                self.probing -= 1
+                if r.cursor is None and finished:
+                    # A probe past every name seen found nothing: the names
+                    # end before it (or resume further on, and a later probe
+                    # or the range past it finds them).
                     self.void = True
-                r.done = True
+            self._plan()
+            if finished:
                 self.active -= 1
                 self._dispatch()
                 return
             token = page.next_page_token if query_end == r.end else None
             self._dispatch()
-
-    def _grow(self, count: int) -> None:
-        self.listed += count
-        if 2 * count >= self.page_size:
-            # Slow start: each well-filled page lets one more lister in.
-            self.limit = min(self.parallelism, self.limit + _GROWTH)
 
     def _take(self, r: _Range, objects: list[ObjectInfo]) -> bool:
         """Keep the page's names that belong to ``r``; whether it ran past its end."""
@@ -179,6 +199,7 @@ class _Job:
             r.cursor = kept[-1].name
             if self.frontier < r.cursor:
                 self.frontier = r.cursor
+                self.front = r
             if r.first != r.cursor:
                 r.sample = (r.first, r.cursor, len(r.objects))
             # A sample is enough to learn which characters each position holds.
@@ -188,59 +209,17 @@ class _Job:
                 self.on_page(len(kept))
         return past_end
 
-    # -- stealing ---------------------------------------------------------------
+    # -- cutting ----------------------------------------------------------------
 
-    def _top_pages(self) -> float:
-        """Pages the lister of the top range keeps when a thief cuts it."""
-        per_lister = self.listed / self.page_size / self.parallelism
-        return max(_MIN_KEEP, float(int(per_lister))) - (1.0 - _PAGE_AIM)
+    def _measure(self, r: _Range) -> tuple[KeyScale, int, int, int] | None:
+        """``(scale, position, page numerator, page denominator)`` of ``r``.
 
-    def _guesses_allowed(self) -> tuple[bool, bool]:
-        """Whether one more guess is affordable: (cutting the top, cutting a bounded range).
-
-        A new range is a guess until its first page answers: it may lie past
-        the last name (a top range cut ahead of its lister) or in a stretch
-        the estimate got wrong. Guesses in flight are kept below a multiple of
-        the pages listed so far (less one page for cutting bounded ranges, so
-        that a prefix of two pages is not cut three ways), so a small prefix
-        costs a request or two more than a sequential listing, not a lister's
-        worth.
+        The position is where ``r``'s lister will be once its request in
+        flight returns; one page is ``numerator / denominator`` units of the
+        scale. ``None`` when ``r`` has no density to go by.
         """
-        guesses = sum(1 for r in self.ranges if r.cursor is None and not r.done)
-        pages = self.listed / self.page_size
-        return (
-            guesses < max(1.0, _GUESSES * pages),
-            guesses < _GUESSES * (pages - 1.0),
-        )
-
-    def _plan(self, r: _Range) -> tuple[float, str] | None:
-        """How much work ``r`` has left (in pages) and where to cut it, if it can be."""
-        if r.done or r.sample is None:
+        if r.sample is None:
             return None
-        if r.cursor is None and (r.end is not None or self.void):
-            # Nothing listed here yet. A top range that has not answered yet may
-            # still be cut (the listers need not wait a round trip for it),
-            # unless a guess past every name seen has come back empty: past the
-            # last name every cut is an empty request.
-            return None
-        # Estimates are worked out again only when something they rest on moved.
-        memo_key = (
-            r.cursor,
-            r.end,
-            r.in_flight,
-            r.sample,
-            self.columns.version,
-            # A top range's cut also rests on how much was listed, and where.
-            (self.listed, self.frontier) if r.end is None else None,
-        )
-        if r.memo is not None and r.memo[0] == memo_key:
-            return r.memo[1]
-        plan = self._estimate(r)
-        r.memo = (memo_key, plan)
-        return plan
-
-    def _estimate(self, r: _Range) -> tuple[float, str] | None:
-        assert r.sample is not None
         a, b, seen = r.sample
         low = r.cursor if r.cursor is not None else r.start
         keys = [a, b] + [k for k in (low, r.end) if k is not None]
@@ -252,44 +231,130 @@ class _Job:
         per_name = scale.value(b) - scale.value(a)
         if per_name <= 0:
             return None
-        # Key-space width of one page, as a fraction over the names counted.
         page_num, page_den = per_name * self.page_size, seen - 1
         pos = scale.value(low) if low is not None else 0
         if r.in_flight:
             pos += page_num // page_den
-        end = scale.value(r.end)
-        if r.end is None:
-            # Guess no further past the last name seen than pages have been
-            # listed so far (doubling, as in an exponential search).
-            keep = self._top_pages()
-            target = pos + round(keep * 1000) * page_num // (page_den * 1000)
-            seen_to = scale.value(self.frontier) if self.frontier else 0
-            ahead = (target - seen_to) * page_den / page_num
-            if ahead > max(keep + 1.0, _SPECULATION * self.listed / self.page_size):
-                return None
-            if target < end:
-                cut = scale.key_between(target, low, None)
-                return None if cut is None else (2 * keep, cut)
-            if r.cursor is None:
-                return None
-            # Past the characters seen so far: treat the rest of the known key
-            # space as the range and halve it, as for a bounded one.
-        left = end - pos
-        pages_left = left * page_den / page_num if left > 0 else 0.0
-        if pages_left < 2:
-            return None
-        cut = scale.key_between(pos + left // 2, low, r.end)
-        return None if cut is None else (pages_left, cut)
+        return scale, pos, page_num, page_den
+
+    def _cut(self, r: _Range, scale: KeyScale, targets: list[int], *, probe: bool) -> list[_Range]:
+        """Cut ``r`` at the keys nearest ``targets`` (increasing); the new ranges."""
+        low = r.cursor if r.cursor is not None else r.start
+        keys: list[str] = []
+        for target in targets:
+            key = scale.key_between(target, keys[-1] if keys else low, r.end)
+            if key is not None and (not keys or key > keys[-1]):
+                keys.append(key)
+        if not keys:
+            return []
+        pieces = [
+            _Range(start=key, end=nxt, sample=r.sample, probe=probe)
+            for key, nxt in zip(keys, [*keys[1:], r.end])
+        ]
+        r.end = keys[0]
+        self.ranges.extend(pieces)
+        self.stats.steals += len(pieces)
+        logger.debug("listing %s: %s cut at %r", self.prefix, "probes" if probe else "fill", keys)
+        return pieces
+
+    def _fill(self, r: _Range) -> None:
+        """Cut ``r`` (names are known past its end) into pieces of about a page."""
+        r.filled = True
+        measured = self._measure(r)
+        if measured is None:
+            return
+        scale, pos, page_num, page_den = measured
+        left = scale.value(r.end) - pos
+        pages = left * page_den / page_num
+        count = min(int(pages / _PAGE_AIM) + 1, _PIECES_PER_LISTER * self.parallelism)
+        if count < 2 or pages < 1.2:
+            return
+        if r.in_flight:
+            # The page in flight is about to end near ``pos``: cut a little
+            # short of it, so that it runs past the end instead of leaving a
+            # sliver that would cost its own request.
+            pos -= page_num // (page_den * 20)
+            left = scale.value(r.end) - pos
+            targets = [pos + left * i // count for i in range(count)]
+        else:
+            targets = [pos + left * i // count for i in range(1, count)]
+        self.fills.extend(self._cut(r, scale, targets, probe=False))
+
+    def _probe(self, r: _Range) -> None:
+        """Hand out ranges past the frontier, held by ``r``."""
+        measured = self._measure(r)
+        if measured is None:
+            return
+        scale, pos, page_num, page_den = measured
+        pages = (scale.value(r.end) - pos) * page_den / page_num
+        if pages < 2 * _PAGE_AIM:
+            return
+        offsets: list[float]
+        if not self.void:
+            # Nothing says where the names end: probe near where they would
+            # end if the density held (spread names end there), and on the
+            # way there as far as the budget goes.
+            tail = pages - _TAIL_PAGES
+            if tail < 2 * _PAGE_AIM:
+                return
+            pages_listed = self.listed / self.page_size - 1.0
+            count = int(min(_MAX_PROBES, max(1.0, _PROBES_PER_PAGE * pages_listed)))
+            offsets = _geometric(_PAGE_AIM, tail, count)
+        elif pages <= _PAGE_AIM * (_MAX_PROBES + 1):
+            # The names end within a few pages: pieces of a page each.
+            count = int(pages / _PAGE_AIM) + 1
+            offsets = [pages * i / count for i in range(1, count)]
+        else:
+            # Double the distance with each probe (an exponential search, in
+            # one round): past the end of the names, only a few come back
+            # empty, whichever the end.
+            count = math.ceil(math.log2(pages / _PAGE_AIM))
+            offsets = _geometric(_PAGE_AIM, pages, count + 1)[:-1]
+        targets = [pos + round(g * 1000) * page_num // (page_den * 1000) for g in offsets]
+        pieces = self._cut(r, scale, targets, probe=True)
+        self.probing += len(pieces)
+        self.probes.extend(pieces)
+
+    def _plan(self) -> None:
+        """Cut what the names seen so far say can be cut."""
+        frontier = self.frontier
+        for r in self.ranges:
+            if (
+                not r.filled
+                and not r.done
+                and r.end is not None
+                and r.end <= frontier
+                and r.first is not None
+                and r.first != r.cursor
+            ):
+                self._fill(r)
+        front = self.front
+        if (
+            self.probing == 0
+            and front is not None
+            and not front.done
+            and (front.end is None or front.end > frontier)
+            and front.first != front.cursor
+        ):
+            self._probe(front)
 
     def _steal(self) -> _Range | None:
-        top_ok, bounded_ok = self._guesses_allowed()
+        """Half of the range below the frontier with the most pages left, if any."""
         best: tuple[float, str, _Range] | None = None
         for r in self.ranges:
-            if not (top_ok if r.end is None else bounded_ok):
+            if r.done or r.cursor is None or r.end is None or r.end > self.frontier:
                 continue
-            plan = self._plan(r)
-            if plan is not None and (best is None or plan[0] > best[0]):
-                best = (plan[0], plan[1], r)
+            measured = self._measure(r)
+            if measured is None:
+                continue
+            scale, pos, page_num, page_den = measured
+            left = scale.value(r.end) - pos
+            pages = left * page_den / page_num
+            if pages < 2 or (best is not None and pages <= best[0]):
+                continue
+            cut = scale.key_between(pos + left // 2, r.cursor, r.end)
+            if cut is not None:
+                best = (pages, cut, r)
         if best is None:
             return None
         _, cut, victim = best
@@ -300,18 +365,25 @@ class _Job:
         logger.debug("listing %s: range cut at %r", self.prefix, cut)
         return thief
 
+    def _next(self) -> _Range | None:
+        if self.probes:
+            return self.probes.popleft()
+        if self.fills:
+            return self.fills.popleft()
+        return self._steal()
+
     def _dispatch(self) -> None:
         """Hand new ranges to idle listers, or release them when all is listed."""
-        if all(r.done for r in self.ranges):
+        if not self.probes and not self.fills and all(r.done for r in self.ranges):
             while self.idle:
                 self.idle.pop().set_result(None)
             return
-        while self.idle and self.active < self.limit:
-            thief = self._steal()
-            if thief is None:
+        while self.idle and self.active < self.parallelism:
+            r = self._next()
+            if r is None:
                 return
             self.active += 1
-            self.idle.pop().set_result(thief)
+            self.idle.pop().set_result(r)
 
     async def _lister(self, first: _Range | None) -> None:
         r = first
@@ -333,13 +405,14 @@ class _Job:
         self.stats.requests += 1
         page = await self.store.list_page(self.prefix, page_size=self.page_size)
         self._take(root, page.objects)
+        self.listed += len(page.objects)
         if page.next_page_token is None or root.cursor is None:
             if page.next_page_token is not None:
                 # An empty first page that still has more: list on, one lister.
                 await self._drain(root, page.next_page_token)
             root.done = True
             return self._collect()
-        self._grow(len(page.objects))
+        self._plan()
         tasks = [asyncio.ensure_future(self._lister(root))]
         tasks += [asyncio.ensure_future(self._lister(None)) for _ in range(self.parallelism - 1)]
         try:
