@@ -36,6 +36,7 @@ from torchbucket.errors import (
     TransientError,
 )
 from torchbucket.storage import _gcs_http as _http
+from torchbucket.storage import _gcs_rawget as _rawget
 from torchbucket.storage._gcs_wire import (
     INFO_FIELDS,
     content_range,
@@ -121,6 +122,8 @@ class GCSTransport:
             "skip_auto_headers": ("Content-Type",),
         }
         self._state: _LoopState | None = None
+        self._raw_ok = _rawget.supported(endpoint)
+        self._raw: _rawget.RawGetter | None = None
         self._uri_prefix = f"gs://{bucket}/"
         b = quote_name(bucket)
         self._json_base = f"{endpoint}/storage/v1/b/{b}"
@@ -300,10 +303,19 @@ class GCSTransport:
             f"request failed ({type(exc).__name__})", operation=operation, uri=uri
         )
 
+    def _raw_getter(self) -> _rawget.RawGetter:
+        raw = self._raw
+        if raw is None or raw.loop is not asyncio.get_running_loop() or raw.closed:
+            raw = self._raw = _rawget.acquire_getter(self._endpoint, self._session_key.limit)
+        return raw
+
     async def close_session(self) -> None:
         """Release this loop's session; it closes when no other store uses it."""
         state = self._state
         self._state = None
+        raw, self._raw = self._raw, None
+        if raw is not None and raw.loop is asyncio.get_running_loop():
+            _rawget.release_getter(raw)
         if state is not None and state[0] is asyncio.get_running_loop():
             await _http.release_session(self._session_key, state[1])
 
@@ -499,14 +511,33 @@ class GCSTransport:
     async def read_object_into(
         self, url: yarl.URL, key: str, start: int, buffer: memoryview
     ) -> int:
-        """GET ``[start, start + len(buffer))`` of ``url`` straight into ``buffer``."""
+        """GET ``[start, start + len(buffer))`` of ``url`` straight into ``buffer``.
+
+        Ranges of at least :data:`~torchbucket.storage._gcs_rawget.MIN_BYTES`
+        go through :class:`~torchbucket.storage._gcs_rawget.RawGetter`, which
+        receives the body in place; an answer it does not read is asked for
+        again through aiohttp.
+        """
         uri = self.uri(key)
         size = len(buffer)
         headers = {"Range": f"bytes={start}-{start + size - 1}"}
+        raw = self._raw_ok and size >= _rawget.MIN_BYTES
 
         async def attempt() -> int:
             session = self._loop_state()[1]
             hdrs = await self._headers(headers, "get", uri)
+            if raw:
+                got = await self._raw_getter().read_into(
+                    url,
+                    hdrs or headers,
+                    buffer,
+                    start,
+                    uri=uri,
+                    connect_timeout=self._session_key.connect_timeout,
+                    read_timeout=self._read_timeout,
+                )
+                if got is not None:
+                    return got
             try:
                 async with session.get(url, headers=hdrs, **self._streaming_kw) as resp:
                     if resp.status == 416:
