@@ -10,10 +10,14 @@ mixing bytes of two checkpoints. The ranges land in one preallocated buffer
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import io
 import logging
-from collections.abc import Callable, Sequence
+import mmap
+import sys
+from collections.abc import Callable, Coroutine, Sequence
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +31,11 @@ logger = logging.getLogger(__name__)
 
 #: Whole-object reads before a CRC32C mismatch is reported.
 _LOAD_ATTEMPTS = 2
+#: Buffers at least this large are mapped pages of their own (see allocate).
+_MAPPED_MIN = 1 << 20
+_PAGE = mmap.PAGESIZE
+# madvise(2) advice: allocate the pages of a range as a write to them would.
+_MADV_POPULATE_WRITE = 23
 
 __all__ = [
     "CheckpointReader",
@@ -34,6 +43,7 @@ __all__ = [
     "allocate",
     "download",
     "fetch_ranges",
+    "prefault",
     "split_ranges",
 ]
 
@@ -102,11 +112,85 @@ async def fetch_ranges(
 
 
 def allocate(size: int) -> memoryview:
-    """A writable byte buffer of ``size`` bytes, its pages not yet touched."""
+    """A writable byte buffer of ``size`` bytes, its pages not yet touched.
+
+    From :data:`_MAPPED_MIN` bytes on, an anonymous private mapping of its own
+    (freed when the last view of it goes) rather than ``numpy.empty``: numpy
+    asks for transparent huge pages for large arrays, and on the 2-core VM the
+    benchmarks run on (a balloon hands free 2 MiB blocks back to the host)
+    faulting 512 MiB of huge pages cost 0.1 to 1.1 s of system time from one
+    run to the next, 4 KiB pages a steady 0.2 to 0.3 s.
+    """
+    if size >= _MAPPED_MIN and hasattr(mmap, "MAP_PRIVATE"):
+        mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        return memoryview(mapping)
     # numpy.empty leaves the pages untouched (bytearray would zero them first,
     # touching every page twice).
     view: memoryview = np.empty(size, dtype=np.uint8).data
     return view.cast("B")
+
+
+def _madvise() -> Callable[[int, int, int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    function.restype = ctypes.c_int
+    return function  # type: ignore[no-any-return]
+
+
+_madvise_fn = _madvise()
+
+
+def prefault(buffer: memoryview, piece: int, stop: Callable[[], bool]) -> None:
+    """Allocate the pages of ``buffer`` a ``piece`` at a time, until ``stop()``.
+
+    Run by the thread that waits for a download while the loop fills the
+    buffer: the pages are then mostly in place when the data lands, so the loop
+    thread spends less time in page faults, and a 2-core machine allocates them
+    in parallel with receiving. ``MADV_POPULATE_WRITE`` (Linux 5.14) does it
+    without touching the bytes, so pages that already hold data keep it; each
+    call runs without the GIL (ctypes). Elsewhere this does nothing.
+
+    Measured (512 MiB, 8 MiB ranges, 32 in flight, 2-core VM, emulator with the
+    same-region latency model): the download went from 0.51-0.55 s to
+    0.35-0.39 s, the loop thread's CPU from 0.33 to 0.10-0.13 s.
+    """
+    madvise = _madvise_fn
+    if madvise is None or buffer.readonly or not len(buffer):
+        return
+    holder = (ctypes.c_char * len(buffer)).from_buffer(buffer)
+    try:
+        base = ctypes.addressof(holder)
+    finally:
+        del holder
+    first = -(-base // _PAGE) * _PAGE
+    end = (base + len(buffer)) // _PAGE * _PAGE
+    piece = max(_PAGE, piece // _PAGE * _PAGE)
+    for address in range(first, end, piece):
+        if stop() or madvise(address, min(piece, end - address), _MADV_POPULATE_WRITE) != 0:
+            return  # done, or a kernel without MADV_POPULATE_WRITE
+
+
+def _never() -> bool:
+    return False
+
+
+def _run_filling(coro: Coroutine[Any, Any, None], buffer: memoryview, piece: int) -> None:
+    """``runtime.run(coro)``, prefaulting ``buffer`` while it runs."""
+    if runtime.in_loop_thread() or _madvise_fn is None:
+        runtime.run(coro)
+        return
+    future = runtime.submit(coro)
+    try:
+        prefault(buffer, piece, future.done)
+        future.result()
+    except KeyboardInterrupt:
+        future.cancel()
+        raise
 
 
 class MemoryFile(io.BufferedIOBase):
@@ -174,6 +258,11 @@ class MemoryFile(io.BufferedIOBase):
         out = memoryview(target).cast("B")
         start = min(self._position, len(view))
         count = min(len(out), len(view) - start)
+        if count >= _MAPPED_MIN:
+            # torch.load reads each tensor into fresh memory: its pages in one
+            # call cost less than a fault per 4 KiB page during the copy
+            # (0.35 -> 0.28 s for the benchmark's 512 MiB state dict).
+            prefault(out[:count], count, _never)
         out[:count] = view[start : start + count]
         self._position = start + count
         return count
@@ -243,14 +332,16 @@ def download(
     uri = store.uri(key)
     for attempt in range(1, _LOAD_ATTEMPTS + 1):
         try:
-            runtime.run(
+            _run_filling(
                 fetch_ranges(
                     store,
                     [(key, buffer, 0)],
                     generation=info.generation,
                     chunk_size=config.read_chunk_size,
                     parallelism=config.read_parallelism,
-                )
+                ),
+                buffer,
+                config.read_chunk_size,
             )
         except NotFoundError as exc:
             raise NotFoundError(
