@@ -20,19 +20,30 @@ class CheckpointConfig:
 
     A save holds at most ``max_parts_in_flight + 1`` part buffers (the one being
     filled and those uploading), so its extra memory is about
-    ``(max_parts_in_flight + 1) * part_size`` however large the checkpoint (72 MiB
-    with the defaults), plus what the HTTP stack buffers of the parts in flight
-    (on Python 3.11's asyncio, up to one more copy of each).
+    ``(max_parts_in_flight + 1) * part_size`` however large the checkpoint (95 MiB
+    with the defaults), plus up to 256 KiB per part in flight that the HTTP
+    stack holds while sending it.
+
+    Why many small parts: a part holds its buffer for one request's latency plus
+    its transfer time, so the bytes a save moves per second, for the memory it
+    holds, are ``memory / (latency + part_size / bandwidth)``: smaller parts, more
+    of them in flight, move more for the same memory. The defaults are the XML
+    API's smallest part and 18 in flight: against a same-region bucket (about
+    40 ms per write call, about 200 MB/s per connection) they keep about 1.4 GB/s
+    moving with under 100 MiB. Measured on the same-region emulator, a 512 MiB save
+    took a median 1.21 s with them and 1.43 s with 8 MiB parts, 8 in flight (72
+    MiB; 1.32 s with 11 in flight, 96 MiB). The price is more requests: one class A
+    operation per 5 MiB, about $1 per TiB saved at $0.005 per 1,000.
 
     Attributes:
-        part_size: Bytes per uploaded part. Default 8 MiB. Parts grow (double
+        part_size: Bytes per uploaded part. Default 5 MiB. Parts grow (double
             every 1,000 parts) so that a checkpoint of any size fits the API's
             10,000-part limit; ``writer(uri, size_hint=...)`` picks a larger
             first size up front when the size is known.
         min_part_size: The smallest part the store accepts (all but the last).
             Default 5 MiB, the floor of GCS's XML multipart API; tests lower it.
         max_parts_in_flight: Parts uploading at once; the writer blocks
-            ``torch.save`` when this many are pending. Default 8.
+            ``torch.save`` when this many are pending. Default 18.
         upload_method: ``"multipart"`` (default): parts upload in parallel and
             the object appears when the upload completes (the XML multipart API
             on GCS, the backend's own multipart elsewhere). ``"resumable"``: one
@@ -51,9 +62,9 @@ class CheckpointConfig:
             ``torchbucket cleanup``. Default 3600.
     """
 
-    part_size: int = 8 * MiB
+    part_size: int = 5 * MiB
     min_part_size: int = 5 * MiB
-    max_parts_in_flight: int = 8
+    max_parts_in_flight: int = 18
     upload_method: Literal["multipart", "resumable"] = "multipart"
     read_chunk_size: int = 8 * MiB
     read_parallelism: int = 32

@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 _CLOCK_SLACK = 2.0
 
 #: Bytes of a part handed to the connection at once.
-_SLICE = 512 * 1024
+_SLICE = 256 * 1024
 
 
 class _PartBody(aiohttp.Payload):
