@@ -4,8 +4,11 @@ and against a scripted server for the answers it hands over to aiohttp."""
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import random
 import socketserver
+import ssl
 import sys
 import threading
 import uuid
@@ -120,16 +123,24 @@ class _Scripted(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, answer: Answer) -> None:
+    def __init__(self, answer: Answer, tls: ssl.SSLContext | None = None) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.answer = answer
+        self.tls = tls
         self.connections = 0
         self.requests: list[str] = []
         self.lock = threading.Lock()
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.server_address[1]}"
+
+    def get_request(self) -> tuple[Any, Any]:
+        sock, address = super().get_request()
+        if self.tls is not None:
+            sock = self.tls.wrap_socket(sock, server_side=True)
+        return sock, address
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         if isinstance(sys.exc_info()[1], ConnectionError):
@@ -209,12 +220,14 @@ Start = Callable[..., tuple[_Scripted, GCSStore]]
 
 @pytest.fixture
 def scripted() -> Iterator[Start]:
-    """``start(answer, attempts=1)``: a scripted server and a store reading from it."""
+    """``start(answer, attempts=1, tls=None)``: a scripted server and a store reading from it."""
     servers: list[_Scripted] = []
     stores: list[GCSStore] = []
 
-    def start(answer: Answer, attempts: int = 1) -> tuple[_Scripted, GCSStore]:
-        server = _Scripted(answer)
+    def start(
+        answer: Answer, attempts: int = 1, tls: ssl.SSLContext | None = None
+    ) -> tuple[_Scripted, GCSStore]:
+        server = _Scripted(answer, tls)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         store = GCSStore(
@@ -268,6 +281,13 @@ def test_keep_alive_connections_are_reused(
     assert server.connections == 1
 
 
+def test_a_connection_that_sent_more_than_its_answer_is_not_reused(scripted: Start) -> None:
+    server, store = scripted(lambda conn, served, first, end: _partial(first, end) + b"junk")
+    for start in (0, 5000):
+        assert _read(store, "obj", start, 2 * MiB) == DATA[start : start + 2 * MiB]
+    assert server.connections == 2
+
+
 def test_an_answer_longer_than_the_range_is_an_integrity_error(
     scripted: Start,
 ) -> None:
@@ -298,3 +318,56 @@ def test_an_unanswered_request_on_a_fresh_connection_fails_the_attempt(
     _, store = scripted(lambda conn, served, first, end: None)
     with pytest.raises(DeadlineExceededError, match="connection"):
         _read(store, "obj", 0, 2 * MiB)
+
+
+def _certificate(directory: Any) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 and its key, as PEM files."""
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "torchbucket test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return str(cert_path), str(key_path)
+
+
+@pytest.mark.skipif(not _gcs_rawget.supported("https://x"), reason="HTTPS in place needs 3.11")
+def test_https_ranges_are_read_in_place_over_one_connection(
+    scripted: Start, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cert, key = _certificate(tmp_path)
+    server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_tls.load_cert_chain(cert, key)
+    # The client trusts the test certificate (instead of the system's roots).
+    monkeypatch.setattr(_gcs_rawget, "_default", ssl.create_default_context(cafile=cert))
+    server, store = scripted(lambda conn, served, first, end: _partial(first, end), tls=server_tls)
+    for start in (0, 5000, MiB):
+        assert _read(store, "obj", start, 2 * MiB) == DATA[start : start + 2 * MiB]
+    assert server.connections == 1
+    assert len(server.requests) == 3  # none repeated through aiohttp

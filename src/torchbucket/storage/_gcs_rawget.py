@@ -160,8 +160,8 @@ class _Connection(asyncio.BufferedProtocol):
             if self._head_len == len(self._head):
                 self._head.extend(bytes(len(self._head)))
             return memoryview(self._head)[self._head_len :]
-        # Bytes nobody asked for: read and drop them, and never reuse this one.
-        self.reusable = False
+        # Between answers (the SSL transport asks whenever it may have more):
+        # whatever lands here was not asked for, see buffer_updated.
         return memoryview(self._head)[:_HEAD_START]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -174,6 +174,8 @@ class _Connection(asyncio.BufferedProtocol):
             before = self._head_len
             self._head_len += nbytes
             self._parse_head(max(0, before - 3))
+        elif nbytes:
+            self.reusable = False  # bytes nobody asked for: the stream is out of step
 
     # ---------------------------------------------------------- the header block
 
