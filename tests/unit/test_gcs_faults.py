@@ -299,3 +299,25 @@ def test_a_part_sent_in_slices_is_sent_whole_again_after_a_fault(
     assert info.size == len(whole)
     assert runtime.run(store.get("ckpt")) == whole
     assert {r["id"]: r["fired"] for r in emulator.faults()}[rule] == 1
+
+
+def test_a_completed_upload_is_known_from_the_completion_answer(
+    emulator: Any, gcs_bucket_factory: Any
+) -> None:
+    store = gcs_bucket_factory(emulator, prefix="fault")
+    upload_id = runtime.run(store.multipart_initiate("ckpt"))
+    parts = [
+        runtime.run(store.multipart_upload_part("ckpt", upload_id, n, bytes([n]) * (1000 * n)))
+        for n in (1, 2, 3)
+    ]
+    emulator.reset_stats()
+    info = runtime.run(store.multipart_complete("ckpt", upload_id, parts))
+    # Its generation and CRC32C, vouched for by the parts' CRC32C: no metadata read.
+    assert emulator.stats()["by_op"].get("head", 0) == 0
+    head = runtime.run(store.head("ckpt"))
+    assert (info.name, info.size, info.generation, info.crc32c) == (
+        head.name,
+        head.size,
+        head.generation,
+        head.crc32c,
+    )

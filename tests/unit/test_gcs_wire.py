@@ -115,3 +115,23 @@ def test_the_native_crc32c_library_is_found() -> None:
     from torchbucket.storage import _crc32c
 
     assert _crc32c._native is not None
+
+
+@given(st.binary(max_size=3000), st.binary(max_size=3000))
+def test_crc32c_combine_is_the_crc32c_of_the_concatenation(a: bytes, b: bytes) -> None:
+    import google_crc32c
+
+    from torchbucket.storage._crc32c import combine
+
+    value = google_crc32c.value
+    assert combine(value(a), value(b), len(b)) == value(a + b)
+
+
+def test_crc32c_combine_of_large_lengths() -> None:
+    import google_crc32c
+
+    from torchbucket.storage._crc32c import combine
+
+    a, b = bytes(range(256)) * 7, bytes(range(251)) * 25_000  # b spans many length bits
+    value = google_crc32c.value
+    assert combine(value(a), value(b), len(b)) == value(a + b)

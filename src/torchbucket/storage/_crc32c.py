@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import google_crc32c
 
-__all__ = ["Crc32c", "b64", "extend"]
+__all__ = ["Crc32c", "b64", "combine", "extend"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,49 @@ def extend(crc: int, data: bytes | bytearray | memoryview) -> int:
     for start in range(0, len(view), _PIECE):
         crc = google_crc32c.extend(crc, bytes(view[start : start + _PIECE]))
     return crc
+
+
+# Combining: the CRC of A followed by B is the CRC of A times x^(8 len(B)), plus
+# the CRC of B, in GF(2) polynomials modulo the CRC32C polynomial (bit-reflected:
+# bit 31 is x^0). The pre- and post-conditioning of both CRCs cancel out.
+_POLY = 0x82F63B78
+_X0 = 1 << 31  # the polynomial 1
+
+
+def _multiply(a: int, b: int) -> int:
+    """``a * b`` modulo the polynomial."""
+    product = 0
+    bit = _X0
+    while bit and a:
+        if a & bit:
+            product ^= b
+            a ^= bit
+        bit >>= 1
+        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
+    return product
+
+
+def _powers() -> list[int]:
+    # x^(2^k) for k = 0..63: each the square of the one before.
+    out, power = [], _X0 >> 1  # x^1
+    for _ in range(64):
+        out.append(power)
+        power = _multiply(power, power)
+    return out
+
+
+_X_2K = _powers()
+
+
+def combine(crc_a: int, crc_b: int, len_b: int) -> int:
+    """The CRC32C of A followed by B, from the CRC32C of each and B's length."""
+    shift, k, n = _X0, 3, len_b  # x^(8 n): 8 = 2^3
+    while n:
+        if n & 1:
+            shift = _multiply(_X_2K[k], shift)
+        n >>= 1
+        k += 1
+    return _multiply(shift, crc_a) ^ crc_b
 
 
 def b64(crc: int) -> str:
