@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
 import random
 import socketserver
 import ssl
+import subprocess
 import sys
 import threading
 import uuid
@@ -371,3 +373,57 @@ def test_https_ranges_are_read_in_place_over_one_connection(
         assert _read(store, "obj", start, 2 * MiB) == DATA[start : start + 2 * MiB]
     assert server.connections == 1
     assert len(server.requests) == 3  # none repeated through aiohttp
+
+
+_FORK_SCRIPT = """
+import multiprocessing, sys, warnings
+warnings.simplefilter("always")
+from torchbucket import runtime
+from torchbucket.storage import store_for
+
+store, key = store_for(sys.argv[1])
+data = bytes(range(256)) * 8192  # 2 MiB
+runtime.run(store.put(key, data))
+
+def read():
+    buffer = bytearray(len(data))
+    runtime.run(store.get_into(key, memoryview(buffer)))
+    return bytes(buffer)
+
+def child(q):
+    q.put(read() == data)
+
+if __name__ == "__main__":
+    assert read() == data  # the parent's pool holds a connection when it forks
+    for method in ("fork", "spawn"):
+        ctx = multiprocessing.get_context(method)
+        q = ctx.Queue()
+        p = ctx.Process(target=child, args=(q,))
+        p.start()
+        assert q.get(timeout=60), method
+        p.join()
+        assert p.exitcode == 0, (method, p.exitcode)
+    assert read() == data
+    print("ok")
+"""
+
+
+def test_forked_and_spawned_children_read_in_place_and_exit_cleanly(
+    emulator: Any, tmp_path: Any
+) -> None:
+    bucket = f"raw-{uuid.uuid4().hex[:12]}"
+    emulator.create_bucket(bucket)
+    script = tmp_path / "read_in_place.py"
+    script.write_text(_FORK_SCRIPT)
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": emulator.endpoint}
+    done = subprocess.run(
+        [sys.executable, str(script), f"gs://{bucket}/shared.bin"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+    assert "unclosed" not in done.stderr.lower()  # asyncio's transports, aiohttp's sessions
+    assert "Traceback" not in done.stderr
