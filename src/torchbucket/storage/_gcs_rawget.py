@@ -362,8 +362,7 @@ class RawGetter:
                 hash_header_crc32c(resp_headers) if first == 0 and total == received else None
             )
             if expected is not None:
-                # google_crc32c takes bytes only: a copy, for whole objects alone.
-                checksum = crc_b64(extend_crc(0, bytes(buffer[:received])))
+                checksum = crc_b64(extend_crc(0, buffer[:received]))  # in place
                 if checksum != expected:
                     raise IntegrityError(
                         f"CRC32C mismatch: server says {expected}, received bytes give {checksum}",
