@@ -142,6 +142,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 repeats instead of 5")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated contenders to run (torchbucket, dataflux-N, sequential): "
+        "for iterating; the RESULT line then lacks what was left out",
+    )
+    parser.add_argument(
+        "--distributions", default=",".join(DISTRIBUTIONS), help="sequential, hashed or both"
+    )
     args = parser.parse_args()
     repeats = args.repeats or (3 if args.quick else 5)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -164,13 +173,17 @@ def main() -> None:
                 )
             )
         contenders.append(("sequential", bench, {"contender": "sequential"}))
+    if args.only:
+        wanted = set(args.only.split(","))
+        contenders = [c for c in contenders if c[0] in wanted]
+    distributions = [d for d in DISTRIBUTIONS if d in args.distributions.split(",")]
 
     results: dict[str, dict[str, dict[str, float]]] = {}
     # The machine is often shared: say how busy it was, since every contender
     # here competes with other processes for the CPU.
     load_before = os.getloadavg()
     with h.emulator(latency="same-region") as emu:
-        for distribution in DISTRIBUTIONS:
+        for distribution in distributions:
             for count in sizes:
                 case = f"{distribution}-{count}"
                 bucket = f"list-{distribution}-{count}"
@@ -201,7 +214,7 @@ def main() -> None:
 
     rows = []
     for case, by_name in results.items():
-        base = by_name["torchbucket"]["data.wall_s"]
+        base = by_name.get("torchbucket", {}).get("data.wall_s", float("nan"))
         for name, med in by_name.items():
             rows.append(
                 {
@@ -237,7 +250,7 @@ def main() -> None:
     big, small = max(sizes), min(sizes)
     dataflux_names = [name for name, _, _ in contenders if name.startswith("dataflux")]
     vs_dataflux, vs_sequential, ratio_small = [], [], []
-    for distribution in DISTRIBUTIONS:
+    for distribution in distributions:
         tb = wall(f"{distribution}-{big}", "torchbucket")
         fastest_dataflux = min(
             (wall(f"{distribution}-{big}", n) for n in dataflux_names), default=float("nan")
@@ -256,10 +269,10 @@ def main() -> None:
         f"speedup_vs_sequential_{suffix}": min(vs_sequential),
         f"ratio_to_sequential_{small // 1000}k": max(ratio_small),
         f"list_calls_torchbucket_{suffix}": max(
-            calls(f"{d}-{big}", "torchbucket") for d in DISTRIBUTIONS
+            calls(f"{d}-{big}", "torchbucket") for d in distributions
         ),
         f"list_calls_sequential_{suffix}": max(
-            calls(f"{d}-{big}", "sequential") for d in DISTRIBUTIONS
+            calls(f"{d}-{big}", "sequential") for d in distributions
         ),
     }
     load = {"before": list(load_before), "after": list(os.getloadavg()), "cpus": cpus}

@@ -61,6 +61,9 @@ _TAIL_PAGES = 1.5
 # and at most _MAX_PROBES.
 _PROBES_PER_PAGE = 2.0
 _MAX_PROBES = 8
+# Probes of an exponential search past the end of the names: at least this
+# many, else as many per page listed as above, up to one per doubling.
+_MIN_SEARCH = 4
 # A cut makes at most this many pieces per lister (a range of more pages than
 # that is cut into pieces of several pages each, listed with page tokens).
 _PIECES_PER_LISTER = 4
@@ -103,8 +106,8 @@ class _Range:
     sample: tuple[str, str, int] | None = None
     in_flight: bool = False
     done: bool = False
-    probe: bool = False  # a probe whose first page has not answered yet
-    filled: bool = False  # cut into fill pieces already
+    filled: bool = False  # cut into fill pieces already (or nothing to cut)
+    memo: tuple[str | None, str | None] | None = None  # what the last cut rested on
 
 
 class _Job:
@@ -125,13 +128,11 @@ class _Job:
         self.ranges: list[_Range] = []
         self.probes: collections.deque[_Range] = collections.deque()
         self.fills: collections.deque[_Range] = collections.deque()
-        self.probing = 0  # probes not answered yet
-        self.void = False  # a probe came back empty
+        self.starts: dict[str, _Range] = {}  # ranges by start
         self.columns = Columns()
         self.active = 0
         self.listed = 0
         self.frontier = ""  # the greatest name seen so far
-        self.front: _Range | None = None  # the range that holds it
         self.idle: list[asyncio.Future[_Range | None]] = []
         self.stats = ListingStats()
 
@@ -159,14 +160,6 @@ class _Job:
             self.listed += len(page.objects)
             finished = past_end or page.next_page_token is None
             r.done = finished
-            if r.probe:
-                r.probe = False
-                self.probing -= 1
-                if r.cursor is None and finished:
-                    # A probe past every name seen found nothing: the names
-                    # end before it (or resume further on, and a later probe
-                    # or the range past it finds them).
-                    self.void = True
             self._plan()
             if finished:
                 self.active -= 1
@@ -199,7 +192,6 @@ class _Job:
             r.cursor = kept[-1].name
             if self.frontier < r.cursor:
                 self.frontier = r.cursor
-                self.front = r
             if r.first != r.cursor:
                 r.sample = (r.first, r.cursor, len(r.objects))
             # A sample is enough to learn which characters each position holds.
@@ -211,7 +203,9 @@ class _Job:
 
     # -- cutting ----------------------------------------------------------------
 
-    def _measure(self, r: _Range) -> tuple[KeyScale, int, int, int] | None:
+    def _measure(
+        self, r: _Range, extra: str | None = None
+    ) -> tuple[KeyScale, int, int, int] | None:
         """``(scale, position, page numerator, page denominator)`` of ``r``.
 
         The position is where ``r``'s lister will be once its request in
@@ -225,6 +219,8 @@ class _Job:
         keys = [a, b] + [k for k in (low, r.end) if k is not None]
         if r.end is None and self.frontier:
             keys.append(self.frontier)
+        if extra is not None:
+            keys.append(extra)
         scale = KeyScale(
             keys, prefix=self.prefix, columns=self.columns, strip_common=r.end is not None
         )
@@ -248,11 +244,12 @@ class _Job:
         if not keys:
             return []
         pieces = [
-            _Range(start=key, end=nxt, sample=r.sample, probe=probe)
+            _Range(start=key, end=nxt, sample=r.sample)
             for key, nxt in zip(keys, [*keys[1:], r.end])
         ]
         r.end = keys[0]
         self.ranges.extend(pieces)
+        self.starts.update((p.start, p) for p in pieces if p.start is not None)
         self.stats.steals += len(pieces)
         logger.debug("listing %s: %s cut at %r", self.prefix, "probes" if probe else "fill", keys)
         return pieces
@@ -281,7 +278,7 @@ class _Job:
         self.fills.extend(self._cut(r, scale, targets, probe=False))
 
     def _probe(self, r: _Range) -> None:
-        """Hand out ranges past the frontier, held by ``r``."""
+        """Hand out ranges past ``r``'s names, where nobody knows whether names go on."""
         measured = self._measure(r)
         if measured is None:
             return
@@ -290,7 +287,7 @@ class _Job:
         if pages < 2 * _PAGE_AIM:
             return
         offsets: list[float]
-        if not self.void:
+        if r.end is None:
             # Nothing says where the names end: probe near where they would
             # end if the density held (spread names end there), and on the
             # way there as far as the budget goes.
@@ -305,38 +302,56 @@ class _Job:
             count = int(pages / _PAGE_AIM) + 1
             offsets = [pages * i / count for i in range(1, count)]
         else:
-            # Double the distance with each probe (an exponential search, in
-            # one round): past the end of the names, only a few come back
-            # empty, whichever the end.
-            count = math.ceil(math.log2(pages / _PAGE_AIM))
+            # The names end before r's end (the range past it came back empty,
+            # or its names start far from it): double the distance with each
+            # probe, an exponential search in one round. Past the end of the
+            # names only a few come back empty, whichever the end.
+            # As many probes as doublings, fewer while few pages are listed:
+            # a prefix of a few pages costs a few empty requests, not ten.
+            pages_listed = self.listed / self.page_size - 1.0
+            count = min(
+                math.ceil(math.log2(pages / _PAGE_AIM)),
+                int(max(_MIN_SEARCH, _PROBES_PER_PAGE * pages_listed)),
+            )
             offsets = _geometric(_PAGE_AIM, pages, count + 1)[:-1]
         targets = [pos + round(g * 1000) * page_num // (page_den * 1000) for g in offsets]
-        pieces = self._cut(r, scale, targets, probe=True)
-        self.probing += len(pieces)
-        self.probes.extend(pieces)
+        self.probes.extend(self._cut(r, scale, targets, probe=True))
+
+    def _far(self, r: _Range, key: str) -> bool:
+        """Whether ``key`` (past ``r``'s end) lies more than a page of ``r``'s names past it."""
+        measured = self._measure(r, key)
+        if measured is None:
+            return True
+        scale, _, page_num, page_den = measured
+        return (scale.value(key) - scale.value(r.end)) * page_den > page_num
 
     def _plan(self) -> None:
-        """Cut what the names seen so far say can be cut."""
-        frontier = self.frontier
-        for r in self.ranges:
-            if (
-                not r.filled
-                and not r.done
-                and r.end is not None
-                and r.end <= frontier
-                and r.first is not None
-                and r.first != r.cursor
-            ):
+        """Cut what the names seen so far say can be cut.
+
+        A range with a page of its own is cut once the range past its end has
+        answered: into fill pieces when names go on right past its end, into
+        probes when they do not (it came back empty, or its names start far
+        on). The top range (no end) is probed at once.
+        """
+        for r in self.ranges:  # pieces cut here join the loop, and are skipped
+            if r.done or r.filled or r.first is None or r.first == r.cursor:
+                continue
+            if r.end is None:
+                if r.memo != (None, r.cursor):
+                    r.memo = (None, r.cursor)
+                    self._probe(r)
+                continue
+            above = self.starts[r.end]
+            if above.first is None and not above.done:
+                continue  # not answered yet
+            memo = (r.end, above.first)
+            if r.memo == memo:
+                continue
+            r.memo = memo
+            if above.first is not None and not self._far(r, above.first):
                 self._fill(r)
-        front = self.front
-        if (
-            self.probing == 0
-            and front is not None
-            and not front.done
-            and (front.end is None or front.end > frontier)
-            and front.first != front.cursor
-        ):
-            self._probe(front)
+            else:
+                self._probe(r)
 
     def _steal(self) -> _Range | None:
         """Half of the range below the frontier with the most pages left, if any."""
@@ -361,6 +376,7 @@ class _Job:
         thief = _Range(start=cut, end=victim.end, sample=victim.sample)
         victim.end = cut
         self.ranges.append(thief)
+        self.starts[cut] = thief
         self.stats.steals += 1
         logger.debug("listing %s: range cut at %r", self.prefix, cut)
         return thief

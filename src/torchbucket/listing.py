@@ -7,11 +7,11 @@
     objects = list_objects("gs://my-bucket/train/")          # from sync code
 
 How (see :mod:`torchbucket._lister`): the first page is fetched plainly, so a
-prefix that fits in one page costs one request. Beyond it, listers work on key
-ranges of the prefix with ``startOffset``/``endOffset`` in one event loop, and
-a lister that runs dry takes half of the largest range still being listed.
-Listers are added as pages come back full, up to
-:attr:`ListingConfig.parallelism`.
+prefix that fits in one page costs one request. Beyond it, key ranges of the
+prefix are listed with ``startOffset``/``endOffset`` in one event loop: a probe
+looks past the last name seen, and once names are known past a range, the
+range is cut into pieces of about a page each from the density of the names
+listed, up to :attr:`ListingConfig.parallelism` requests at a time.
 
 What is left out by default: objects under ``dataflux-composed-objects/``
 (torchbucket's own temporary composites), the local store's multipart staging
@@ -71,11 +71,13 @@ class ListingConfig:
     """How a prefix is listed.
 
     Attributes:
-        parallelism: Most page requests in flight at once. Default 32: enough to
-            hide a cloud's 50-100 ms per page (100k objects in about half a
-            second) while staying a small fraction of what a bucket serves
-            (about 500 list calls/s at 60 ms a page). Listers start at one and
-            grow as pages come back full, so a small prefix never sees 32.
+        parallelism: Most page requests in flight at once. Default 64: at 60 ms
+            a page, parsing the pages (about 2 ms of CPU each) rather than the
+            round trips sets the pace, so 100k objects list in about 0.45 s
+            (0.49 s at 32; emulator, same-region latency); that is about 1,000
+            list calls/s while it lasts, a small fraction of what a bucket
+            serves. Requests go out only for ranges the names seen so far
+            call for, so a small prefix never sees 64.
         page_size: Objects asked for per page. Default 1000, the most GCS
             returns.
         include_hidden: Also list torchbucket's temporary composites
@@ -105,7 +107,7 @@ class ListingConfig:
             listed again, or ``None`` for no limit. Default ``None``.
     """
 
-    parallelism: int = 32
+    parallelism: int = 64
     page_size: int = 1000
     include_hidden: bool = False
     include_folders: bool = False

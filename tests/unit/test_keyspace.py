@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -137,3 +139,19 @@ def test_key_not_starting_with_prefix_is_rejected() -> None:
         KeyScale(["a/1", "b/2"], prefix="a/")
     with pytest.raises(ValueError, match="prefix"):
         midpoint("a/1", "b/2", prefix="a/")
+
+
+def test_fixed_length_names_map_evenly_across_blocks() -> None:
+    # No name seen ends inside the counter, so no key space goes to names that
+    # would: img/000999 -> img/001000 is one step like any other, and a range
+    # cut evenly by value holds as many names as any other.
+    names = [f"img/{i:06d}.jpg" for i in range(3000)]
+    columns = Columns(n[4:] for n in names)
+    scale = KeyScale([names[0], names[-1]], prefix="img/", columns=columns, strip_common=False)
+    steps = {scale.value(b) - scale.value(a) for a, b in itertools.pairwise(names)}
+    assert len(steps) == 1
+    # A key that ends early still sorts: it counts as if padded.
+    assert scale.value("img/00") <= scale.value("img/001000.jpg")
+    for target in (scale.value(names[999]) + 1, scale.value(names[2000]) - 1):
+        cut = scale.key_between(target, names[500], names[2500])
+        assert cut is not None and names[500] < cut < names[2500]

@@ -168,8 +168,19 @@ def test_empty_prefix_lists_the_whole_bucket(bucket: MemoryStore) -> None:
     ]
 
 
-def test_hundred_thousand_objects(bucket: MemoryStore) -> None:
-    names = [f"img/{i:06d}.jpg" for i in range(100_000)]
+def _hashed(i: int) -> str:
+    import hashlib
+
+    return hashlib.blake2b(str(i).encode(), digest_size=8).hexdigest()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda i: f"img/{i:06d}.jpg", lambda i: f"img/{_hashed(i)}.jpg"],
+    ids=["sequential", "hashed"],
+)
+def test_hundred_thousand_objects(bucket: MemoryStore, make: Any) -> None:
+    names = sorted(make(i) for i in range(100_000))
     seed(bucket, names)
     counting = CountingStore(bucket)
     stats = ListingStats()
@@ -179,6 +190,28 @@ def test_hundred_thousand_objects(bucket: MemoryStore) -> None:
     assert counting.calls == stats.requests
     assert counting.calls <= 1.3 * sequential_pages
     assert stats.ranges > 1  # it did list in parallel
+
+
+def test_names_that_stop_and_resume_far_on(bucket: MemoryStore) -> None:
+    # Two clusters with an empty stretch between them: a probe past the first
+    # comes back empty, yet the second must be found, whole and in order.
+    names = [f"k/0{i:05d}" for i in range(3000)] + [f"k/9{i:05d}" for i in range(2000)]
+    seed(bucket, names)
+    counting = CountingStore(bucket, latency=0.001)
+    config = replace(QUIET, page_size=100)
+    assert names_of(listing(counting, "k/", config)) == names
+    # Each end of a cluster costs an exponential search past it: a few empty
+    # requests, not a page's worth per stretch of empty key space.
+    assert counting.calls <= 2 * (len(names) // 100 + 1)
+
+
+def test_a_prefix_of_a_few_pages_costs_a_few_requests(bucket: MemoryStore) -> None:
+    names = [f"p/{i:04d}" for i in range(35)]
+    seed(bucket, names)
+    counting = CountingStore(bucket, latency=0.001)
+    assert names_of(listing(counting, "p/", replace(QUIET, page_size=10))) == names
+    # Four pages: a probe or two past the names come back empty, no more.
+    assert counting.calls <= 10
 
 
 def test_short_pages_from_the_store(bucket: MemoryStore) -> None:
@@ -432,7 +465,7 @@ def test_bad_config_is_refused(kwargs: dict[str, Any]) -> None:
 
 def test_config_defaults() -> None:
     config = ListingConfig()
-    assert config.parallelism == 32 and config.page_size == 1000
+    assert config.parallelism == 64 and config.page_size == 1000
     assert config.storage_classes is None and config.progress == "auto"
     assert not config.include_hidden and config.cache is None
 
