@@ -27,7 +27,7 @@ def bucket() -> Iterator[str]:
     delete_memory_bucket(name)
 
 
-@pytest.mark.parametrize("size", [0, 1, 4096, MiB - 1, MiB, 3 * MiB + 5])
+@pytest.mark.parametrize("size", [0, 1, 4096, MiB, 3 * MiB + 5, 64 * MiB - 1, 64 * MiB + 5])
 def test_allocate_gives_a_writable_buffer_of_the_size_asked(size: int) -> None:
     view = allocate(size)
     assert len(view) == size and not view.readonly
@@ -37,7 +37,7 @@ def test_allocate_gives_a_writable_buffer_of_the_size_asked(size: int) -> None:
 
 
 def test_prefault_keeps_what_the_buffer_holds() -> None:
-    view = allocate(5 * MiB + 3)
+    view = allocate(65 * MiB + 3)
     data = random.Random(1).randbytes(2 * MiB)
     view[MiB + 1 : 3 * MiB + 1] = data  # part written (not page-aligned), the rest untouched
     prefault(view, MiB, lambda: False)

@@ -31,8 +31,12 @@ logger = logging.getLogger(__name__)
 
 #: Whole-object reads before a CRC32C mismatch is reported.
 _LOAD_ATTEMPTS = 2
-#: Buffers at least this large are mapped pages of their own (see allocate).
-_MAPPED_MIN = 1 << 20
+#: Buffers at least this large are mapped pages of their own (see allocate);
+#: smaller ones (a DCP load's pieces of one read chunk, by the thousand) stay on
+#: the heap, well within the kernel's limit on mappings per process.
+_MAPPED_MIN = 64 << 20
+#: readinto targets at least this large are prefaulted before the copy.
+_PREFAULT_MIN = 1 << 20
 _PAGE = mmap.PAGESIZE
 # madvise(2) advice: allocate the pages of a range as a write to them would.
 _MADV_POPULATE_WRITE = 23
@@ -258,7 +262,7 @@ class MemoryFile(io.BufferedIOBase):
         out = memoryview(target).cast("B")
         start = min(self._position, len(view))
         count = min(len(out), len(view) - start)
-        if count >= _MAPPED_MIN:
+        if count >= _PREFAULT_MIN:
             # torch.load reads each tensor into fresh memory: its pages in one
             # call cost less than a fault per 4 KiB page during the copy
             # (0.35 -> 0.28 s for the benchmark's 512 MiB state dict).
