@@ -6,25 +6,31 @@ prefix's key space, ``(last name of page 1, end of prefix)``, is one range,
 and ranges are cut in two ways, both from densities (names per unit of key
 space, see :mod:`torchbucket._keyspace`) measured on pages already listed:
 
-- *Probes* look past the greatest name seen (the frontier), where nobody knows
-  whether names go on. The range holding the frontier keeps a stretch and
-  hands out a few ranges at geometrically growing distances, the last one
-  starting a page and a half short of where the names would end if the
-  density held to the end of the prefix's key space. A probe that comes back
-  empty costs one request and says where the names stop; one that comes back
-  full moves the frontier. Probes in flight are kept to a couple per page
-  listed so far (one after the first page), so a prefix of two pages costs
-  three requests, and there is one round of probes at a time.
-- *Fills*: a range with names known past its end (below the frontier) and a
-  page of its own is cut at once into pieces of nine tenths of a page each,
-  which are listed one request each, as many at a time as ``parallelism``
-  allows. Names spread evenly (hashes) are thus listed in about four round
-  trips whatever their number up to a few hundred pages; names packed at one
-  end (counters) take a few rounds of probes more.
+A range that has listed a page of its own is cut once the range past its end
+has answered (the top range, which runs to the end of the prefix, at once):
+
+- *Fills*: when names go on right past its end, the range is cut at once into
+  pieces of nine tenths of a page each, listed one request each, as many at a
+  time as ``parallelism`` allows.
+- *Probes*: when nobody knows whether its names go on, it keeps a stretch and
+  hands out ranges at geometrically growing distances. The top range probes
+  near where the names would end if the density held to the end of the
+  prefix's key space (a page and a half short of it), with one probe after
+  the first page (a prefix of two pages costs three requests) and a couple
+  more per page listed. A range whose neighbour came back empty, or starts
+  with names far past it, runs an exponential search instead: a probe per
+  doubling of the distance, in one round (at least four, else two per page
+  listed), so past the end of the names only a few come back empty.
+
+Names spread evenly (hashes) are thus listed in about four round trips, since
+the first probe finds names at the far end; names packed at one end
+(counters) take a few rounds of probes more. Measured on the emulator
+(same-region latency, 100k objects, fresh process): 0.45-0.5 s hashed,
+0.55-0.7 s sequential, 117-121 requests for 100 pages.
 
 A piece whose estimate was wrong comes back with a page token: it has its own
 density by then and is cut again the same way; a lister with nothing to do
-halves the range below the frontier with the most work left. A wrong estimate
+halves the range below the greatest name seen with the most work left. A wrong estimate
 costs time or a request, never a name.
 
 Correctness does not rest on estimates: a cut lowers the range's end in the
