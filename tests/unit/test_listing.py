@@ -495,3 +495,30 @@ def test_an_empty_first_page_that_says_there_is_more(bucket: MemoryStore) -> Non
     store = EmptyFirst(bucket)
     assert names_of(listing(store, "e/")) == [f"e/{i}" for i in range(5)]
     assert store.calls == 2
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_garbage_collector_is_left_as_it_was(bucket: MemoryStore, enabled: bool) -> None:
+    # A parallel listing pauses the collector while it builds its objects; it
+    # must be back as the caller had it afterwards, failed listing or not.
+    import gc
+
+    seed(bucket, [f"g/{i:04d}" for i in range(300)])
+    config = replace(QUIET, page_size=10)
+    was = gc.isenabled()
+    try:
+        if not enabled:
+            gc.disable()
+        assert len(listing(bucket, "g/", config)) == 300
+        assert gc.isenabled() is enabled
+        failing = CountingStore(
+            bucket,
+            fail_call=3,
+            error=PermissionDeniedError("no", operation="list", uri="memory://x/g/"),
+        )
+        with pytest.raises(PermissionDeniedError):
+            listing(failing, "g/", config)
+        assert gc.isenabled() is enabled
+    finally:
+        if was:
+            gc.enable()
