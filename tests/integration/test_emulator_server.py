@@ -187,3 +187,17 @@ def test_constructor_options_reach_the_server(raw_http: Http) -> None:
         statuses = [raw_http(emu, "GET", "/storage/v1/b").status for _ in range(3)]
         assert statuses[0] == 200 and 429 in statuses
     assert not emu.running
+
+
+def test_server_keeps_freed_memory_unless_the_environment_says_otherwise(
+    emulator: Emulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The session's emulator runs with the heap-only settings (benchmarks rely on
+    # them so that the server's page faults do not set the pace)...
+    env = psutil.Process(emulator.pid).environ()
+    assert env["MALLOC_MMAP_MAX_"] == "0"
+    assert int(env["MALLOC_TRIM_THRESHOLD_"]) >= 1 << 40
+    # ...and a user's own malloc settings win.
+    monkeypatch.setenv("MALLOC_MMAP_MAX_", "65536")
+    with Emulator() as emu:
+        assert psutil.Process(emu.pid).environ()["MALLOC_MMAP_MAX_"] == "65536"
