@@ -44,20 +44,20 @@ class ComposeConfig:
     requests per 6,000 or 3,000 objects)::
 
                            6,000 x 10 KiB                  3,000 x 100 KiB
-        iterable, compose  7,244/s  0.068 ms  188 A + 188 B  2,411/s  0.347 ms  94 A + 94 B
-        iterable, direct   4,390/s  0.172 ms  6,000 B        1,911/s  0.429 ms  3,000 B
-        map, compose       1,146/s  0.089 ms  188 A + 188 B    820/s  0.333 ms  94 A + 94 B
-        map, direct        2,683/s  0.215 ms  6,000 B        1,271/s  0.466 ms  3,000 B
+        iterable, compose 10,592/s  0.074 ms  188 A + 188 B  3,406/s  0.357 ms  94 A + 94 B
+        iterable, direct   6,068/s  0.171 ms  6,000 B        3,353/s  0.386 ms  3,000 B
+        map, compose       1,144/s  0.093 ms  188 A + 188 B    930/s  0.298 ms  94 A + 94 B
+        map, direct        3,677/s  0.185 ms  6,000 B        2,715/s  0.411 ms  3,000 B
 
     - :class:`~torchbucket.datasets.BucketIterableDataset` composes by
       default: its prefetch window keeps enough groups in flight to hide the
-      compose round trip, so compose is faster (1.65x at 10 KiB, 1.26x at
-      100 KiB) and costs less client CPU (0.4x, 0.8x) and fewer requests.
+      compose round trip, so compose is faster (1.75x at 10 KiB, 1.02x at
+      100 KiB) and costs less client CPU (0.43x, 0.92x) and fewer requests.
     - :class:`~torchbucket.datasets.BucketMapDataset` reads directly by
       default: a batch cannot start composing before the DataLoader asks for
       it, so the compose round trip (40 ms here) adds to every batch's
-      latency; composing cut its objects/s to 0.43x (10 KiB) and 0.65x
-      (100 KiB), for 0.4x and 0.7x the client CPU. Turn it on
+      latency; composing cut its objects/s to 0.31x (10 KiB) and 0.34x
+      (100 KiB), for 0.5x and 0.73x the client CPU. Turn it on
       (``compose=ComposeConfig()``) where the loader is not the bottleneck and
       requests or client CPU matter more.
 
