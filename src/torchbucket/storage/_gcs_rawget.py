@@ -3,7 +3,8 @@
 Why not aiohttp for these: it receives every chunk into a new ``bytes`` (the
 socket's ``recv``), its parser slices the body out of it, and
 ``read_object_into`` then copied the slice into the buffer, with Python work per
-chunk in between. Here an :class:`asyncio.BufferedProtocol` hands the kernel the
+chunk in between. Here an :class:`asyncio.BufferedProtocol`
+(:mod:`torchbucket.storage._gcs_rawconn`) hands the kernel the
 destination slice itself: ``recv_into`` writes the body where it belongs, one
 copy, and the only Python per chunk is a counter. Measured on a 2-core VM
 against the emulator with the same-region latency model, 512 MiB in 64 ranges of
@@ -43,11 +44,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import yarl
-from multidict import CIMultiDict
 
 from torchbucket import _watchdog, runtime
 from torchbucket.errors import IntegrityError, TransientError
 from torchbucket.storage import _gcs_http as _http
+from torchbucket.storage._gcs_rawconn import FALLBACK, TOO_LONG, Connection, content_length
 from torchbucket.storage._gcs_wire import content_range, crc_b64, extend_crc, hash_header_crc32c
 
 __all__ = ["MIN_BYTES", "RawGetter", "acquire_getter", "release_getter", "supported"]
@@ -58,188 +59,14 @@ logger = logging.getLogger(__name__)
 #: little and stay on aiohttp.
 MIN_BYTES = 1 << 20
 
-_HEAD_START = 16 << 10
-_HEAD_LIMIT = 64 << 10
-_ERROR_BODY_LIMIT = 1 << 20
 _IDLE_SECONDS = 30.0  # aiohttp's keepalive_timeout in _gcs_http
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-
-# A connection's state: between exchanges, reading the header block, reading a body.
-_IDLE, _HEAD, _BODY = 0, 1, 2
-# How an exchange ended, besides an exception.
-_DONE, _FALLBACK, _TOO_LONG = "done", "fallback", "too long"
 
 
 def supported(endpoint: str) -> bool:
     """Whether :class:`RawGetter` can talk to ``endpoint``."""
     scheme = yarl.URL(endpoint).scheme
     return scheme == "http" or (scheme == "https" and sys.version_info >= (3, 11))
-
-
-class _Connection(asyncio.BufferedProtocol):
-    """One keep-alive connection; receives one answer at a time into a given buffer."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.closed = False
-        self.reusable = False
-        self.idle_since = 0.0
-        self.received = 0
-        self.status = 0
-        self.headers: CIMultiDict[str] = CIMultiDict()
-        self._error: memoryview | None = None
-        self._head = bytearray(_HEAD_START)
-        self._head_len = 0
-        self._state = _IDLE
-        self._dest: memoryview | None = None
-        self._body: memoryview | None = None
-        self._body_len = 0
-        self._got = 0
-        self._waiter: asyncio.Future[str] | None = None
-
-    # ---------------------------------------------------------- one exchange
-
-    def send(self, request: bytes, dest: memoryview) -> asyncio.Future[str]:
-        """Send ``request``; a 206's body goes to ``dest``. The future says how it ended."""
-        assert self.transport is not None and self._state == _IDLE
-        self._waiter = asyncio.get_running_loop().create_future()
-        self._dest = dest
-        self._state = _HEAD
-        self._head_len = 0
-        self.received = 0
-        self.reusable = False
-        self.transport.write(request)
-        return self._waiter
-
-    def abort(self) -> None:
-        """Drop the connection at once; nothing more is written into any buffer."""
-        self._release()
-        self.closed = True
-        if self.transport is not None:
-            self.transport.abort()
-
-    def close(self) -> None:
-        self._release()
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
-
-    def _release(self) -> None:
-        self._state = _IDLE
-        self._dest = self._body = None
-
-    def _end(self, outcome: str) -> None:
-        self._release()
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(outcome)
-
-    def _fail(self, exc: BaseException) -> None:
-        self._release()
-        self.closed = True
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_exception(exc)
-
-    # ---------------------------------------------------------- asyncio's side
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._fail(exc or ConnectionResetError("the server closed the connection"))
-
-    def eof_received(self) -> bool:
-        self._fail(ConnectionResetError("the server closed the connection"))
-        return False
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        if self._state == _BODY:
-            assert self._body is not None
-            return self._body[self._got :]
-        if self._state == _HEAD:
-            if self._head_len == len(self._head):
-                self._head.extend(bytes(len(self._head)))
-            return memoryview(self._head)[self._head_len :]
-        # Between answers (the SSL transport asks whenever it may have more):
-        # whatever lands here was not asked for, see buffer_updated.
-        return memoryview(self._head)[:_HEAD_START]
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.received += nbytes
-        if self._state == _BODY:
-            self._got += nbytes
-            if self._got >= self._body_len:
-                self._end(_DONE)
-        elif self._state == _HEAD:
-            before = self._head_len
-            self._head_len += nbytes
-            self._parse_head(max(0, before - 3))
-        elif nbytes:
-            self.reusable = False  # bytes nobody asked for: the stream is out of step
-
-    # ---------------------------------------------------------- the header block
-
-    def _parse_head(self, search_from: int) -> None:
-        end = self._head.find(b"\r\n\r\n", search_from, self._head_len)
-        if end < 0:
-            if self._head_len >= _HEAD_LIMIT:
-                self._end(_FALLBACK)
-            return
-        lines = self._head[:end].decode("latin-1").split("\r\n")
-        version, _, rest = lines[0].partition(" ")
-        code = rest[:3]
-        if not version.startswith("HTTP/1.") or not code.isdigit() or rest[3:4] not in ("", " "):
-            self._end(_FALLBACK)  # aiohttp's parser says what is wrong
-            return
-        status = self.status = int(code)
-        headers = self.headers = CIMultiDict()
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep or not name or name != name.strip():
-                self._end(_FALLBACK)
-                return
-            headers.add(name, value.strip())
-        length = _content_length(headers)
-        if (
-            length is None
-            or "Transfer-Encoding" in headers
-            or (status != 206 and (status < 300 or status == 304))
-            or (status >= 300 and length > _ERROR_BODY_LIMIT)
-        ):
-            self._end(_FALLBACK)
-            return
-        connection = headers.get("Connection", "").lower()
-        self.reusable = version == "HTTP/1.1" and "close" not in connection
-        if status == 206:
-            assert self._dest is not None
-            if length > len(self._dest):
-                self._end(_TOO_LONG)
-                return
-            body = self._dest[:length]
-        else:
-            body = self._error = memoryview(bytearray(length))
-        # The first read may have brought the start of the body along.
-        extra = self._head_len - (end + 4)
-        if extra > length:
-            self.reusable = False  # more than the body: the stream is out of step
-            extra = length
-        body[:extra] = self._head[end + 4 : end + 4 + extra]
-        self._body, self._body_len, self._got = body, length, extra
-        self._state = _BODY
-        if extra >= length:
-            self._end(_DONE)
-
-    def take_error_body(self) -> bytes:
-        """The body of an error answer (empty for a 206)."""
-        view, self._error = self._error, None
-        return b"" if view is None else bytes(view)
-
-
-def _content_length(headers: CIMultiDict[str]) -> int | None:
-    values = headers.getall("Content-Length", [])
-    if len(set(values)) != 1 or not values[0].isdigit():
-        return None
-    return int(values[0])
 
 
 class RawGetter:
@@ -273,7 +100,7 @@ class RawGetter:
             host = f"{host}:{self._port}"
         self._ssl = (ssl_context or _default_context()) if url.scheme == "https" else None
         self._loop = asyncio.get_running_loop()
-        self._idle: list[_Connection] = []
+        self._idle: list[Connection] = []
         self._sweep: asyncio.TimerHandle | None = None
         self.closed = False
         # What aiohttp's session sends with every request.
@@ -330,11 +157,11 @@ class RawGetter:
             raise TransientError(
                 f"connection {what} ({type(exc).__name__})", operation="get", uri=uri
             ) from exc
-        if outcome == _FALLBACK:
+        if outcome == FALLBACK:
             conn.close()
             return None
         status, resp_headers = conn.status, conn.headers
-        if outcome == _TOO_LONG:
+        if outcome == TOO_LONG:
             conn.close()
             raise IntegrityError(
                 f"server sent more than the {len(buffer)} bytes asked for",
@@ -347,7 +174,7 @@ class RawGetter:
             return 0
         if status >= 300:
             raise _http.error_for_response(status, resp_headers, body, operation="get", uri=uri)
-        received = _content_length(resp_headers) or 0
+        received = content_length(resp_headers) or 0
         span = content_range(resp_headers)
         if span is not None:
             first, last, total = span
@@ -372,7 +199,7 @@ class RawGetter:
         return received
 
     async def _exchange(
-        self, conn: _Connection, request: bytes, buffer: memoryview, uri: str, quiet: float
+        self, conn: Connection, request: bytes, buffer: memoryview, uri: str, quiet: float
     ) -> str:
         answer = conn.send(request, buffer)
         dog = _watchdog.watchdog(self._loop)
@@ -412,7 +239,7 @@ class RawGetter:
 
     async def _acquire(
         self, uri: str, connect_timeout: float, *, fresh: bool = False
-    ) -> tuple[_Connection, bool]:
+    ) -> tuple[Connection, bool]:
         now = self._loop.time()
         while self._idle and not fresh:
             conn = self._idle.pop()
@@ -429,12 +256,12 @@ class RawGetter:
             return conn, True
         return await self._connect(uri, connect_timeout), False
 
-    async def _connect(self, uri: str, timeout: float) -> _Connection:
+    async def _connect(self, uri: str, timeout: float) -> Connection:
         dog = _watchdog.watchdog(self._loop)
         watch = dog.start(timeout)
         try:
             transport, conn = await self._loop.create_connection(
-                _Connection,
+                Connection,
                 self._host,
                 self._port,
                 ssl=self._ssl,
@@ -459,7 +286,7 @@ class RawGetter:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return conn
 
-    def _give(self, conn: _Connection) -> None:
+    def _give(self, conn: Connection) -> None:
         if self.closed or not conn.reusable or conn.closed or len(self._idle) >= self.limit:
             conn.close()
             return
