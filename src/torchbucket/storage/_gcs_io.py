@@ -39,13 +39,14 @@ from torchbucket.storage import _gcs_http as _http
 from torchbucket.storage import _gcs_rawget as _rawget
 from torchbucket.storage._gcs_wire import (
     INFO_FIELDS,
+    check_span,
     content_range,
     crc_b64,
     extend_crc,
-    hash_header_crc32c,
     quote_name,
     range_header,
     stream_end,
+    verify_crc32c,
 )
 from torchbucket.storage.base import ObjectInfo
 
@@ -467,15 +468,6 @@ class GCSTransport:
             )
         return info
 
-    def _verify_whole(self, headers: Mapping[str, str], checksum: str, uri: str) -> None:
-        expected = hash_header_crc32c(headers)
-        if expected is not None and expected != checksum:
-            raise IntegrityError(
-                f"CRC32C mismatch: server says {expected}, received bytes give {checksum}",
-                operation="get",
-                uri=uri,
-            )
-
     async def read_object(self, url: yarl.URL, key: str, start: int, end: int | None) -> bytes:
         """GET ``url`` (``alt=media``), the range ``[start, end)``, verified."""
         uri = self.uri(key)
@@ -499,9 +491,9 @@ class GCSTransport:
                             uri=uri,
                         )
                     if first == 0 and total == len(body):
-                        self._verify_whole(resp_headers, crc_b64(extend_crc(0, body)), uri)
+                        verify_crc32c(resp_headers, crc_b64(extend_crc(0, body)), uri)
                 return body
-            self._verify_whole(resp_headers, crc_b64(extend_crc(0, body)), uri)
+            verify_crc32c(resp_headers, crc_b64(extend_crc(0, body)), uri)
             if headers is not None:  # the server ignored the Range header
                 return body[start:end]
             return body
@@ -549,7 +541,7 @@ class GCSTransport:
                         )
                     if resp.status == 200:  # Range ignored: take our slice of the whole
                         whole = await resp.read()
-                        self._verify_whole(resp.headers, crc_b64(extend_crc(0, whole)), uri)
+                        verify_crc32c(resp.headers, crc_b64(extend_crc(0, whole)), uri)
                         piece = whole[start : start + size]
                         buffer[: len(piece)] = piece
                         return len(piece)
@@ -572,16 +564,8 @@ class GCSTransport:
                         if whole_object:
                             crc = extend_crc(crc, chunk)
                         pos += n
-                    if span is not None:
-                        first, last, total = span
-                        if first != start or pos != last - first + 1:
-                            raise IntegrityError(
-                                f"expected bytes {first}-{last}, received {pos}",
-                                operation="get",
-                                uri=uri,
-                            )
-                        if first == 0 and total == pos:
-                            self._verify_whole(resp.headers, crc_b64(crc), uri)
+                    if span is not None and check_span(span, start, pos, uri):
+                        verify_crc32c(resp.headers, crc_b64(crc), uri)
                     return pos
             except StorageError:
                 raise  # NotFoundError is an OSError too: keep it as it is
@@ -682,4 +666,4 @@ class GCSTransport:
                 )
             logger.debug("stream of %s broke at byte %d; resuming", uri, pos)
         if crc is not None:
-            self._verify_whole(resp.headers, crc_b64(crc), uri)
+            verify_crc32c(resp.headers, crc_b64(crc), uri)

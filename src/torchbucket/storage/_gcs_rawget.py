@@ -49,7 +49,14 @@ from torchbucket import _watchdog, runtime
 from torchbucket.errors import IntegrityError, TransientError
 from torchbucket.storage import _gcs_http as _http
 from torchbucket.storage._gcs_rawconn import FALLBACK, TOO_LONG, Connection, content_length
-from torchbucket.storage._gcs_wire import content_range, crc_b64, extend_crc, hash_header_crc32c
+from torchbucket.storage._gcs_wire import (
+    check_span,
+    content_range,
+    crc_b64,
+    extend_crc,
+    hash_header_crc32c,
+    verify_crc32c,
+)
 
 __all__ = ["MIN_BYTES", "RawGetter", "acquire_getter", "release_getter", "supported"]
 
@@ -176,26 +183,14 @@ class RawGetter:
             raise _http.error_for_response(status, resp_headers, body, operation="get", uri=uri)
         received = content_length(resp_headers) or 0
         span = content_range(resp_headers)
-        if span is not None:
-            first, last, total = span
-            if first != start or received != last - first + 1:
-                raise IntegrityError(
-                    f"expected bytes {first}-{last}, received {received}",
-                    operation="get",
-                    uri=uri,
-                )
-            # Only a range that is the whole object can be checked against its CRC32C.
-            expected = (
-                hash_header_crc32c(resp_headers) if first == 0 and total == received else None
-            )
-            if expected is not None:
-                checksum = crc_b64(extend_crc(0, buffer[:received]))  # in place
-                if checksum != expected:
-                    raise IntegrityError(
-                        f"CRC32C mismatch: server says {expected}, received bytes give {checksum}",
-                        operation="get",
-                        uri=uri,
-                    )
+        # Only a range that is the whole object can be checked against its CRC32C
+        # (checksummed in place, and only when the server sent one).
+        if (
+            span is not None
+            and check_span(span, start, received, uri)
+            and hash_header_crc32c(resp_headers) is not None
+        ):
+            verify_crc32c(resp_headers, crc_b64(extend_crc(0, buffer[:received])), uri)
         return received
 
     async def _exchange(

@@ -7,11 +7,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
 
+from torchbucket.errors import IntegrityError
 from torchbucket.storage import _crc32c
 from torchbucket.storage.base import ObjectInfo
 
 __all__ = [
     "INFO_FIELDS",
+    "check_span",
     "content_range",
     "crc32c_of",
     "crc_b64",
@@ -23,6 +25,7 @@ __all__ = [
     "quote_name",
     "range_header",
     "stream_end",
+    "verify_crc32c",
 ]
 
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.~/-]*")
@@ -123,6 +126,34 @@ def content_range(headers: Mapping[str, str]) -> tuple[int, int, int | None] | N
         return int(first), int(last), (int(total) if total and total != "*" else None)
     except ValueError:
         return None
+
+
+def check_span(span: tuple[int, int, int | None], start: int, received: int, uri: str) -> bool:
+    """Check a 206's ``Content-Range`` against the range asked for and the bytes received.
+
+    Returns:
+        Whether the range is the whole object (so its CRC32C can be checked).
+
+    Raises:
+        IntegrityError: The answer starts elsewhere, or its length is not the span's.
+    """
+    first, last, total = span
+    if first != start or received != last - first + 1:
+        raise IntegrityError(
+            f"expected bytes {first}-{last}, received {received}", operation="get", uri=uri
+        )
+    return first == 0 and total == received
+
+
+def verify_crc32c(headers: Mapping[str, str], checksum: str, uri: str) -> None:
+    """Raise ``IntegrityError`` if the object's CRC32C in ``headers`` is not ``checksum``."""
+    expected = hash_header_crc32c(headers)
+    if expected is not None and expected != checksum:
+        raise IntegrityError(
+            f"CRC32C mismatch: server says {expected}, received bytes give {checksum}",
+            operation="get",
+            uri=uri,
+        )
 
 
 def range_header(start: int, end: int | None) -> dict[str, str] | None:
