@@ -11,6 +11,9 @@ nothing leaks from one test into the next.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -108,6 +111,32 @@ def gcs_bucket_factory() -> Iterator[Callable[..., Any]]:
 def bucket_name() -> str:
     """A fresh, valid bucket name (not created)."""
     return f"t-{uuid.uuid4().hex[:16]}"
+
+
+@pytest.fixture
+def run_child_script(
+    emulator: Emulator, tmp_path: Any
+) -> Callable[[str], subprocess.CompletedProcess[str]]:
+    """``run(source)``: run ``source`` in a fresh Python process against the emulator.
+
+    The script gets ``gs://<a new bucket>/shared.bin`` as its one argument and
+    ``STORAGE_EMULATOR_HOST`` in its environment; the caller checks the result.
+    """
+
+    def run(source: str) -> subprocess.CompletedProcess[str]:
+        bucket = f"child-{uuid.uuid4().hex[:12]}"
+        emulator.create_bucket(bucket)
+        script = tmp_path / f"{bucket}.py"
+        script.write_text(source)
+        return subprocess.run(
+            [sys.executable, str(script), f"gs://{bucket}/shared.bin"],
+            env={**os.environ, "STORAGE_EMULATOR_HOST": emulator.endpoint},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    return run
 
 
 class Reply:

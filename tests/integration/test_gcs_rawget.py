@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 import random
 import socketserver
 import ssl
@@ -409,20 +408,9 @@ if __name__ == "__main__":
 
 
 def test_forked_and_spawned_children_read_in_place_and_exit_cleanly(
-    emulator: Any, tmp_path: Any
+    run_child_script: Callable[[str], subprocess.CompletedProcess[str]],
 ) -> None:
-    bucket = f"raw-{uuid.uuid4().hex[:12]}"
-    emulator.create_bucket(bucket)
-    script = tmp_path / "read_in_place.py"
-    script.write_text(_FORK_SCRIPT)
-    env = {**os.environ, "STORAGE_EMULATOR_HOST": emulator.endpoint}
-    done = subprocess.run(
-        [sys.executable, str(script), f"gs://{bucket}/shared.bin"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_child_script(_FORK_SCRIPT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
     assert "unclosed" not in done.stderr.lower()  # asyncio's transports, aiohttp's sessions

@@ -252,25 +252,9 @@ if __name__ == "__main__":
 
 
 def test_forked_and_spawned_children_read_and_every_process_exits_cleanly(
-    emulator: Any, tmp_path: Any
+    run_child_script: Callable[[str], Any],
 ) -> None:
-    import os
-    import subprocess
-    import sys
-    import uuid
-
-    bucket = f"exit-{uuid.uuid4().hex[:12]}"
-    emulator.create_bucket(bucket)
-    script = tmp_path / "use_store.py"
-    script.write_text(_EXIT_SCRIPT)
-    env = {**os.environ, "STORAGE_EMULATOR_HOST": emulator.endpoint}
-    done = subprocess.run(
-        [sys.executable, str(script), f"gs://{bucket}/shared.bin"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_child_script(_EXIT_SCRIPT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
     assert "Unclosed" not in done.stderr
