@@ -20,6 +20,7 @@ from torchbucket.storage.base import (
     ObjectInfo,
     ObjectStore,
     Part,
+    SupportsFolders,
 )
 from torchbucket.storage.memory import MemoryStore
 
@@ -33,6 +34,7 @@ __all__ = [
     "ObjectInfo",
     "ObjectStore",
     "Part",
+    "SupportsFolders",
     "store_for",
 ]
 

@@ -24,6 +24,7 @@ __all__ = [
     "ObjectInfo",
     "ObjectStore",
     "Part",
+    "SupportsFolders",
 ]
 
 #: GCS composes at most 32 source objects into one.
@@ -61,10 +62,13 @@ class ListPage:
     Attributes:
         objects: The objects on this page.
         next_page_token: Token for the next page, ``None`` on the last page.
+        prefixes: The folders on this page, from
+            :meth:`SupportsFolders.list_folder` (a plain listing has none).
     """
 
     objects: list[ObjectInfo]
     next_page_token: str | None = None
+    prefixes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,4 +287,26 @@ class ObjectStore(Protocol):
 
     async def close(self) -> None:
         """Release connections; the store may be used again afterwards."""
+        ...
+
+
+@runtime_checkable
+class SupportsFolders(Protocol):
+    """A store that lists one level of a prefix's tree in one request.
+
+    Optional: the parallel lister uses it, where a store has it, to list a
+    prefix of folders (``train/<class>/...``) folder by folder instead of
+    guessing where the folders' names lie in the key space.
+    """
+
+    async def list_folder(
+        self, prefix: str, *, page_token: str | None = None, page_size: int = 1000
+    ) -> ListPage:
+        """The objects directly under ``prefix`` and its folders, sorted.
+
+        A folder is ``prefix`` plus a name's next segment up to and including
+        its ``/`` (GCS's ``delimiter=/`` prefixes), in ``prefixes``. Objects
+        and folders together fill at most ``page_size`` entries, as GCS counts
+        them; the token is ``None`` on the last page.
+        """
         ...

@@ -48,11 +48,16 @@ __all__ = ["DEFAULT_ENDPOINT", "GCSConfig", "GCSStore"]
 logger = logging.getLogger(__name__)
 
 _LIST_FIELDS = f"items({INFO_FIELDS}),nextPageToken"
+_FOLDER_FIELDS = f"items({INFO_FIELDS}),prefixes,nextPageToken"
 
 
 def _list_page(body: bytes) -> ListPage:
     doc = json.loads(body)
-    return ListPage(object_infos(doc.get("items", ())), doc.get("nextPageToken") or None)
+    return ListPage(
+        object_infos(doc.get("items", ())),
+        doc.get("nextPageToken") or None,
+        sorted(doc.get("prefixes", ())),
+    )
 
 
 class GCSStore(GCSMultipart):
@@ -116,6 +121,25 @@ class GCSStore(GCSMultipart):
             query += "&startOffset=" + quote_name(start_offset)
         if end_offset:
             query += "&endOffset=" + quote_name(end_offset)
+        if page_token:
+            query += "&pageToken=" + quote_name(page_token)
+        url = yarl.URL(f"{self._json_base}/o?{query}", encoded=True)
+        uri = self.uri(prefix)
+
+        async def attempt() -> ListPage:
+            _, _, body = await self.request("GET", url, operation="list", uri=uri, bucket_op=True)
+            return _http.parse_body(_list_page, body, operation="list", uri=uri)
+
+        return await self.call(attempt, "list", uri)
+
+    async def list_folder(
+        self, prefix: str, *, page_token: str | None = None, page_size: int = 1000
+    ) -> ListPage:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        query = f"maxResults={page_size}&delimiter=%2F&fields={quote_name(_FOLDER_FIELDS)}"
+        if prefix:
+            query += "&prefix=" + quote_name(prefix)
         if page_token:
             query += "&pageToken=" + quote_name(page_token)
         url = yarl.URL(f"{self._json_base}/o?{query}", encoded=True)

@@ -169,6 +169,37 @@ class MemoryStore:
         await asyncio.sleep(0)
         return ListPage(out, out[-1].name if more and out else None)
 
+    async def list_folder(
+        self, prefix: str, *, page_token: str | None = None, page_size: int = 1000
+    ) -> ListPage:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        bucket = self._data("list")
+        names = bucket.names
+        i = bisect.bisect_left(names, prefix)
+        if page_token is not None:
+            # Past the token, and past every name in it when it is a folder.
+            after = page_token[:-1] + "0" if page_token.endswith("/") else page_token + "\0"
+            i = max(i, bisect.bisect_left(names, after))
+        objects: list[ObjectInfo] = []
+        folders: list[str] = []
+        last: str | None = None
+        while i < len(names) and names[i].startswith(prefix):
+            if len(objects) + len(folders) == page_size:
+                return ListPage(objects, last, folders)
+            name = names[i]
+            slash = name.find("/", len(prefix))
+            if slash < 0:
+                objects.append(bucket.objects[name].info)
+                last = name
+                i += 1
+            else:
+                last = name[: slash + 1]
+                folders.append(last)
+                i = bisect.bisect_left(names, name[:slash] + "0", i)  # "0" follows "/"
+        await asyncio.sleep(0)
+        return ListPage(objects, None, folders)
+
     async def head(self, key: str) -> ObjectInfo:
         return self._object(key, "head").info
 
