@@ -22,6 +22,22 @@ has answered (the top range, which runs to the end of the prefix, at once):
   doubling of the distance, in one round (at least four, else two per page
   listed), so past the end of the names only a few come back empty.
 
+Names in folders (``train/<class>/<n>.png``) are clusters, whose ends no
+density measured in one folder predicts. Where the store lists one level of
+the tree in a request (GCS's ``delimiter=/``) and the first page's folders
+hold half a page or more each, the folders are named in one request and each
+is listed as a prefix of its own, cut into ranges like any prefix (with no
+probe before its second page: most folders end within two). With a 60 ms
+page model, ImageNet's layout (77 folders of 1,300) takes 154 requests for
+101 pages in 0.36 s, where key ranges alone drew 2,300 requests and 2.5 s.
+Without folder listings the lister still counts its empty probes: the top
+range sends at most one probe more than twice those of its probes that found
+names, and while most searches come back empty a range waits for its page in
+flight before searching past it (the page often ends the cluster). A range
+whose neighbour above came back empty is searched, never halved by an idle
+lister. The demo's layout (6 folders, 17 pages): 23 requests in 0.26 s with
+folders, 33 in 0.5 s without, against 82 in 0.5 s before either.
+
 Names spread evenly (hashes) are thus listed in about four round trips, since
 the first probe finds names at the far end; names packed at one end
 (counters) take a few rounds of probes more. Measured on the emulator
@@ -53,7 +69,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from torchbucket._keyspace import Columns, KeyScale
-from torchbucket.storage.base import ObjectInfo, ObjectStore
+from torchbucket.storage.base import ObjectInfo, ObjectStore, SupportsFolders
 
 __all__ = ["ListingStats", "list_parallel"]
 
@@ -72,9 +88,17 @@ _MAX_PROBES = 8
 # Probes of an exponential search past the end of the names: at least this
 # many, else as many per page listed as above, up to one per doubling.
 _MIN_SEARCH = 4
+# While fewer than this fraction of search probes find names (Laplace
+# estimate), a range waits for its page in flight before searching past it.
+_SEARCH_HIT_RATE = 0.5
 # A cut makes at most this many pieces per lister (a range of more pages than
 # that is cut into pieces of several pages each, listed with page tokens).
 _PIECES_PER_LISTER = 4
+# A prefix whose folders on the first page hold fewer names than this many
+# pages each on average is listed as one key space, not folder by folder.
+_MIN_FOLDER = 0.5
+# Kinds of probe: past the top range (no end), or a search past a range's names.
+_TOP, _SEARCH = 1, 2
 
 
 def _geometric(first: float, last: float, count: int) -> list[float]:
@@ -135,6 +159,7 @@ class _Range:
 
     start: str | None
     end: str | None
+    prefix: str
     cursor: str | None = None
     objects: list[ObjectInfo] = field(default_factory=list)
     # Density sample: first and last name seen and how many names in between,
@@ -144,6 +169,7 @@ class _Range:
     in_flight: bool = False
     done: bool = False
     filled: bool = False  # cut into fill pieces already (or nothing to cut)
+    probe: int = 0  # cut off as a probe (_TOP or _SEARCH), not yet answered
     memo: tuple[str | None, str | None] | None = None  # what the last cut rested on
 
 
@@ -166,10 +192,14 @@ class _Job:
         self.probes: collections.deque[_Range] = collections.deque()
         self.fills: collections.deque[_Range] = collections.deque()
         self.starts: dict[str, _Range] = {}  # ranges by start
-        self.columns = Columns()
+        # Per listing prefix (the job's, or one of its folders).
+        self.columns: collections.defaultdict[str, Columns] = collections.defaultdict(Columns)
+        self.frontiers: collections.defaultdict[str, str] = collections.defaultdict(str)
         self.active = 0
         self.listed = 0
-        self.frontier = ""  # the greatest name seen so far
+        # Probes answered and those that came back empty, by kind.
+        self.probes_answered = [0, 0, 0]
+        self.probes_empty = [0, 0, 0]
         self.idle: list[asyncio.Future[_Range | None]] = []
         self.stats = ListingStats()
 
@@ -185,7 +215,7 @@ class _Job:
             try:
                 self.stats.requests += 1
                 page = await self.store.list_page(
-                    self.prefix,
+                    r.prefix,
                     start_offset=start,
                     end_offset=query_end,
                     page_token=token,
@@ -193,6 +223,10 @@ class _Job:
                 )
             finally:
                 r.in_flight = False
+            if r.probe:
+                self.probes_answered[r.probe] += 1
+                self.probes_empty[r.probe] += not page.objects
+                r.probe = 0
             past_end = self._take(r, page.objects)
             self.listed += len(page.objects)
             finished = past_end or page.next_page_token is None
@@ -227,13 +261,15 @@ class _Job:
             if r.first is None:
                 r.first = kept[0].name
             r.cursor = kept[-1].name
-            if self.frontier < r.cursor:
-                self.frontier = r.cursor
+            if self.frontiers[r.prefix] < r.cursor:
+                self.frontiers[r.prefix] = r.cursor
             if r.first != r.cursor:
                 r.sample = (r.first, r.cursor, len(r.objects))
             # A sample is enough to learn which characters each position holds.
-            cut, step = len(self.prefix), max(1, len(kept) // 64)
-            self.columns.update([o.name[cut:] for o in kept[::step]] + [kept[-1].name[cut:]])
+            cut, step = len(r.prefix), max(1, len(kept) // 64)
+            self.columns[r.prefix].update(
+                [o.name[cut:] for o in kept[::step]] + [kept[-1].name[cut:]]
+            )
             if self.on_page is not None:
                 self.on_page(len(kept))
         return past_end
@@ -254,12 +290,13 @@ class _Job:
         a, b, seen = r.sample
         low = r.cursor if r.cursor is not None else r.start
         keys = [a, b] + [k for k in (low, r.end) if k is not None]
-        if r.end is None and self.frontier:
-            keys.append(self.frontier)
+        frontier = self.frontiers[r.prefix]
+        if r.end is None and frontier:
+            keys.append(frontier)
         if extra is not None:
             keys.append(extra)
         scale = KeyScale(
-            keys, prefix=self.prefix, columns=self.columns, strip_common=r.end is not None
+            keys, prefix=r.prefix, columns=self.columns[r.prefix], strip_common=r.end is not None
         )
         per_name = scale.value(b) - scale.value(a)
         if per_name <= 0:
@@ -281,7 +318,7 @@ class _Job:
         if not keys:
             return []
         pieces = [
-            _Range(start=key, end=nxt, sample=r.sample)
+            _Range(start=key, end=nxt, prefix=r.prefix, sample=r.sample)
             for key, nxt in zip(keys, [*keys[1:], r.end])
         ]
         r.end = keys[0]
@@ -332,7 +369,11 @@ class _Job:
             if tail < 2 * _PAGE_AIM:
                 return
             pages_listed = self.listed / self.page_size - 1.0
-            count = int(min(_MAX_PROBES, max(1.0, _PROBES_PER_PAGE * pages_listed)))
+            # No more than one probe more than twice those of the top range
+            # that found names: names in clusters (folders) leave most
+            # probes between them empty.
+            hits = self.probes_answered[_TOP] - self.probes_empty[_TOP]
+            count = int(min(_MAX_PROBES, max(1.0, _PROBES_PER_PAGE * pages_listed), 1 + 2 * hits))
             offsets = _geometric(_PAGE_AIM, tail, count)
         elif pages <= _PAGE_AIM * (_MAX_PROBES + 1):
             # The names end within a few pages: pieces of a page each.
@@ -348,11 +389,20 @@ class _Job:
             pages_listed = self.listed / self.page_size - 1.0
             count = min(
                 math.ceil(math.log2(pages / _PAGE_AIM)),
-                int(max(_MIN_SEARCH, _PROBES_PER_PAGE * pages_listed)),
+                int(max(_MIN_SEARCH, _PROBES_PER_PAGE * pages_listed) * self._hit_rate(_SEARCH)),
             )
+            count = max(count, 1)
             offsets = _geometric(_PAGE_AIM, pages, count + 1)[:-1]
         targets = [pos + round(g * 1000) * page_num // (page_den * 1000) for g in offsets]
-        self.probes.extend(self._cut(r, scale, targets, probe=True))
+        pieces = self._cut(r, scale, targets, probe=True)
+        for p in pieces:
+            p.probe = _TOP if r.end is None else _SEARCH
+        self.probes.extend(pieces)
+
+    def _hit_rate(self, kind: int) -> float:
+        """The fraction of answered probes of ``kind`` that found names, one hit assumed."""
+        answered, empty = self.probes_answered[kind], self.probes_empty[kind]
+        return (answered - empty + 1) / (answered + 1)
 
     def _far(self, r: _Range, key: str) -> bool:
         """Whether ``key`` (past ``r``'s end) lies more than a page of ``r``'s names past it."""
@@ -374,6 +424,8 @@ class _Job:
             if r.done or r.filled or r.first is None or r.first == r.cursor:
                 continue
             if r.end is None:
+                if r.prefix != self.prefix and len(r.objects) < 2 * self.page_size:
+                    continue  # most folders end within two pages: no probe yet
                 if r.memo != (None, r.cursor):
                     r.memo = (None, r.cursor)
                     self._probe(r)
@@ -384,8 +436,11 @@ class _Job:
             memo = (r.end, above.first)
             if r.memo == memo:
                 continue
+            near = above.first is not None and not self._far(r, above.first)
+            if not near and r.in_flight and self._hit_rate(_SEARCH) < _SEARCH_HIT_RATE:
+                continue
             r.memo = memo
-            if above.first is not None and not self._far(r, above.first):
+            if near:
                 self._fill(r)
             else:
                 self._probe(r)
@@ -394,8 +449,10 @@ class _Job:
         """Half of the range below the frontier with the most pages left, if any."""
         best: tuple[float, str, _Range] | None = None
         for r in self.ranges:
-            if r.done or r.cursor is None or r.end is None or r.end > self.frontier:
+            if r.done or r.cursor is None or r.end is None or r.end > self.frontiers[r.prefix]:
                 continue
+            if self.starts[r.end].first is None:
+                continue  # its names may end anywhere: searched, not halved
             measured = self._measure(r)
             if measured is None:
                 continue
@@ -410,7 +467,7 @@ class _Job:
         if best is None:
             return None
         _, cut, victim = best
-        thief = _Range(start=cut, end=victim.end, sample=victim.sample)
+        thief = _Range(start=cut, end=victim.end, prefix=victim.prefix, sample=victim.sample)
         victim.end = cut
         self.ranges.append(thief)
         self.starts[cut] = thief
@@ -452,7 +509,7 @@ class _Job:
             r = None
 
     async def run(self) -> list[ObjectInfo]:
-        root = _Range(start=None, end=None)
+        root = _Range(start=None, end=None, prefix=self.prefix)
         self.ranges.append(root)
         self.active = 1
         self.stats.requests += 1
@@ -465,8 +522,13 @@ class _Job:
                 await self._drain(root, page.next_page_token)
             root.done = True
             return self._collect()
+        if await self._split_into_folders(root, page.objects):
+            self.active = 0
+            first = None
+        else:
+            first = root
         self._plan()
-        tasks = [asyncio.ensure_future(self._lister(root))]
+        tasks = [asyncio.ensure_future(self._lister(first))]
         tasks += [asyncio.ensure_future(self._lister(None)) for _ in range(self.parallelism - 1)]
         with _collector_paused():
             try:
@@ -478,6 +540,58 @@ class _Job:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
             return self._collect()
+
+    async def _split_into_folders(self, root: _Range, first_page: list[ObjectInfo]) -> bool:
+        """List the rest of the prefix folder by folder, where it is in folders.
+
+        Names in folders (``train/<class>/<n>.png``) are clusters in the key
+        space, whose ends no density measured in one folder predicts: probes
+        between folders come back empty. A store that lists one level of the
+        tree (GCS's ``delimiter=/``) names the folders in one request, when
+        they fit on a page; each is then listed as a prefix of its own (cut
+        into ranges as any prefix), and the names directly under the prefix
+        come with the folders. Folders smaller than half a page on the first
+        page, or more than a page of them: listed as one key space, as before.
+
+        Returns:
+            Whether it split: ``root`` is then done.
+        """
+        if not isinstance(self.store, SupportsFolders) or root.cursor is None:
+            return False
+        cut, cursor = len(self.prefix), root.cursor
+        sizes: collections.Counter[str] = collections.Counter()
+        for obj in first_page:
+            slash = obj.name.find("/", cut)
+            if slash >= 0:
+                sizes[obj.name[: slash + 1]] += 1
+        # The first page's last folder may go on past it; the others are whole.
+        whole = [n for folder, n in sizes.items() if not cursor.startswith(folder)]
+        if not sizes or (whole and sum(whole) < _MIN_FOLDER * self.page_size * len(whole)):
+            return False
+        self.stats.requests += 1
+        level = await self.store.list_folder(self.prefix, page_size=self.page_size)
+        if level.next_page_token is not None or len(level.objects) + len(level.prefixes) > (
+            self.page_size
+        ):
+            return False  # more than a page (fake-gcs-server counts objects only)
+        folders = [
+            _Range(start=f, end=None, prefix=f, cursor=cursor if cursor.startswith(f) else None)
+            for f in level.prefixes
+            if f > cursor or cursor.startswith(f)
+        ]
+        if not folders:
+            return False
+        # Names directly under the prefix came whole with the folders.
+        rest = [
+            _Range(start=o.name, end=None, prefix=self.prefix, objects=[o], done=True)
+            for o in level.objects
+            if o.name > cursor
+        ]
+        root.done = True
+        self.ranges += folders + rest
+        self.fills.extend(folders)
+        logger.debug("listing %s: split into %d folders", self.prefix, len(folders))
+        return True
 
     def _collect(self) -> list[ObjectInfo]:
         self.stats.ranges = len(self.ranges)

@@ -145,3 +145,39 @@ def test_fake_gcs_server_agrees(fake_gcs: Emulator, gcs_bucket_factory: Callable
         alist_objects(store, "h/", config=ListingConfig(progress=False, page_size=20))
     )
     assert [o.name for o in objects] == sorted(names, key=lambda n: n.encode())
+
+
+def _folders(count: int, per_folder: int) -> list[str]:
+    names = [f"i/n{c:04d}/n{c:04d}_{j}.jpg" for c in range(count) for j in range(per_folder)]
+    return [*names, "i/README", "i/n0001.txt", "i/zz"]  # names between the folders too
+
+
+def test_folders_listed_folder_by_folder_over_http(
+    emulator: Emulator, gcs_bucket_factory: Callable[..., Any]
+) -> None:
+    # An image folder: GCS's delimiter=/ listing names the folders, and each
+    # is listed as a prefix of its own, in about one request per page.
+    store = gcs_bucket_factory(emulator)
+    names = _folders(12, 150)
+    emulator.seed(store.bucket, {n: b"ab" for n in names})
+    emulator.reset_stats()
+    stats = ListingStats()
+    config = ListingConfig(progress=False, page_size=100)
+    objects = runtime.run(alist_objects(store, "i/", config=config, stats=stats))
+    assert [o.name for o in objects] == sorted(names)
+    assert all(o.size == 2 and o.generation for o in objects)
+    assert emulator.stats()["by_op"]["list"] == stats.requests
+    assert stats.requests <= 2 * 12 + 2  # two pages a folder, the first page and the folders
+
+
+def test_fake_gcs_server_agrees_on_folders(
+    fake_gcs: Emulator, gcs_bucket_factory: Callable[..., Any]
+) -> None:
+    store = gcs_bucket_factory(fake_gcs)
+    names = _folders(5, 60)
+    fake_gcs.seed(store.bucket, {n: b"z" for n in names})
+    stats = ListingStats()
+    config = ListingConfig(progress=False, page_size=40)
+    objects = runtime.run(alist_objects(store, "i/", config=config, stats=stats))
+    assert [o.name for o in objects] == sorted(names)
+    assert stats.requests <= 2 * 5 + 2

@@ -205,6 +205,83 @@ def test_names_that_stop_and_resume_far_on(bucket: MemoryStore) -> None:
     assert counting.calls <= 2 * (len(names) // 100 + 1)
 
 
+class FolderCountingStore(CountingStore):
+    """A counting store over a store that lists folders (GCS's ``delimiter=/``)."""
+
+    def __init__(self, inner: Any, **kw: Any) -> None:
+        super().__init__(inner, **kw)
+        self.folder_calls = 0
+
+    async def list_folder(self, prefix: str, **kw: Any) -> ListPage:
+        self.calls += 1
+        self.folder_calls += 1
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        page: ListPage = await self.inner.list_folder(prefix, **kw)
+        return page
+
+
+def _demo_layout() -> list[str]:
+    classes = ["circle", "square", "triangle", "cross", "ring", "diamond"]
+    return sorted(f"train/{classes[i % 6]}/{i:06d}.png" for i in range(16_667))
+
+
+@pytest.mark.parametrize("folders", [False, True], ids=["key-ranges", "folders"])
+def test_an_image_folder_costs_few_requests(bucket: MemoryStore, folders: bool) -> None:
+    # The demo's layout: six folders of about three pages each, with the key
+    # space between folders empty. Without folder listings, probes between
+    # folders come back empty and the lister must learn that rather than pay
+    # for it per folder (it made 82 requests here before it counted them);
+    # with them, each folder is listed as a prefix of its own.
+    names = _demo_layout()
+    seed(bucket, names)
+    store_type = FolderCountingStore if folders else CountingStore
+    counting = store_type(bucket, latency=0.01)
+    stats = ListingStats()
+    assert names_of(listing(counting, "train/", stats=stats)) == names
+    sequential_pages = len(names) // 1000 + 1
+    assert counting.calls <= (1.5 if folders else 2) * sequential_pages
+    assert stats.ranges > 6  # still parallel: every folder listed apart
+
+
+def test_imagenet_layout_lists_folder_by_folder(bucket: MemoryStore) -> None:
+    # ImageNet's layout: a folder per class, the class repeated in each name.
+    # Listed as key ranges alone, these 100 pages once cost 1,276 requests.
+    names = [f"imgs/n{c:08d}/n{c:08d}_{j}.JPEG" for c in range(100) for j in range(1000)]
+    names += ["imgs/README", "imgs/n00000050.txt", "imgs/zz"]  # names between the folders too
+    seed(bucket, names)
+    counting = FolderCountingStore(bucket)
+    stats = ListingStats()
+    assert names_of(listing(counting, "imgs/", stats=stats)) == sorted(names)
+    assert counting.folder_calls == 1
+    assert counting.calls == stats.requests <= 1.3 * (len(names) // 1000 + 1)
+
+
+def test_more_folders_than_a_page_are_listed_as_one_key_space(bucket: MemoryStore) -> None:
+    names = sorted(f"f/{c:03d}/{j:03d}" for c in range(12) for j in range(20))
+    seed(bucket, names)
+    counting = FolderCountingStore(bucket)
+    config = replace(QUIET, page_size=10)  # 12 folders: more than a page
+    assert names_of(listing(counting, "f/", config)) == names
+    assert counting.folder_calls == 1
+
+
+def test_small_folders_are_not_listed_one_by_one(bucket: MemoryStore) -> None:
+    names = sorted(f"t/{c:04d}/{j}.bin" for c in range(3000) for j in range(3))
+    seed(bucket, names)
+    counting = FolderCountingStore(bucket)
+    assert names_of(listing(counting, "t/")) == names
+    assert counting.folder_calls == 0  # three names a folder: not worth a request each
+    assert counting.calls <= 2 * (len(names) // 1000 + 1)
+
+
+def test_a_failing_folder_listing_fails_the_listing(bucket: MemoryStore) -> None:
+    seed(bucket, _demo_layout())
+    counting = FolderCountingStore(bucket, fail_call=2)  # the folder listing
+    with pytest.raises(TransientError, match="listing failed after 1000 objects"):
+        listing(counting, "train/")
+
+
 def test_a_prefix_of_a_few_pages_costs_a_few_requests(bucket: MemoryStore) -> None:
     names = [f"p/{i:04d}" for i in range(35)]
     seed(bucket, names)
@@ -325,6 +402,37 @@ def test_parallel_and_sequential_listings_agree(bucket: MemoryStore) -> None:
 
 
 _ALPHABET = st.sampled_from([*"ab/0z.~", "é", "中"])
+
+
+_SEGMENT = st.text(st.sampled_from([*"ab0.~", "é"]), min_size=1, max_size=3)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    folders=st.dictionaries(_SEGMENT, st.integers(0, 40), max_size=6),
+    loose=st.sets(_SEGMENT, max_size=8),
+    page_size=st.integers(1, 9),
+    parallelism=st.integers(1, 8),
+)
+def test_property_folder_listing_equals_sequential(
+    folders: dict[str, int], loose: set[str], page_size: int, parallelism: int
+) -> None:
+    # Folders of any size with names directly under the prefix between them
+    # (``p/a.x`` sorts between ``p/a/...`` and ``p/a0/...``'s neighbours).
+    bucket_name = f"prop-{uuid.uuid4().hex[:8]}"
+    store = MemoryStore(bucket_name)
+    try:
+        names = {f"p/{f}/{i:02d}" for f, n in folders.items() for i in range(n)}
+        names |= {f"p/{n}" for n in loose}
+        seed(store, names)
+        config = ListingConfig(progress=False, page_size=page_size, parallelism=parallelism)
+        assert names_of(listing(FolderCountingStore(store), "p/", config)) == sorted(names)
+    finally:
+        delete_memory_bucket(bucket_name)
 
 
 @settings(
