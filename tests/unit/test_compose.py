@@ -314,3 +314,64 @@ def test_cleanup_composites_deletes_only_composites(bucket: str) -> None:
     assert runtime.run(cleanup_composites(store)) == 1205
     assert _composites(store) == []
     assert len(runtime.run(store.list_page("data/")).objects) == 3
+
+
+# ------------------------------------------------------- receive buffers
+
+
+def test_composite_buffers_are_reused_and_never_leak_bytes(bucket: str) -> None:
+    # Groups of shrinking size through one pooled buffer: each gets exactly
+    # its own bytes, never a byte left over from the larger group before it.
+    store = CountingStore(bucket)
+    infos = _seed(store, 12, size=3000)
+    compose_fetch._pool.clear()
+    expected = [bytes([i % 251]) * (3000 + i) for i in range(12)]
+    for stop in (12, 7, 3):
+        got = runtime.run(fetch_group(store, infos[:stop], ComposeConfig()))
+        assert got == expected[:stop]
+        assert all(type(b) is bytes for b in got)
+    assert len(compose_fetch._pool._free) == 1  # one buffer served all three
+    assert _composites(store) == []
+
+
+def test_a_failed_composite_read_gives_its_buffer_back_and_reads_directly(bucket: str) -> None:
+    class BrokenRead(CountingStore):
+        async def get_into(self, key: str, buffer: memoryview, **kw: object) -> int:
+            if key.startswith(COMPOSITE_PREFIX):
+                buffer[:4] = b"junk"
+                raise TransientError("connection reset", operation="get")
+            return await super().get_into(key, buffer, **kw)  # type: ignore[arg-type]
+
+    store = BrokenRead(bucket)
+    infos = _seed(store, 5)
+    compose_fetch._pool.clear()
+    got = runtime.run(fetch_group(store, infos, ComposeConfig()))
+    assert got == [bytes([i]) * (100 + i) for i in range(5)]
+    assert len(compose_fetch._pool._free) == 1
+    assert _composites(store) == []
+
+
+def test_a_composite_of_another_size_is_not_read(bucket: str) -> None:
+    class WrongSize(CountingStore):
+        async def compose(self, destination: str, *args: object, **kw: object) -> ObjectInfo:
+            info = await super().compose(destination, *args, **kw)  # type: ignore[arg-type]
+            return ObjectInfo(info.name, info.size + 1, info.generation)
+
+    store = WrongSize(bucket)
+    infos = _seed(store, 4)
+    got = runtime.run(fetch_group(store, infos, ComposeConfig()))
+    assert got == [bytes([i]) * (100 + i) for i in range(4)]
+    assert store.calls["get"] == 4  # the four sources, not the composite
+    assert _composites(store) == []
+
+
+def test_the_pool_keeps_a_bounded_amount() -> None:
+    pool = compose_fetch._BufferPool()
+    big = pool.take(compose_fetch._POOL_MAX_BUFFER + 1)
+    pool.give(big)
+    assert pool._free == []  # too large to keep
+    buffers = [pool.take(8 << 20) for _ in range(20)]
+    for b in buffers:
+        pool.give(b)
+    assert sum(len(b) for b in pool._free) <= compose_fetch._POOL_MAX_BYTES
+    assert len(pool.take(100)) == 8 << 20  # the smallest buffer that fits

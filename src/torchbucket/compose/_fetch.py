@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -39,6 +40,46 @@ logger = logging.getLogger(__name__)
 _refused: set[str] = set()
 _cooldown_until: dict[str, float] = {}
 _warned: set[str] = set()
+
+# Composites are received in place into buffers kept for the next group. A
+# fresh buffer of a few MiB per composite (aiohttp's joined body) cost the
+# kernel's zeroing of its pages on first touch: a quarter of a 100 KiB epoch's
+# CPU (perf, 2 workers); with the pool, 10,000 x 100 KiB went from 3,640 to
+# 4,190 objects/s (medians of 5). Sizes are rounded up so that groups of
+# slightly different sizes share buffers.
+_BUFFER_ROUND = 256 << 10
+_POOL_MAX_BYTES = 64 << 20  # kept per process, free buffers only
+_POOL_MAX_BUFFER = 16 << 20  # larger composites get a buffer of their own
+
+
+class _BufferPool:
+    """Free receive buffers of one process, used from the runtime's loop only."""
+
+    def __init__(self) -> None:
+        self._free: list[bytearray] = []
+        self._bytes = 0
+
+    def take(self, size: int) -> bytearray:
+        fits = [b for b in self._free if len(b) >= size]
+        if fits:
+            buffer = min(fits, key=len)
+            self._free.remove(buffer)
+            self._bytes -= len(buffer)
+            return buffer
+        return bytearray(-(-size // _BUFFER_ROUND) * _BUFFER_ROUND)
+
+    def give(self, buffer: bytearray) -> None:
+        if len(buffer) <= _POOL_MAX_BUFFER and self._bytes + len(buffer) <= _POOL_MAX_BYTES:
+            self._free.append(buffer)
+            self._bytes += len(buffer)
+
+    def clear(self) -> None:
+        self._free.clear()
+        self._bytes = 0
+
+
+_pool = _BufferPool()
+os.register_at_fork(after_in_child=_pool.clear)  # a DataLoader worker starts empty
 
 
 def _warn_once(reason: str, message: str, *args: object) -> None:
@@ -101,11 +142,11 @@ async def _read_all(store: ObjectStore, infos: Sequence[ObjectInfo]) -> list[byt
 
 async def _compose_and_read(
     store: ObjectStore, name: str, infos: Sequence[ObjectInfo], config: ComposeConfig
-) -> tuple[bytes | None, bool, int | None]:
-    """Compose and read the composite.
+) -> tuple[list[bytes | BaseException] | None, bool, int | None]:
+    """Compose, read the composite and split it.
 
     Returns:
-        The composite's bytes, or ``None`` to read the group directly;
+        The group's objects' bytes, or ``None`` to read the group directly;
         whether the composite may exist (and so must be deleted); and its
         generation when known, which makes its delete safe to retry.
     """
@@ -147,24 +188,33 @@ async def _compose_and_read(
     except StorageError as exc:
         logger.debug("compose %s failed (%s); reading its sources directly", store.uri(name), exc)
         return None, True, None
-    try:
-        data = await store.get(name, generation=composite.generation)
-    except StorageError as exc:
-        logger.debug("reading composite %s failed (%s)", store.uri(name), exc)
-        return None, True, composite.generation
-    if len(data) != sum(i.size for i in infos):
+    expected = sum(i.size for i in infos)
+    if composite.size != expected:
         logger.debug(
             "composite %s is %d bytes, its sources were listed with %d",
             store.uri(name),
-            len(data),
-            sum(i.size for i in infos),
+            composite.size,
+            expected,
         )
         return None, True, composite.generation
-    return data, True, composite.generation
+    buffer = _pool.take(expected)
+    try:
+        with memoryview(buffer) as view:
+            # Pinned to the composite's generation: exactly the object whose
+            # size was checked above.
+            got = await store.get_into(name, view[:expected], generation=composite.generation)
+            if got != expected:
+                logger.debug("composite %s: read %d of %d bytes", store.uri(name), got, expected)
+                return None, True, composite.generation
+            return _split(view, infos), True, composite.generation
+    except StorageError as exc:
+        logger.debug("reading composite %s failed (%s)", store.uri(name), exc)
+        return None, True, composite.generation
+    finally:
+        _pool.give(buffer)
 
 
-def _split(data: bytes, infos: Sequence[ObjectInfo]) -> list[bytes | BaseException]:
-    view = memoryview(data)
+def _split(view: memoryview, infos: Sequence[ObjectInfo]) -> list[bytes | BaseException]:
     out: list[bytes | BaseException] = []
     offset = 0
     for info in infos:
@@ -208,7 +258,7 @@ async def fetch_group(
         return await _read_all(store, infos)
     name = f"{config.composite_prefix}{uuid.uuid4().hex}"
     register(store, name)
-    data: bytes | None = None
+    data: list[bytes | BaseException] | None = None
     may_exist = True
     generation: int | None = None
     try:
@@ -223,4 +273,4 @@ async def fetch_group(
             unregister(store, name)
     if data is None:
         return await _read_all(store, infos)
-    return _split(data, infos)
+    return data
