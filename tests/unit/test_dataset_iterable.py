@@ -7,6 +7,7 @@ import gc
 import traceback
 import uuid
 from collections.abc import Iterator
+from typing import Any, ClassVar
 
 import pytest
 from resume_helper import check_resumable
@@ -288,3 +289,41 @@ def test_state_at_the_start_resumes_with_any_layout(bucket: str) -> None:
     )
     other.load_state_dict(state)
     assert list(other) == [payload(i) for i in range(1, N, 2)]
+
+
+def test_compose_starts_after_a_direct_first_stretch(bucket: str) -> None:
+    # The first objects of a window are read directly (a first batch need
+    # not wait for a compose round trip and a whole group's GET); the rest
+    # are composed in groups.
+    class Counting(MemoryStore):
+        reads: ClassVar[list[str]] = []
+        composes: ClassVar[int] = 0
+
+        async def get(self, key: str, **kw: Any) -> bytes:
+            type(self).reads.append(key)
+            return await super().get(key, **kw)
+
+        async def compose(self, destination: str, *args: Any, **kw: Any) -> Any:
+            type(self).composes += 1
+            return await super().compose(destination, *args, **kw)
+
+    infos = runtime.run(MemoryStore(bucket).list_page("train/")).objects
+    catalog = Catalog([Counting(bucket)], [0] * len(infos), infos)
+    fetch = FetchConfig(prefetch=16)
+    ds = BucketIterableDataset(catalog, fetch=fetch, compose=ComposeConfig(max_sources=4))
+    assert list(ds) == [payload(i) for i in range(N)]
+    direct = [k for k in Counting.reads if k.startswith("train/")]
+    assert direct == [f"train/{i:04d}" for i in range(16)]  # min(64, prefetch, N // 4)
+    assert Counting.composes == -(-(N - 16) // 4)
+    Counting.reads.clear()
+    small = BucketIterableDataset(
+        Catalog([Counting(bucket)], [0] * 20, infos[:20]),
+        fetch=FetchConfig(prefetch=16),
+        compose=ComposeConfig(max_sources=4),
+    )
+    assert list(small) == [payload(i) for i in range(20)]
+    assert [k for k in Counting.reads if k.startswith("train/")] == [
+        f"train/{i:04d}"
+        for i in range(5)  # a quarter of a small window
+    ]
+    assert _composites(bucket) == []

@@ -23,7 +23,10 @@ class FetchConfig:
     Attributes:
         prefetch: Requests in flight per iterator (so per DataLoader worker);
             with compose on, at most ``prefetch // 8`` of them (at least 2)
-            are composed groups of up to 32 objects. Results that arrived and are
+            are composed groups of up to 32 objects (the first
+            ``min(64, prefetch)`` objects of a window, at most a quarter of
+            it, are read directly, so the first batch does not wait for a
+            compose). Results that arrived and are
             not yet taken do not count here, so a consumer that takes a batch at
             a time does not drain the requests in flight; the window ahead of
             the consumer spans at most twice the objects in flight. Default
