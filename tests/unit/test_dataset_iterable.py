@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
+import numpy as np
 import pytest
 from resume_helper import check_resumable
 from torch.utils.data import DataLoader
@@ -327,3 +328,30 @@ def test_compose_starts_after_a_direct_first_stretch(bucket: str) -> None:
         for i in range(5)  # a quarter of a small window
     ]
     assert _composites(bucket) == []
+
+
+def test_a_slow_consumer_holds_at_most_a_chunk_beyond_the_window(bucket: str) -> None:
+    # What take() hands over leaves the window's count: handing over all that
+    # had arrived let the consumer's backlog grow to another window (500+
+    # objects of 100 KiB per DataLoader worker in a benchmark).
+    import time
+
+    from torchbucket.datasets._fetch import PrefetchWindow
+
+    infos = runtime.run(MemoryStore(bucket).list_page("train/")).objects
+    catalog = Catalog([MemoryStore(bucket)], [0] * len(infos), infos)
+    order = np.arange(len(infos))
+    window = PrefetchWindow(catalog, order, 0, FetchConfig(prefetch=8), ComposeConfig(disable=True))
+    window.start()
+    try:
+        pos = 0
+        got: list[object] = []
+        while pos < len(infos):
+            time.sleep(0.002)  # the fetchers fill the window meanwhile
+            chunk = window.take(pos)
+            assert 1 <= len(chunk) <= 2  # min(32, prefetch // 4)
+            got += chunk
+            pos += len(chunk)
+        assert got == [payload(i) for i in range(N)]
+    finally:
+        window.close()

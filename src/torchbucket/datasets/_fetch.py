@@ -120,9 +120,10 @@ class PrefetchWindow:
     consumer never drains the requests in flight below ``prefetch`` until the
     window is full.
 
-    The threads hand results over in chunks: :meth:`take` returns every result
-    that has arrived in order from the position asked for, with at most one
-    lock acquisition; a waiting consumer is woken once a chunk of results is
+    The threads hand results over in chunks: :meth:`take` returns the results
+    that have arrived in order from the position asked for, at most a chunk
+    (what it returns leaves the window's bounds, so the consumer's backlog
+    stays a chunk), with at most one lock acquisition; a waiting consumer is woken once a chunk of results is
     ready in order (or everything admitted has arrived), and the fetchers are
     woken once a quarter of the window is free.
 
@@ -189,7 +190,7 @@ class PrefetchWindow:
             future.cancel()
 
     def take(self, pos: int) -> list[Item]:
-        """Every result that has arrived in order from ``pos`` (at least one).
+        """The results that have arrived in order from ``pos``: at least one, at most a chunk.
 
         Positions are taken in order: ``pos`` is the first position not yet
         taken.
@@ -206,9 +207,13 @@ class PrefetchWindow:
                         self._cond.wait()
                 finally:
                     self._waiting_for = -1
+        # At most a chunk: what is handed over leaves the window's count, so
+        # handing over everything that arrived would let the consumer's
+        # backlog grow past the window's bounds (it did: 500+ objects).
         out: list[Item] = []
         p = pos
-        while p in results:
+        stop = pos + self._chunk
+        while p < stop and p in results:
             out.append(results.pop(p))
             p += 1
         self._taken = p
