@@ -100,7 +100,7 @@ def big_bucket() -> Iterator[str]:
 
 
 def test_memory_stays_flat_over_epochs(big_bucket: str) -> None:
-    """A leak check, not a benchmark: one epoch reads 12.5 MiB; eight must not keep them."""
+    """A leak check, not a benchmark: an epoch reads 25 MiB; eight must not keep them."""
     iterable = BucketIterableDataset.from_prefix(
         f"memory://{big_bucket}/x/", shuffle=True, fetch=FetchConfig(prefetch=32)
     )
@@ -113,10 +113,13 @@ def test_memory_stays_flat_over_epochs(big_bucket: str) -> None:
         total += sum(len(x) for batch in loader for x in batch)
         return total
 
-    for e in range(2):
+    for e in range(3):
         epoch(e)
     before = _rss()
-    for e in range(2, 8):
+    for e in range(3, 11):
         assert epoch(e) == 2 * 200 * 64 * 1024
     grown = _rss() - before
-    assert grown < 24 * 1024 * 1024, f"RSS grew by {grown / 2**20:.1f} MiB over 6 epochs"
+    # Keeping what an epoch read would grow it by 25 MiB an epoch (200 MiB
+    # here); the heap's own ups and downs reach about 25 MiB (measured over
+    # 40 epochs: bounded, with or without the composite buffer pool).
+    assert grown < 48 * 1024 * 1024, f"RSS grew by {grown / 2**20:.1f} MiB over 8 epochs"
