@@ -296,6 +296,10 @@ class PrefetchWindow:
                 if grouped:
                     group_slots.release()
             self._deliver(first, items)
+            # Not kept while this fetcher waits for its next unit: with many
+            # fetchers waiting on a full window, their last groups' bytes
+            # (up to prefetch x 32 objects) were held outside its bounds.
+            del items
 
     async def _produce(self) -> None:
         self._loop = asyncio.get_running_loop()
