@@ -41,29 +41,31 @@ class ComposeConfig:
     (``benchmarks/dataloading.py --quick``: emulator model store, same-region
     latency model, ``DataLoader(num_workers=2, batch_size=64)``, medians of 3
     runs on a shared 2-core machine; objects/s, client CPU ms per object,
-    requests per 6,000 or 3,000 objects)::
+    requests per 6,000 or 10,000 objects)::
 
-                           6,000 x 10 KiB                  3,000 x 100 KiB
-        iterable, compose 10,592/s  0.074 ms  188 A + 188 B  3,406/s  0.357 ms  94 A + 94 B
-        iterable, direct   6,068/s  0.171 ms  6,000 B        3,353/s  0.386 ms  3,000 B
-        map, compose       1,144/s  0.093 ms  188 A + 188 B    930/s  0.298 ms  94 A + 94 B
-        map, direct        3,677/s  0.185 ms  6,000 B        2,715/s  0.411 ms  3,000 B
+                           6,000 x 10 KiB                  10,000 x 100 KiB
+        iterable, compose 10,081/s  0.080 ms  184 A + 312 B  4,263/s  0.272 ms  310 A + 438 B
+        iterable, direct   5,886/s  0.183 ms  6,000 B        3,581/s  0.370 ms  10,000 B
+        map, compose       1,142/s  0.098 ms  188 A + 188 B    962/s  0.274 ms  313 A + 313 B
+        map, direct        3,315/s  0.240 ms  6,000 B        2,909/s  0.398 ms  10,000 B
 
     - :class:`~torchbucket.datasets.BucketIterableDataset` composes by
       default: its prefetch window keeps enough groups in flight to hide the
-      compose round trip, so compose is faster (1.75x at 10 KiB, 1.02x at
-      100 KiB) and costs less client CPU (0.43x, 0.92x) and fewer requests.
+      compose round trip (and reads its first 64 objects directly, so the
+      first batch does not wait for one), so compose is faster (1.71x at
+      10 KiB, 1.19x at 100 KiB) and costs less client CPU (0.44x, 0.74x) and
+      fewer requests.
     - :class:`~torchbucket.datasets.BucketMapDataset` reads directly by
       default: a batch cannot start composing before the DataLoader asks for
       it, so the compose round trip (40 ms here) adds to every batch's
-      latency; composing cut its objects/s to 0.31x (10 KiB) and 0.34x
-      (100 KiB), for 0.5x and 0.73x the client CPU. Turn it on
+      latency; composing cut its objects/s to 0.34x (10 KiB) and 0.33x
+      (100 KiB), for 0.41x and 0.69x the client CPU. Turn it on
       (``compose=ComposeConfig()``) where the loader is not the bottleneck and
       requests or client CPU matter more.
 
     Request cost: GCS bills a compose as a class A operation (12.5x a class
-    B GET at Standard-class list prices; deletes are free): 188 A + 188 B
-    cost about 0.42x the 6,000 B of direct reads, at both sizes.
+    B GET at Standard-class list prices; deletes are free): the iterable
+    dataset's 184 A + 312 B cost about 0.44x the 6,000 B of direct reads.
 
     Attributes:
         max_composite_object_size: Cap on a composite's size in bytes; ``0``
