@@ -112,36 +112,35 @@ class GCSStore(GCSMultipart):
         page_token: str | None = None,
         page_size: int = 1000,
     ) -> ListPage:
-        if page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {page_size}")
-        query = f"maxResults={page_size}&fields={quote_name(_LIST_FIELDS)}"
-        if prefix:
-            query += "&prefix=" + quote_name(prefix)
-        if start_offset:
-            query += "&startOffset=" + quote_name(start_offset)
-        if end_offset:
-            query += "&endOffset=" + quote_name(end_offset)
-        if page_token:
-            query += "&pageToken=" + quote_name(page_token)
-        url = yarl.URL(f"{self._json_base}/o?{query}", encoded=True)
-        uri = self.uri(prefix)
-
-        async def attempt() -> ListPage:
-            _, _, body = await self.request("GET", url, operation="list", uri=uri, bucket_op=True)
-            return _http.parse_body(_list_page, body, operation="list", uri=uri)
-
-        return await self.call(attempt, "list", uri)
+        return await self._list(
+            prefix,
+            _LIST_FIELDS,
+            page_token,
+            page_size,
+            startOffset=start_offset,
+            endOffset=end_offset,
+        )
 
     async def list_folder(
         self, prefix: str, *, page_token: str | None = None, page_size: int = 1000
     ) -> ListPage:
+        return await self._list(prefix, _FOLDER_FIELDS, page_token, page_size, delimiter="/")
+
+    async def _list(
+        self,
+        prefix: str,
+        fields: str,
+        page_token: str | None,
+        page_size: int,
+        **params: str | None,
+    ) -> ListPage:
+        """One page of ``objects.list``, with ``params`` added where set."""
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
-        query = f"maxResults={page_size}&delimiter=%2F&fields={quote_name(_FOLDER_FIELDS)}"
-        if prefix:
-            query += "&prefix=" + quote_name(prefix)
-        if page_token:
-            query += "&pageToken=" + quote_name(page_token)
+        query = f"maxResults={page_size}&fields={quote_name(fields)}"
+        for name, value in {"prefix": prefix, **params, "pageToken": page_token}.items():
+            if value:
+                query += f"&{name}=" + quote_name(value)
         url = yarl.URL(f"{self._json_base}/o?{query}", encoded=True)
         uri = self.uri(prefix)
 
