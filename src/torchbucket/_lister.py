@@ -67,6 +67,7 @@ import logging
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 from torchbucket._keyspace import Columns, KeyScale
 from torchbucket.storage.base import ObjectInfo, ObjectStore, SupportsFolders
@@ -97,8 +98,6 @@ _PIECES_PER_LISTER = 4
 # A prefix whose folders on the first page hold fewer names than this many
 # pages each on average is listed as one key space, not folder by folder.
 _MIN_FOLDER = 0.5
-# Kinds of probe: past the top range (no end), or a search past a range's names.
-_TOP, _SEARCH = 1, 2
 
 
 def _geometric(first: float, last: float, count: int) -> list[float]:
@@ -169,7 +168,9 @@ class _Range:
     in_flight: bool = False
     done: bool = False
     filled: bool = False  # cut into fill pieces already (or nothing to cut)
-    probe: int = 0  # cut off as a probe (_TOP or _SEARCH), not yet answered
+    # Cut off as a probe and not yet answered: past the top range (no end), or
+    # a search past a range's names.
+    probe: Literal["top", "search"] | None = None
     memo: tuple[str | None, str | None] | None = None  # what the last cut rested on
 
 
@@ -197,9 +198,10 @@ class _Job:
         self.frontiers: collections.defaultdict[str, str] = collections.defaultdict(str)
         self.active = 0
         self.listed = 0
-        # Probes answered and those that came back empty, by kind.
-        self.probes_answered = [0, 0, 0]
-        self.probes_empty = [0, 0, 0]
+        # Probes of the top range that found names; searches answered, and found names.
+        self.top_hits = 0
+        self.searches = 0
+        self.search_hits = 0
         self.idle: list[asyncio.Future[_Range | None]] = []
         self.stats = ListingStats()
 
@@ -223,10 +225,14 @@ class _Job:
                 )
             finally:
                 r.in_flight = False
-            if r.probe:
-                self.probes_answered[r.probe] += 1
-                self.probes_empty[r.probe] += not page.objects
-                r.probe = 0
+            if r.probe is not None:
+                found = bool(page.objects)
+                if r.probe == "top":
+                    self.top_hits += found
+                else:
+                    self.searches += 1
+                    self.search_hits += found
+                r.probe = None
             past_end = self._take(r, page.objects)
             self.listed += len(page.objects)
             finished = past_end or page.next_page_token is None
@@ -372,8 +378,8 @@ class _Job:
             # No more than one probe more than twice those of the top range
             # that found names: names in clusters (folders) leave most
             # probes between them empty.
-            hits = self.probes_answered[_TOP] - self.probes_empty[_TOP]
-            count = int(min(_MAX_PROBES, max(1.0, _PROBES_PER_PAGE * pages_listed), 1 + 2 * hits))
+            budget = max(1.0, _PROBES_PER_PAGE * pages_listed)
+            count = int(min(_MAX_PROBES, budget, 1 + 2 * self.top_hits))
             offsets = _geometric(_PAGE_AIM, tail, count)
         elif pages <= _PAGE_AIM * (_MAX_PROBES + 1):
             # The names end within a few pages: pieces of a page each.
@@ -389,20 +395,19 @@ class _Job:
             pages_listed = self.listed / self.page_size - 1.0
             count = min(
                 math.ceil(math.log2(pages / _PAGE_AIM)),
-                int(max(_MIN_SEARCH, _PROBES_PER_PAGE * pages_listed) * self._hit_rate(_SEARCH)),
+                int(max(_MIN_SEARCH, _PROBES_PER_PAGE * pages_listed) * self._search_hit_rate()),
             )
             count = max(count, 1)
             offsets = _geometric(_PAGE_AIM, pages, count + 1)[:-1]
         targets = [pos + round(g * 1000) * page_num // (page_den * 1000) for g in offsets]
         pieces = self._cut(r, scale, targets, probe=True)
         for p in pieces:
-            p.probe = _TOP if r.end is None else _SEARCH
+            p.probe = "top" if r.end is None else "search"
         self.probes.extend(pieces)
 
-    def _hit_rate(self, kind: int) -> float:
-        """The fraction of answered probes of ``kind`` that found names, one hit assumed."""
-        answered, empty = self.probes_answered[kind], self.probes_empty[kind]
-        return (answered - empty + 1) / (answered + 1)
+    def _search_hit_rate(self) -> float:
+        """The fraction of answered searches that found names, one hit assumed."""
+        return (self.search_hits + 1) / (self.searches + 1)
 
     def _far(self, r: _Range, key: str) -> bool:
         """Whether ``key`` (past ``r``'s end) lies more than a page of ``r``'s names past it."""
@@ -437,7 +442,7 @@ class _Job:
             if r.memo == memo:
                 continue
             near = above.first is not None and not self._far(r, above.first)
-            if not near and r.in_flight and self._hit_rate(_SEARCH) < _SEARCH_HIT_RATE:
+            if not near and r.in_flight and self._search_hit_rate() < _SEARCH_HIT_RATE:
                 continue
             r.memo = memo
             if near:
