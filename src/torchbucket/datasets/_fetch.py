@@ -123,9 +123,10 @@ class PrefetchWindow:
     The threads hand results over in chunks: :meth:`take` returns the results
     that have arrived in order from the position asked for, at most a chunk
     (what it returns leaves the window's bounds, so the consumer's backlog
-    stays a chunk), with at most one lock acquisition; a waiting consumer is woken once a chunk of results is
-    ready in order (or everything admitted has arrived), and the fetchers are
-    woken once a quarter of the window is free.
+    stays a chunk), with at most one lock acquisition; a waiting consumer is
+    woken once a chunk of results is ready in order (or everything admitted
+    has arrived), and the fetchers are woken once a quarter of the window is
+    free.
 
     Args:
         catalog: The objects.
@@ -263,8 +264,9 @@ class PrefetchWindow:
 
     def _units(self) -> Iterator[tuple[int, list[int]]]:
         pos = self._start
-        direct = min(_DIRECT_START, self._fetchers, (len(self._order) - pos) // 4)
-        direct_end = pos + (direct if self._compose.enabled else 0)
+        direct_end = pos
+        if self._compose.enabled:
+            direct_end += min(_DIRECT_START, self._fetchers, (len(self._order) - pos) // 4)
         while pos < len(self._order):
             chunk = self._order[pos : pos + _PLAN_CHUNK].tolist()
             head = max(0, min(direct_end - pos, len(chunk)))
