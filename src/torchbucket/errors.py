@@ -13,16 +13,27 @@ working::
         │   └── BucketNotFoundError
         ├── PermissionDeniedError  (also PermissionError)    401 / 403
         ├── PreconditionFailedError                    412: a generation did not match
-        ├── IntegrityError                             checksum or size mismatch
+        ├── IntegrityError                             checksum or size mismatch (reads retry
+        │                                              it; raised when it persists)
         ├── RetryableError                             worth another attempt
         │   ├── ThrottledError                         429 (and 503 "slow down")
-        │   └── TransientError                         5xx, reset, timeout, truncated body
+        │   └── TransientError                         408, 500, 502, 504, reset, timeout,
+        │                                              truncated body
         └── DeadlineExceededError  (also TimeoutError) retries ran past the deadline
+
+Any other status (400, 405, 409, 501, ...) is a plain :class:`StorageError`,
+never retried; the GCS backend's one status table is
+``torchbucket.storage._gcs_http.STATUS_ERRORS`` (Google's retry strategy,
+https://cloud.google.com/storage/docs/retry-strategy).
 
 Backends translate vendor errors (HTTP statuses, ``OSError``) into this tree in one
 place each and re-raise ``from`` the original. Every :class:`StorageError` carries
 the operation (``"get"``, ``"list"``, ...) and the URI it was about, and both appear
 in its message. Retry decisions are made on the type, never on the message text.
+
+One message format: ``"<operation> <uri>: <message> (HTTP <status>)"``, each part
+once (the status only when there was one). An error that quotes another about
+the same operation quotes its ``message``, never its ``str()``.
 """
 
 from __future__ import annotations

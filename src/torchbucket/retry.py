@@ -45,10 +45,14 @@ def is_retryable(exc: BaseException, *, idempotent: bool) -> bool:
     """Whether another attempt may succeed and is safe.
 
     Throttling, server errors, resets, timeouts and truncated bodies are worth
-    retrying; so is a corrupted body on a read. A request that is not idempotent
-    (a write without a precondition) is retried only after a 429: the service
-    refused it without acting on it. Any other failure of such a request may
-    have taken effect, so it is not repeated.
+    retrying; so is a corrupted body on a read. Which HTTP statuses those are is
+    decided in one table, :data:`torchbucket.storage._gcs_http.STATUS_ERRORS`
+    (Google's retry strategy: 408, 429, 500, 502, 503, 504). A request that is
+    not idempotent (a write without a precondition) is retried only after a
+    429: the service refused it without acting on it. Any other failure of such
+    a request may have taken effect, so it is not repeated (the GCS store makes
+    its writes idempotent instead, by a generation precondition: see
+    ``GCSTransport.write``).
     """
     if not idempotent:
         return isinstance(exc, ThrottledError) and exc.status == 429
@@ -222,6 +226,9 @@ async def call(
         DeadlineExceededError: Still failing when the deadline came, or when the
             attempt cap was reached; chained from the last error. Also when the
             deadline cut an attempt short (a write that is not retried included).
+        IntegrityError: As above, when the last attempt's answer was corrupt
+            (a checksum or length mismatch): a persistent mismatch is reported
+            as what it is.
         StorageError: A failure that is not retryable, as raised by ``fn``.
     """
     start = time.monotonic()
@@ -287,8 +294,17 @@ async def call(
                 if out_of_attempts
                 else f"the {config.deadline:g} s retry deadline"
             )
+            # The last error's own message: its operation, URI and status are
+            # this error's too, and are named once (errors.StorageError.__str__).
+            gave_up = f"gave up after {why} ({now - start:.1f} s); last error: "
+            if isinstance(error, IntegrityError):
+                # Corrupt answers until the end: the caller sees what they are,
+                # so that `except IntegrityError` catches them on every read path.
+                raise IntegrityError(
+                    gave_up + error.message, operation=operation, uri=uri, status=error.status
+                ) from error
             raise DeadlineExceededError(
-                f"gave up after {why} ({now - start:.1f} s); last error: {error}",
+                f"{gave_up}{type(error).__name__}: {error.message}",
                 operation=operation,
                 uri=uri,
                 status=error.status,

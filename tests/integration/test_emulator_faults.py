@@ -60,7 +60,11 @@ def _outcome(raw_http: Http, emu: Emulator, bucket: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "kind", ["403", "404", "429", "503", "reset", "truncate", "corrupt", "stall"]
+    "kind",
+    [
+        *["403", "404", "405", "408", "429", "500", "501", "502", "503", "504"],
+        *["reset", "truncate", "corrupt", "stall"],
+    ],
 )
 def test_each_fault_kind_fires_on_the_nth_request_only(
     emu: Emulator, bucket: str, raw_http: Http, kind: str

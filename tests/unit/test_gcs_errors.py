@@ -48,10 +48,12 @@ def _json_error(code: int, reason: str, message: str) -> bytes:
         (401, PermissionDeniedError),
         (403, PermissionDeniedError),
         (404, NotFoundError),
+        (405, StorageError),
         (408, TransientError),
         (412, PreconditionFailedError),
         (429, ThrottledError),
         (500, TransientError),
+        (501, StorageError),  # Not Implemented: final (Google's retry strategy)
         (502, TransientError),
         (503, ThrottledError),
         (504, TransientError),
@@ -63,7 +65,7 @@ def test_status_maps_to_one_error_type(status: int, expected: type[StorageError]
     )
     assert type(error) is expected
     assert error.status == status
-    assert str(error).startswith(f"get {URI}: what happened")
+    assert str(error) == f"get {URI}: what happened (HTTP {status})"
 
 
 def test_404_on_a_bucket_operation_is_a_missing_bucket() -> None:

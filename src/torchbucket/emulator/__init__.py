@@ -387,8 +387,11 @@ class Emulator:
 
         Args:
             op: Operation (one of :data:`OPERATIONS`) or ``"*"`` for any.
-            kind: One of :data:`FAULT_KINDS`: ``"403"``, ``"404"``, ``"429"``,
-                ``"503"``, ``"reset"`` (connection reset before an answer),
+            kind: One of :data:`FAULT_KINDS`: an HTTP status (``"403"``,
+                ``"404"``, ``"405"``, ``"408"``, ``"429"``, ``"500"``, ``"501"``,
+                ``"502"``, ``"503"``, ``"504"``: GCS's error answer with that
+                status; ``"501"`` on ``mpu_*`` models an endpoint without the XML
+                multipart API), ``"reset"`` (connection reset before an answer),
                 ``"truncate"`` (the body stops halfway, its full length announced),
                 ``"corrupt"`` (one body byte flipped, headers intact) or ``"stall"``
                 (no answer for ``stall_seconds``, then the connection closes).

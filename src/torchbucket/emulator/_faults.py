@@ -15,10 +15,14 @@ from typing import Any
 
 from torchbucket.errors import ConfigError
 
-__all__ = ["FAULT_KINDS", "OPERATIONS", "FaultRule", "FaultTable"]
+__all__ = ["FAULT_KINDS", "OPERATIONS", "STATUS_KINDS", "FaultRule", "FaultTable"]
+
+#: A kind that is a number is an error answer with that HTTP status (GCS's JSON
+#: or XML error document, as the route speaks): 501 says "no such API here".
+STATUS_KINDS = frozenset({"403", "404", "405", "408", "429", "500", "501", "502", "503", "504"})
 
 #: The kinds of fault a rule can inject.
-FAULT_KINDS = frozenset({"403", "404", "429", "503", "reset", "truncate", "corrupt", "stall"})
+FAULT_KINDS = STATUS_KINDS | {"reset", "truncate", "corrupt", "stall"}
 
 #: Operation names, as rules, counters and the latency model use them.
 OPERATIONS = frozenset(

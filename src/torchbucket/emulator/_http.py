@@ -35,25 +35,35 @@ _REASONS = {
     401: "required",
     403: "forbidden",
     404: "notFound",
+    405: "methodNotAllowed",
+    408: "requestTimeout",
     409: "conflict",
     412: "conditionNotMet",
     416: "requestedRangeNotSatisfiable",
     429: "rateLimitExceeded",
     499: "clientClosedRequest",
     500: "backendError",
+    501: "notImplemented",
+    502: "badGateway",
     503: "backendError",
+    504: "gatewayTimeout",
 }
 
 _XML_CODES = {
     400: "InvalidArgument",
     403: "AccessDenied",
     404: "NoSuchKey",
+    405: "MethodNotAllowed",
+    408: "RequestTimeout",
     409: "Conflict",
     412: "PreconditionFailed",
     416: "InvalidRange",
     429: "SlowDown",
     500: "InternalError",
+    501: "NotImplemented",
+    502: "BadGateway",
     503: "ServiceUnavailable",
+    504: "GatewayTimeout",
 }
 
 JSON_TYPE = "application/json; charset=UTF-8"

@@ -22,7 +22,7 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 from torchbucket.emulator._admin import handle_admin
-from torchbucket.emulator._faults import FaultRule, FaultTable
+from torchbucket.emulator._faults import STATUS_KINDS, FaultRule, FaultTable
 from torchbucket.emulator._http import Call, error_response, json_call, json_response
 from torchbucket.emulator._latency import LatencyModel, RateCap
 from torchbucket.emulator._routes import parse_route
@@ -38,12 +38,18 @@ _CLIENT_MAX_SIZE = 1 << 36
 # Bodies above this size are streamed at the modelled bandwidth.
 _STREAM_THRESHOLD = 4 << 20
 _STREAM_CHUNK = 1 << 20
-_STATUS_FAULTS = {"403": 403, "404": 404, "429": 429, "503": 503}
+_STATUS_FAULTS = {kind: int(kind) for kind in STATUS_KINDS}
 _FAULT_MESSAGES = {
     403: "Permission denied (injected fault).",
     404: "Not found (injected fault).",
+    405: "Method not allowed (injected fault).",
+    408: "Request timeout (injected fault).",
     429: "The rate of requests is too high (injected fault).",
+    500: "Internal error (injected fault).",
+    501: "Not implemented (injected fault).",
+    502: "Bad gateway (injected fault).",
     503: "Service unavailable (injected fault).",
+    504: "Gateway timeout (injected fault).",
 }
 
 
