@@ -6,6 +6,13 @@ through ``call_soon_threadsafe``. A session tracks its tasks so that an abort
 can cancel them and wait until no request still reads a buffer before the
 buffer is reused. Every part calls ``release`` when the store is done with its
 buffer, success or not.
+
+Where the multipart API is refused or missing (the initiate answered 403, 404,
+405 or 501: an endpoint without GCS's XML API, or a policy that forbids it), a
+multipart session falls back to one resumable upload of the same parts, in
+order, with one WARNING; the bucket is remembered for the process, so later
+saves there go resumable at once (:func:`open_session`) and do not list
+multipart uploads (:func:`list_stale_candidates`).
 """
 
 from __future__ import annotations
@@ -14,16 +21,92 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from torchbucket.errors import StorageError
-from torchbucket.storage.base import ObjectInfo, ObjectStore, Part
+from torchbucket.errors import BucketNotFoundError, StorageError
+from torchbucket.storage.base import MultipartUpload, ObjectInfo, ObjectStore, Part
 
-__all__ = ["MultipartSession", "StreamSession", "UploadSession"]
+__all__ = [
+    "MultipartSession",
+    "StreamSession",
+    "UploadSession",
+    "list_stale_candidates",
+    "multipart_refused",
+    "open_session",
+]
 
 logger = logging.getLogger(__name__)
 
 CONTENT_TYPE = "application/octet-stream"
 
 Release = Callable[[], None]
+
+#: Statuses of a multipart request that mean "not here": forbidden (403), no
+#: such API (404, 405) or not implemented (501). None of them is retried.
+_REFUSED_STATUSES = frozenset({403, 404, 405, 501})
+
+#: Buckets (endpoint and bucket URI) where multipart upload was refused or is
+#: missing, in this process.
+_no_multipart: set[str] = set()
+
+
+def _bucket_key(store: ObjectStore) -> str:
+    return f"{getattr(store, 'endpoint', '')} {store.uri()}"
+
+
+def multipart_refused(exc: BaseException) -> bool:
+    """Whether ``exc``, from a multipart request, says the API is not available.
+
+    A missing bucket is not that: it fails every upload method alike.
+    """
+    return (
+        isinstance(exc, StorageError)
+        and not isinstance(exc, BucketNotFoundError)
+        and exc.status in _REFUSED_STATUSES
+    )
+
+
+def _note_refused(store: ObjectStore, exc: StorageError) -> None:
+    key = _bucket_key(store)
+    if key in _no_multipart:
+        return
+    _no_multipart.add(key)
+    logger.warning(
+        "multipart upload is refused or not implemented on %s (%s); checkpoints there are "
+        "saved by resumable upload from now on in this process (set "
+        "CheckpointConfig(upload_method='resumable') to say so and silence this)",
+        store.uri(),
+        exc,
+    )
+
+
+def open_session(store: ObjectStore, key: str, upload_method: str) -> UploadSession:
+    """The upload session for a save of ``key`` by ``upload_method``.
+
+    ``"multipart"`` on a bucket known (in this process) to lack multipart upload
+    gives a resumable session at once.
+    """
+    if upload_method == "multipart" and _bucket_key(store) not in _no_multipart:
+        return MultipartSession(store, key)
+    return StreamSession(store, key)
+
+
+async def list_stale_candidates(store: ObjectStore, key: str) -> list[MultipartUpload]:
+    """The multipart uploads to ``key``, to abort stale ones after a save.
+
+    Empty, without a request, on a bucket known to lack multipart upload; a
+    listing answered as by such a bucket marks it so (one WARNING) and is empty.
+
+    Raises:
+        StorageError: The listing failed otherwise.
+    """
+    if _bucket_key(store) in _no_multipart:
+        return []
+    try:
+        return await store.multipart_list(key)
+    except StorageError as exc:
+        if not multipart_refused(exc):
+            raise
+        _note_refused(store, exc)
+        return []
 
 
 class UploadSession:
@@ -50,13 +133,48 @@ class UploadSession:
 
 
 class MultipartSession(UploadSession):
-    """Parts uploaded in parallel through the store's multipart API."""
+    """Parts uploaded in parallel through the store's multipart API.
+
+    If the initiate says the API is not available (:func:`multipart_refused`),
+    the parts go through one :class:`StreamSession` instead, in part order.
+    """
 
     def __init__(self, store: ObjectStore, key: str) -> None:
+        self._error: BaseException | None = None
+        self._stream: StreamSession | None = None
         super().__init__(store, key)
         self._initiate: asyncio.Task[str] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._parts: dict[int, Part] = {}
+        # Parts waiting for their predecessors before they enter the stream.
+        self._early: dict[int, tuple[memoryview, Release]] = {}
+        self._next_to_stream = 1
+
+    @property  # type: ignore[override]
+    def error(self) -> BaseException | None:
+        """The first failure of a part (or of the fallback stream)."""
+        if self._error is None and self._stream is not None:
+            return self._stream.error
+        return self._error
+
+    @error.setter
+    def error(self, value: BaseException | None) -> None:
+        self._error = value
+
+    @property
+    def fell_back(self) -> bool:
+        """Whether the parts went to a resumable upload instead."""
+        return self._stream is not None
+
+    def _to_stream(self, number: int, view: memoryview, release: Release) -> None:
+        """Hand part ``number`` to the fallback stream once all before it are there."""
+        if self._stream is None:
+            self._stream = StreamSession(self.store, self.key)
+        self._early[number] = (view, release)
+        while self._next_to_stream in self._early:
+            item = self._early.pop(self._next_to_stream)
+            self._stream.start_part(self._next_to_stream, *item)
+            self._next_to_stream += 1
 
     @property
     def upload_id(self) -> str | None:
@@ -84,23 +202,35 @@ class MultipartSession(UploadSession):
         task.add_done_callback(self._tasks.discard)
 
     async def _part(self, number: int, view: memoryview, release: Release) -> None:
+        handed_over = False
         try:
-            upload_id = await self._upload_id()
+            try:
+                upload_id = await self._upload_id()
+            except StorageError as exc:
+                if not multipart_refused(exc):
+                    raise
+                _note_refused(self.store, exc)
+                self._to_stream(number, view, release)  # the stream releases it
+                handed_over = True
+                return
             part = await self.store.multipart_upload_part(self.key, upload_id, number, view)
             self._parts[number] = part
         except Exception as exc:
             # Kept for the writer, which raises it on its next call; not re-raised
             # here, where nobody would retrieve it.
-            if self.error is None:
-                self.error = exc
+            if self._error is None:
+                self._error = exc
         finally:
-            release()
+            if not handed_over:
+                release()
 
     async def finish(self) -> ObjectInfo:
         if self._tasks:
             await asyncio.gather(*list(self._tasks))
-        if self.error is not None:
-            raise self.error
+        if self._error is not None:
+            raise self._error
+        if self._stream is not None:
+            return await self._stream.finish()
         upload_id = await self._upload_id()
         parts = [self._parts[n] for n in sorted(self._parts)]
         return await self.store.multipart_complete(self.key, upload_id, parts)
@@ -112,6 +242,11 @@ class MultipartSession(UploadSession):
         # Wait, so that no request still reads a buffer the writer will reuse;
         # their errors are the reason for the abort or a consequence of it.
         await asyncio.gather(*tasks, return_exceptions=True)
+        for _, release in self._early.values():
+            release()
+        self._early.clear()
+        if self._stream is not None:
+            await self._stream.abort()
         if self._initiate is None:
             return
         try:

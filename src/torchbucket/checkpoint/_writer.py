@@ -47,8 +47,9 @@ from torchbucket.checkpoint._crc import Crc32c
 from torchbucket.checkpoint._upload import (
     CONTENT_TYPE,
     MultipartSession,
-    StreamSession,
     UploadSession,
+    list_stale_candidates,
+    open_session,
 )
 from torchbucket.errors import (
     DeadlineExceededError,
@@ -136,8 +137,7 @@ class CheckpointWriter(io.BufferedIOBase):
         self._config = config
         self.uri = store.uri(key)
         self.info: ObjectInfo | None = None
-        session_type = MultipartSession if config.upload_method == "multipart" else StreamSession
-        self._session: UploadSession = session_type(store, key)
+        self._session: UploadSession = open_session(store, key, config.upload_method)
         self._slots = threading.Semaphore(config.max_parts_in_flight)
         self._pool = _BufferPool()
         self._base_part_size = first_part_size(config, size_hint)
@@ -219,8 +219,9 @@ class CheckpointWriter(io.BufferedIOBase):
         # Listed while the last parts upload and the upload completes, rather
         # than after: a save costs no extra round trip for it.
         listing = (
-            runtime.submit(self._store.multipart_list(self._key))
+            runtime.submit(list_stale_candidates(self._store, self._key))
             if self._config.stale_upload_age is not None
+            and isinstance(self._session, MultipartSession)
             else None
         )
         finished = False
