@@ -5,21 +5,37 @@ Two kinds of leftovers cost money and confuse listings: composed objects under
 once, left behind only when a process is killed) and incomplete multipart
 uploads (a checkpoint save that died). Their parts are billed but invisible to a
 listing.
+
+Whether the bucket exists is asked of the bucket itself (a bucket GET where the
+store has one), never inferred from the multipart listing: an endpoint without
+GCS's XML multipart API answers that listing 404, 405 or 501, and then only the
+uploads half is skipped, with one warning; the composed objects are still
+found and removed.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import logging
 import re
+import time
 
 from torchbucket import runtime
 from torchbucket.cli._common import Target, human_bytes, open_target, plural
+from torchbucket.errors import BucketNotFoundError, StorageError
 from torchbucket.storage import HIDDEN_PREFIXES, MultipartUpload, ObjectInfo, ObjectStore
 
 __all__ = ["add_cleanup", "find_leftovers", "parse_duration"]
 
+logger = logging.getLogger(__name__)
+
 _COMPOSED_PREFIX = HIDDEN_PREFIXES[0]
+
+#: Statuses of a multipart listing that mean "no multipart API here" (not found,
+#: method not allowed, not implemented), as opposed to a missing bucket (XML
+#: ``NoSuchBucket``) or a refusal (403, which is reported).
+_NO_MULTIPART_API = frozenset({404, 405, 501})
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -49,6 +65,44 @@ async def _list_hidden(store: ObjectStore, prefix: str) -> list[ObjectInfo]:
             return out
 
 
+async def _check_bucket(store: ObjectStore) -> None:
+    """Raise ``BucketNotFoundError`` if a bucket request says the bucket is missing.
+
+    Stores without a bucket request (memory, local) and a bucket whose metadata
+    the credentials may not read leave it to the composite listing, which is a
+    request on the bucket too.
+    """
+    exists = getattr(store, "bucket_exists", None)
+    if exists is not None and await exists() is False:
+        raise BucketNotFoundError("bucket does not exist", operation="cleanup", uri=store.uri())
+
+
+async def _find(
+    store: ObjectStore, prefix: str, older_than: float, now: float | None
+) -> tuple[list[ObjectInfo], list[MultipartUpload] | None, StorageError | None]:
+    """Composed objects, incomplete uploads (``None`` without the API), and why not."""
+    await _check_bucket(store)
+    composed = await _list_hidden(store, _COMPOSED_PREFIX)
+    try:
+        uploads = await store.multipart_list(prefix)
+    except StorageError as exc:
+        if isinstance(exc, BucketNotFoundError) or exc.status not in _NO_MULTIPART_API:
+            raise
+        logger.warning(
+            "%s has no multipart upload API (listing uploads answered HTTP %s: %s); "
+            "skipping incomplete uploads, removing composed objects only",
+            store.uri(),
+            exc.status,
+            exc.message,
+        )
+        return composed, None, exc
+    cutoff = (time.time() if now is None else now) - older_than
+    if older_than > 0:
+        # An upload of unknown age might be a save still running: spare it.
+        uploads = [u for u in uploads if u.initiated is not None and u.initiated <= cutoff]
+    return composed, uploads, None
+
+
 async def find_leftovers(
     store: ObjectStore, prefix: str, *, older_than: float = 0.0, now: float | None = None
 ) -> tuple[list[ObjectInfo], list[MultipartUpload]]:
@@ -61,26 +115,25 @@ async def find_leftovers(
         now: The current time (seconds since the epoch); the clock when ``None``.
 
     Returns:
-        Composed objects and incomplete uploads, each sorted by name.
+        Composed objects and incomplete uploads, each sorted by name; no uploads
+        where the endpoint has no multipart API (one WARNING says so).
+
+    Raises:
+        BucketNotFoundError: The bucket does not exist.
     """
-    import time
-
-    composed = await _list_hidden(store, _COMPOSED_PREFIX)
-    uploads = await store.multipart_list(prefix)
-    cutoff = (time.time() if now is None else now) - older_than
-    if older_than > 0:
-        # An upload of unknown age might be a save still running: spare it.
-        uploads = [u for u in uploads if u.initiated is not None and u.initiated <= cutoff]
-    return composed, uploads
+    composed, uploads, _ = await _find(store, prefix, older_than, now)
+    return composed, uploads or []
 
 
-async def _remove(store: ObjectStore, prefix: str, older_than: float) -> tuple[int, int]:
+async def _remove(
+    store: ObjectStore, prefix: str, older_than: float, *, uploads: bool
+) -> tuple[int, int]:
     from torchbucket.checkpoint import abort_incomplete_uploads
     from torchbucket.compose import cleanup_composites
 
     composites = await cleanup_composites(store)
-    uploads = await abort_incomplete_uploads(store, prefix, older_than=older_than)
-    return composites, uploads
+    aborted = await abort_incomplete_uploads(store, prefix, older_than=older_than) if uploads else 0
+    return composites, aborted
 
 
 def _when(upload: MultipartUpload) -> str:
@@ -133,31 +186,41 @@ def _cleanup(args: argparse.Namespace) -> int:
     target: Target = open_target(args.uri, args.endpoint)
     store = target.store
     try:
-        composed, uploads = runtime.run(
-            find_leftovers(store, target.key, older_than=args.older_than)
-        )
+        composed, uploads, no_api = runtime.run(_find(store, target.key, args.older_than, None))
         verb = "would remove" if args.dry_run else "removing"
         for obj in composed:
             print(f"{verb} composed object {target.uri_of(obj.name)} ({human_bytes(obj.size)})")
         verb = "would abort" if args.dry_run else "aborting"
-        for upload in uploads:
+        for upload in uploads or []:
             print(
                 f"{verb} incomplete upload to {target.uri_of(upload.key)} "
                 f"(upload id {upload.upload_id}, {_when(upload)})"
             )
+        skipped = ""
+        if no_api is not None:
+            skipped = (
+                f"; incomplete uploads not checked: no multipart upload API (HTTP {no_api.status})"
+            )
         if args.dry_run:
+            uploads_part = (
+                "" if uploads is None else f" and {plural(len(uploads), 'incomplete upload')}"
+            )
             print(
-                f"dry run: {plural(len(composed), 'composed object')} and "
-                f"{plural(len(uploads), 'incomplete upload')} would be removed from {target.uri}"
+                f"dry run: {plural(len(composed), 'composed object')}{uploads_part} "
+                f"would be removed from {target.uri}{skipped}"
             )
             return 0
         if not composed and not uploads:
-            print(f"nothing to clean up in {target.uri}")
+            print(f"nothing to clean up in {target.uri}{skipped}")
             return 0
-        removed, aborted = runtime.run(_remove(store, target.key, args.older_than))
+        removed, aborted = runtime.run(
+            _remove(store, target.key, args.older_than, uploads=uploads is not None)
+        )
+        uploads_part = (
+            "" if uploads is None else f" and aborted {plural(aborted, 'incomplete upload')}"
+        )
         print(
-            f"removed {plural(removed, 'composed object')} and aborted "
-            f"{plural(aborted, 'incomplete upload')} in {target.uri}"
+            f"removed {plural(removed, 'composed object')}{uploads_part} in {target.uri}{skipped}"
         )
         return 0
     finally:

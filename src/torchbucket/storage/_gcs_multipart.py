@@ -286,9 +286,10 @@ class GCSMultipart(GCSUploads):
             url = yarl.URL(f"{self._xml_base}?{query}", encoded=True)
 
             async def attempt(url: yarl.URL = url) -> _xml.ListUploadsPage:
-                _, _, body = await self.request(
-                    "GET", url, operation="multipart list", uri=uri, bucket_op=True
-                )
+                # Not a bucket_op: a 404 here is a missing bucket only when its
+                # code says NoSuchBucket; a bare 404 is an endpoint without the
+                # XML multipart API (torchbucket cleanup then skips uploads).
+                _, _, body = await self.request("GET", url, operation="multipart list", uri=uri)
                 return _http.parse_body(
                     _xml.parse_list_uploads, body, operation="multipart list", uri=uri
                 )

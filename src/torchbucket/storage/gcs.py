@@ -368,5 +368,24 @@ class GCSStore(GCSMultipart):
 
     # ------------------------------------------------------------ misc
 
+    async def bucket_exists(self) -> bool | None:
+        """Whether the bucket exists, asked of the bucket itself (``buckets.get``).
+
+        Returns:
+            ``True`` or ``False``; ``None`` when the credentials may not read the
+            bucket's metadata (403: ``storage.buckets.get`` is in none of the
+            object roles), so a bucket request cannot tell.
+        """
+        url = yarl.URL(f"{self._json_base}?fields=name", encoded=True)
+        uri = self.uri()
+
+        async def attempt() -> bool | None:
+            status, _, _ = await self.request(
+                "GET", url, operation="bucket get", uri=uri, allow=(403, 404)
+            )
+            return {403: None, 404: False}.get(status, True)
+
+        return await self.call(attempt, "bucket get", uri)
+
     async def close(self) -> None:
         await self.close_session()
