@@ -5,12 +5,20 @@ on the background loop. Files at or above the streaming threshold go through
 the store's streaming read and upload, so memory stays bounded by
 ``jobs x threshold``. A local file appears only when complete (written to a
 temporary name, then renamed), as an object does.
+
+Reads follow the one rule of every read path: a checksum mismatch is retried
+like a transient error, and only a mismatch that persists reaches the user, as
+:class:`~torchbucket.errors.IntegrityError`. A whole read is retried by the
+store; a streamed one can only be checked at its end, so the copy is read again
+from the start (nothing of the failed attempt is visible), with the store's
+backoff and deadline.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import mimetypes
 import os
 import posixpath
@@ -22,7 +30,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from torchbucket import runtime
+from torchbucket import retry, runtime
 from torchbucket.cli._common import (
     EXIT_NOT_FOUND,
     CommandError,
@@ -36,10 +44,13 @@ from torchbucket.cli._common import (
     positive_int,
     progress_bar,
 )
-from torchbucket.errors import NotFoundError
+from torchbucket.config import RetryConfig
+from torchbucket.errors import IntegrityError, NotFoundError
 from torchbucket.listing import alist_objects
 
 __all__ = ["CopyStats", "add_cp", "copy"]
+
+logger = logging.getLogger(__name__)
 
 _CHUNK = 8 << 20
 
@@ -272,6 +283,45 @@ async def _resolve(
     return src, dst, items
 
 
+async def _stream_copy(src: _Side, dst: _Side, item: _Item) -> None:
+    """Stream one object or file; a source stream that fails its checksum is read again.
+
+    Raises:
+        IntegrityError: The object's bytes failed their checksum on every read
+            until the store's retry deadline (or attempt cap).
+    """
+    if not isinstance(src, _Remote):
+        await dst.write_stream(item.dst, src.stream(item.src))
+        return
+    config = getattr(getattr(src.target.store, "config", None), "retry", None)
+    if not isinstance(config, RetryConfig):
+        config = RetryConfig()
+    started = time.monotonic()
+    attempt = 0
+    while True:
+        try:
+            # A failed attempt leaves nothing: the local file is renamed into
+            # place, and an upload completes, only after the whole stream.
+            await dst.write_stream(item.dst, src.stream(item.src))
+            return
+        except IntegrityError as exc:
+            attempt += 1
+            delay = retry.backoff_delay(attempt - 1, config)
+            elapsed = time.monotonic() - started
+            out_of_attempts = config.max_attempts is not None and attempt >= config.max_attempts
+            if out_of_attempts or elapsed + delay >= config.deadline:
+                raise IntegrityError(
+                    f"gave up after {attempt} reads ({elapsed:.1f} s); last error: {exc.message}",
+                    operation="cp",
+                    uri=src.describe(item.src),
+                    status=exc.status,
+                ) from exc
+            logger.warning(
+                "cp %s: %s; reading it again in %.2f s", src.describe(item.src), exc.message, delay
+            )
+            await asyncio.sleep(delay)
+
+
 async def _copy_all(
     src: _Side, dst: _Side, items: list[_Item], *, jobs: int, stream_threshold: int, bar: tqdm[Any]
 ) -> None:
@@ -280,7 +330,7 @@ async def _copy_all(
     async def one(item: _Item) -> None:
         async with gate:
             if item.size >= stream_threshold:
-                await dst.write_stream(item.dst, src.stream(item.src))
+                await _stream_copy(src, dst, item)
             else:
                 await dst.write(item.dst, await src.read(item.src))
         bar.update(item.size)
