@@ -125,9 +125,8 @@ def test_checkpoint_load(emulator: Emulator, bucket: str, mode: str) -> None:
         torch.save(original, f)
     fire(emulator, mode)
     if mode == "always":
-        with pytest.raises(IntegrityError) as caught:
-            with checkpoint.reader(uri) as f:
-                torch.load(f)
+        with pytest.raises(IntegrityError) as caught, checkpoint.reader(uri) as f:
+            torch.load(f)
         assert uri in str(caught.value)
     else:
         with checkpoint.reader(uri) as f:
