@@ -22,6 +22,7 @@ import logging
 import os
 import platform
 import socket
+import ssl
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ import aiohttp
 from torchbucket import __version__, runtime
 from torchbucket.errors import (
     BucketNotFoundError,
+    ConfigError,
     NotFoundError,
     PermissionDeniedError,
     PreconditionFailedError,
@@ -58,6 +60,7 @@ __all__ = [
     "parse_json",
     "release_session",
     "shared_credentials",
+    "ssl_context",
     "user_agent",
 ]
 
@@ -118,6 +121,41 @@ def _keepalive_socket_factory(addr_info: Any) -> socket.socket:
     return sock
 
 
+#: Where TLS trust may come from, besides the system's CAs.
+_CA_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE")
+_ssl_cache: tuple[tuple[str | None, ...], ssl.SSLContext] | None = None
+
+
+def ssl_context() -> ssl.SSLContext:
+    """The TLS context of every HTTPS connection to a GCS endpoint.
+
+    ``ssl.create_default_context()`` trusts the system's CAs, or those of
+    ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` where set: OpenSSL reads the variables
+    when a context is made, and aiohttp's own default context is made when
+    aiohttp is imported, so variables set later would be missed. The CAs of
+    ``REQUESTS_CA_BUNDLE`` (what ``requests``, and so ``google-auth`` and
+    ``google-cloud-storage``, trust) are trusted as well. Made again when one of
+    these variables changes.
+
+    Raises:
+        ConfigError: ``REQUESTS_CA_BUNDLE`` names no readable CA file.
+    """
+    global _ssl_cache
+    env = tuple(os.environ.get(name) for name in _CA_VARIABLES)
+    cached = _ssl_cache
+    if cached is not None and cached[0] == env:
+        return cached[1]
+    context = ssl.create_default_context()
+    bundle = env[2]
+    if bundle:
+        try:
+            context.load_verify_locations(cafile=bundle)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"REQUESTS_CA_BUNDLE={bundle!r} is not a CA file: {exc}") from exc
+    _ssl_cache = (env, context)
+    return context
+
+
 def acquire_session(key: SessionKey) -> aiohttp.ClientSession:
     """The session for ``key`` on the running loop, created on first use.
 
@@ -134,6 +172,7 @@ def acquire_session(key: SessionKey) -> aiohttp.ClientSession:
             use_dns_cache=True,
             keepalive_timeout=30.0,
             socket_factory=_keepalive_socket_factory,
+            ssl=ssl_context(),
         )
         session = aiohttp.ClientSession(
             connector=connector,

@@ -35,6 +35,7 @@ from torchbucket.errors import (
     ThrottledError,
     TransientError,
 )
+from torchbucket.storage import _gcs_gzip as _gzip
 from torchbucket.storage import _gcs_http as _http
 from torchbucket.storage import _gcs_rawget as _rawget
 from torchbucket.storage._gcs_wire import (
@@ -478,7 +479,16 @@ class GCSTransport:
                 "GET", url, operation="get", uri=uri, headers=headers, allow=(416,)
             )
             if status == 416:
+                if start and await self._transcoded(key):
+                    return (await _gzip.read_decoded(self, url, uri))[start:end]
                 return b""
+            if _gzip.served_gzip(resp_headers):
+                # The stored gzip bytes (see _gcs_gzip): decoded offsets need all of them.
+                span = content_range(resp_headers)
+                if status == 206 and not (span and span[0] == 0 and span[2] == len(body)):
+                    return (await _gzip.read_decoded(self, url, uri))[start:end]
+                decoded = _gzip.decode_answer(resp_headers, body, uri)
+                return decoded if headers is None else decoded[start:end]
             if status == 206:
                 span = content_range(resp_headers)
                 if span is not None:
@@ -533,7 +543,13 @@ class GCSTransport:
             try:
                 async with session.get(url, headers=hdrs, **self._streaming_kw) as resp:
                     if resp.status == 416:
+                        if start and await self._transcoded(key):
+                            return await self._decoded_into(url, uri, start, buffer)
                         return 0
+                    if resp.status < 300 and _gzip.served_gzip(resp.headers):
+                        # Stored gzip bytes (see _gcs_gzip): decoded offsets need all of them.
+                        resp.release()
+                        return await self._decoded_into(url, uri, start, buffer)
                     if resp.status >= 300:
                         body = await resp.read()
                         raise _http.error_for_response(
@@ -573,6 +589,36 @@ class GCSTransport:
                 raise self._transport_error(exc, "get", uri) from exc
 
         return await self.call(attempt, "get", uri)
+
+    async def _transcoded(self, key: str) -> bool:
+        """Whether ``key`` is served decoded (after a 416: its decoded bytes may go on)."""
+        info = await self._head_once(key, "get")
+        return info is not None and info.transcoded
+
+    async def _decoded_into(self, url: yarl.URL, uri: str, start: int, buffer: memoryview) -> int:
+        piece = (await _gzip.read_decoded(self, url, uri))[start : start + len(buffer)]
+        buffer[: len(piece)] = piece
+        return len(piece)
+
+    async def open_media(
+        self, url: yarl.URL, headers: Mapping[str, str] | None, uri: str
+    ) -> aiohttp.ClientResponse:
+        """Open a streamed GET of ``url``; an error status raises its mapped error."""
+        session = self._loop_state()[1]
+        hdrs = await self._headers(headers, "stream", uri)
+        try:
+            resp = await session.get(url, headers=hdrs, **self._streaming_kw)
+            if resp.status >= 300:
+                body = await resp.read()
+                resp.release()
+                raise _http.error_for_response(
+                    resp.status, resp.headers, body, operation="stream", uri=uri
+                )
+            return resp
+        except StorageError:
+            raise  # NotFoundError is an OSError too: keep it as it is
+        except _TRANSPORT_ERRORS as exc:
+            raise self._transport_error(exc, "stream", uri) from exc
 
     async def stream_object(
         self,
@@ -617,6 +663,15 @@ class GCSTransport:
                     raise self._transport_error(exc, "stream", uri) from exc
 
             resp = await self.call(open_response, "stream", uri)
+            if pos == start and _gzip.served_gzip(resp.headers):
+                # Stored gzip bytes: streamed decoded, from the stored offset 0 (_gcs_gzip).
+                first = resp.headers.get("x-goog-generation")
+                resp.release()
+                async for piece in _gzip.stream_decoded(
+                    self, url_for, key, start, end, chunk_size, int(first) if first else None
+                ):
+                    yield piece
+                return
             broken: BaseException | None = None
             try:
                 if resp.status == 416:

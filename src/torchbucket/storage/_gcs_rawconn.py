@@ -5,7 +5,8 @@ these reads do not go through aiohttp): an :class:`asyncio.BufferedProtocol`
 whose ``get_buffer`` hands asyncio the destination slice itself, so the body of
 a 206 lands where it belongs with one copy. It parses the header block, and
 ends an exchange as ``DONE``, ``FALLBACK`` (an answer it does not read, such
-as a chunked one: the caller repeats the request through aiohttp) or
+as a chunked or a content-encoded one: the caller repeats the request through
+aiohttp) or
 ``TOO_LONG`` (a body longer than the range asked for).
 """
 
@@ -154,6 +155,9 @@ class Connection(asyncio.BufferedProtocol):
         if (
             length is None
             or "Transfer-Encoding" in headers
+            # A gzip object's stored bytes: a range of them is no range of the
+            # object, and they must be decoded (see _gcs_gzip).
+            or headers.get("Content-Encoding", "identity").lower() != "identity"
             or (status != 206 and (status < 300 or status == 304))
             or (status >= 300 and length > _ERROR_BODY_LIMIT)
         ):

@@ -17,12 +17,15 @@ thread, see ``checkpoint/_reader.py``).
 It is a deliberately small HTTP/1.1 client for one exchange: a ``GET`` with a
 ``Range`` header, answered with a ``Content-Length`` body (a 206, or an error
 status with a short body). Anything else (a chunked or otherwise
-transfer-coded answer, a 200 that ignored the range, a 1xx, 204 or 304, an error
+transfer-coded answer, a content-encoded one such as the stored bytes of a gzip
+object, a 200 that ignored the range, a 1xx, 204 or 304, an error
 body over 1 MiB, a header block over 64 KiB) makes :meth:`RawGetter.read_into`
 return ``None`` and the caller repeats the request through aiohttp, which
 handles everything. Like the aiohttp session (``trust_env`` off), it uses no
 proxy from the environment. HTTPS needs Python 3.11, whose SSL transport
-decrypts into a buffered protocol's buffer.
+decrypts into a buffered protocol's buffer; it trusts what the aiohttp session
+trusts (``_gcs_http.ssl_context``: the system's CAs, ``SSL_CERT_FILE``,
+``SSL_CERT_DIR``, ``REQUESTS_CA_BUNDLE``).
 
 Connections are kept alive in a pool per event loop and origin, shared by the
 stores of that endpoint (closed with the last, at shutdown, or after 30 s idle).
@@ -84,7 +87,7 @@ class RawGetter:
     Args:
         endpoint: ``http://host[:port]`` or ``https://...`` (see :func:`supported`).
         limit: Idle connections kept at most.
-        ssl_context: For HTTPS; default ``ssl.create_default_context()``.
+        ssl_context: For HTTPS; default ``_gcs_http.ssl_context()``.
 
     Raises:
         ValueError: An endpoint it cannot reach.
@@ -105,7 +108,7 @@ class RawGetter:
             host = f"[{host}]"
         if self._port != _DEFAULT_PORTS[url.scheme]:
             host = f"{host}:{self._port}"
-        self._ssl = (ssl_context or _default_context()) if url.scheme == "https" else None
+        self._ssl = (ssl_context or _http.ssl_context()) if url.scheme == "https" else None
         self._loop = asyncio.get_running_loop()
         self._idle: list[Connection] = []
         self._sweep: asyncio.TimerHandle | None = None
@@ -312,16 +315,6 @@ class RawGetter:
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
-
-
-_default: ssl.SSLContext | None = None
-
-
-def _default_context() -> ssl.SSLContext:
-    global _default
-    if _default is None:
-        _default = ssl.create_default_context()
-    return _default
 
 
 # ---------------------------------------------------------------- one per loop and endpoint

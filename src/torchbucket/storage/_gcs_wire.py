@@ -31,7 +31,7 @@ __all__ = [
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.~/-]*")
 
 #: The object fields torchbucket reads: the ``fields`` mask of every request.
-INFO_FIELDS = "name,size,generation,crc32c,storageClass"
+INFO_FIELDS = "name,size,generation,crc32c,storageClass,contentEncoding"
 
 
 # ObjectInfo is a frozen dataclass: its __init__ sets each field through
@@ -41,7 +41,7 @@ INFO_FIELDS = "name,size,generation,crc32c,storageClass"
 _new_info = object.__new__
 _slot_setters: tuple[Callable[[ObjectInfo, Any], None], ...] = tuple(
     ObjectInfo.__dict__[f].__set__
-    for f in ("name", "size", "generation", "crc32c", "storage_class")
+    for f in ("name", "size", "generation", "crc32c", "storage_class", "content_encoding")
 )
 
 
@@ -52,7 +52,7 @@ def object_info(doc: Mapping[str, Any]) -> ObjectInfo:
 
 def object_infos(docs: Iterable[Mapping[str, Any]]) -> list[ObjectInfo]:
     """:class:`ObjectInfo` of each JSON API object resource (a listing page's items)."""
-    set_name, set_size, set_generation, set_crc32c, set_class = _slot_setters
+    set_name, set_size, set_generation, set_crc32c, set_class, set_encoding = _slot_setters
     new = _new_info
     out: list[ObjectInfo] = []
     append = out.append
@@ -65,6 +65,9 @@ def object_infos(docs: Iterable[Mapping[str, Any]]) -> list[ObjectInfo]:
         set_generation(info, None if generation is None else int(generation))
         set_crc32c(info, doc.get("crc32c"))
         set_class(info, doc.get("storageClass"))
+        # GCS omits contentEncoding where none was set; "identity" means none too.
+        encoding = doc.get("contentEncoding")
+        set_encoding(info, None if encoding in (None, "", "identity") else encoding)
         append(info)
     return out
 
@@ -146,9 +149,22 @@ def check_span(span: tuple[int, int, int | None], start: int, received: int, uri
 
 
 def verify_crc32c(headers: Mapping[str, str], checksum: str, uri: str) -> None:
-    """Raise ``IntegrityError`` if the object's CRC32C in ``headers`` is not ``checksum``."""
+    """Raise ``IntegrityError`` if the object's CRC32C in ``headers`` is not ``checksum``.
+
+    Nothing is checked on an answer the server decompressed (decompressive
+    transcoding of a gzip object): its ``x-goog-hash`` is that of the stored,
+    compressed bytes (https://cloud.google.com/storage/docs/transcoding). Reads
+    ask for the stored bytes (``Accept-Encoding: gzip``) and check those.
+    """
     expected = hash_header_crc32c(headers)
-    if expected is not None and expected != checksum:
+    if (
+        expected is not None
+        and expected != checksum
+        and not (
+            headers.get("x-goog-stored-content-encoding", "").lower() == "gzip"
+            and "gzip" not in headers.get("Content-Encoding", "").lower()
+        )
+    ):
         raise IntegrityError(
             f"CRC32C mismatch: server says {expected}, received bytes give {checksum}",
             operation="get",

@@ -19,6 +19,7 @@ __all__ = [
     "COMPOSE_MAX_SOURCES",
     "HIDDEN_PREFIXES",
     "MULTIPART_MAX_PARTS",
+    "TRANSCODED_ENCODINGS",
     "ListPage",
     "MultipartUpload",
     "ObjectInfo",
@@ -33,6 +34,11 @@ COMPOSE_MAX_SOURCES = 32
 MULTIPART_MAX_PARTS = 10_000
 #: Object name prefixes that torchbucket itself writes and that listings skip.
 HIDDEN_PREFIXES = ("dataflux-composed-objects/",)
+#: ``Content-Encoding`` values whose objects are read decoded: GCS serves a
+#: ``gzip`` object decompressed ("decompressive transcoding",
+#: https://cloud.google.com/storage/docs/transcoding), and torchbucket returns
+#: the same bytes, as ``google-cloud-storage``'s ``download_as_bytes()`` does.
+TRANSCODED_ENCODINGS = frozenset({"gzip"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,11 @@ class ObjectInfo:
             every write), or ``None`` where a backend has none.
         crc32c: Base64 big-endian CRC32C as GCS reports it, or ``None``.
         storage_class: ``"STANDARD"``, ``"NEARLINE"``... or ``None``.
+        content_encoding: The object's ``Content-Encoding`` metadata (``"gzip"``
+            for an object GCS serves by decompressive transcoding), or ``None``.
+            ``size`` and ``crc32c`` are those of the stored bytes; reads return
+            the decoded bytes, whose length is known only once read (see
+            :data:`TRANSCODED_ENCODINGS`).
     """
 
     name: str
@@ -53,6 +64,12 @@ class ObjectInfo:
     generation: int | None = None
     crc32c: str | None = None
     storage_class: str | None = None
+    content_encoding: str | None = None
+
+    @property
+    def transcoded(self) -> bool:
+        """Whether reads return other bytes than the stored ones (gzip, decoded)."""
+        return self.content_encoding in TRANSCODED_ENCODINGS
 
 
 @dataclass(frozen=True, slots=True)
