@@ -40,6 +40,12 @@ if _typing.TYPE_CHECKING:
         ShardingConfig,
     )
     from torchbucket.listing import ListingConfig, list_objects
+    from torchbucket.shards import (
+        BucketShardDataset,
+        BucketShardMapDataset,
+        PackConfig,
+        ShardReadConfig,
+    )
     from torchbucket.storage.gcs import GCSConfig
 
 __version__ = "0.1.0"
@@ -48,11 +54,15 @@ _LAZY = {
     "BucketCheckpoint": "torchbucket.checkpoint",
     "BucketIterableDataset": "torchbucket.datasets",
     "BucketMapDataset": "torchbucket.datasets",
+    "BucketShardDataset": "torchbucket.shards",
+    "BucketShardMapDataset": "torchbucket.shards",
     "CheckpointConfig": "torchbucket.checkpoint",
     "ComposeConfig": "torchbucket.compose",
     "FetchConfig": "torchbucket.datasets",
     "GCSConfig": "torchbucket.storage.gcs",
     "ListingConfig": "torchbucket.listing",
+    "PackConfig": "torchbucket.shards",
+    "ShardReadConfig": "torchbucket.shards",
     "ShardingConfig": "torchbucket.datasets",
     "list_objects": "torchbucket.listing",
 }
@@ -62,6 +72,8 @@ __all__ = [
     "BucketIterableDataset",
     "BucketMapDataset",
     "BucketNotFoundError",
+    "BucketShardDataset",
+    "BucketShardMapDataset",
     "CheckpointConfig",
     "ComposeConfig",
     "ConcurrencyConfig",
@@ -75,10 +87,12 @@ __all__ = [
     "NotFoundError",
     "ObjectInfo",
     "ObjectStore",
+    "PackConfig",
     "PermissionDeniedError",
     "PreconditionFailedError",
     "RetryConfig",
     "RetryableError",
+    "ShardReadConfig",
     "ShardingConfig",
     "StorageError",
     "ThrottledError",

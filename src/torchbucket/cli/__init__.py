@@ -1,6 +1,6 @@
 """The ``torchbucket`` command line.
 
-``torchbucket ls|du|cp|cleanup|bench|emulator|demo ...``, also ``python -m
+``torchbucket ls|du|cp|pack|cleanup|bench|emulator|demo ...``, also ``python -m
 torchbucket``. :func:`main` takes the arguments and returns the exit code; it
 never raises (but for ``KeyboardInterrupt`` inside ``emulator``, which owns its
 own terminal) and never prints a traceback unless ``-v`` asked for details.
@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     from torchbucket.cli._cleanup import add_cleanup
     from torchbucket.cli._cp import add_cp
     from torchbucket.cli._ls import add_du, add_ls
+    from torchbucket.cli._pack import add_pack
     from torchbucket.demo._cli import add_demo
 
     parser = argparse.ArgumentParser(
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_ls(sub, common)
     add_du(sub, common)
     add_cp(sub, common)
+    add_pack(sub, common)
     add_cleanup(sub, common)
     add_bench(sub, common)
     sub.add_parser(

@@ -1,0 +1,160 @@
+"""The shards a dataset reads: from a manifest, or every ``.tar`` under a prefix.
+
+Listed and indexed once, in the constructor (the main process, before
+DataLoader workers start). Reads are pinned to the listed generations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from torchbucket import listing, runtime
+from torchbucket._uri import parse_uri
+from torchbucket.errors import ConfigError, NotFoundError
+from torchbucket.shards._index import MANIFEST_NAME, Manifest, ShardIndex, index_name
+from torchbucket.storage import store_for
+from torchbucket.storage.base import ObjectInfo, ObjectStore
+
+if TYPE_CHECKING:
+    from torchbucket.listing import ListingConfig
+    from torchbucket.storage.gcs import GCSConfig
+
+__all__ = ["ShardSet", "open_store"]
+
+logger = logging.getLogger(__name__)
+
+
+def open_store(uri: str, gcs_config: GCSConfig | None) -> tuple[ObjectStore, str]:
+    """The store and key of ``uri``; ``gcs_config`` applies to ``gs://`` only."""
+    parsed = parse_uri(uri)
+    if parsed.scheme == "gs" and gcs_config is not None:
+        return store_for(parsed, config=gcs_config)
+    return store_for(parsed)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSet:
+    """Shards in order, each with its index where it has one.
+
+    Attributes:
+        store: The store holding them.
+        shards: The shard objects as listed.
+        indexes: Per shard, its index or ``None`` (a shard not written by
+            torchbucket, read by streaming its headers).
+        group_by: ``"key"`` or ``"none"`` as packed (``"key"`` without a manifest).
+    """
+
+    store: ObjectStore
+    shards: tuple[ObjectInfo, ...]
+    indexes: tuple[ShardIndex | None, ...]
+    group_by: str
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    @property
+    def indexed(self) -> bool:
+        """Whether every shard has an index."""
+        return all(i is not None for i in self.indexes)
+
+    def uri(self, shard: int) -> str:
+        """The URI of shard ``shard``."""
+        return self.store.uri(self.shards[shard].name)
+
+    def index(self, shard: int) -> ShardIndex:
+        """The index of shard ``shard``.
+
+        Raises:
+            ConfigError: It has none.
+        """
+        index = self.indexes[shard]
+        if index is None:
+            raise ConfigError(
+                f"{self.uri(shard)} has no index ({index_name(self.shards[shard].name)}): "
+                "pack it with `torchbucket pack` for random access"
+            )
+        return index
+
+    @classmethod
+    def open(
+        cls,
+        uri: str,
+        *,
+        gcs_config: GCSConfig | None = None,
+        listing_config: ListingConfig | None = None,
+    ) -> ShardSet:
+        """The shards of a manifest URI (``.../manifest.json``) or of a prefix.
+
+        A prefix with a ``manifest.json`` reads that; otherwise every ``.tar``
+        under it, in name order, with the index beside each where there is one.
+
+        Raises:
+            NotFoundError: No manifest and no ``.tar`` under the prefix, or a
+                shard of the manifest is missing.
+        """
+        store, key = open_store(uri, gcs_config)
+        return runtime.run(_open(store, key, uri, listing_config))
+
+
+async def _open(
+    store: ObjectStore, key: str, uri: str, listing_config: ListingConfig | None
+) -> ShardSet:
+    if key.endswith(".json"):
+        prefix = key[: key.rfind("/") + 1]
+        manifest_key: str | None = key
+    else:
+        prefix = key if not key or key.endswith("/") else key + "/"
+        manifest_key = None
+    objects = await listing.alist_objects(store, prefix, config=listing_config)
+    by_name = {o.name: o for o in objects}
+    if manifest_key is None and prefix + MANIFEST_NAME in by_name:
+        manifest_key = prefix + MANIFEST_NAME
+    if manifest_key is not None:
+        try:
+            manifest = Manifest.from_json(await store.get(manifest_key))
+        except ValueError as exc:
+            raise ConfigError(f"{store.uri(manifest_key)}: {exc}") from exc
+        shards = []
+        for entry in manifest.shards:
+            info = by_name.get(prefix + entry.name)
+            if info is None:
+                raise NotFoundError(
+                    "a shard of the manifest is missing", operation="open", uri=store.uri(prefix + entry.name)
+                )
+            shards.append(info)
+        group_by = manifest.group_by
+    else:
+        shards = [
+            o for o in objects if o.name.endswith(".tar") and "/" not in o.name[len(prefix) :]
+        ]
+        group_by = "key"
+    if not shards:
+        raise NotFoundError("no shards (.tar) and no manifest", operation="open", uri=uri)
+
+    async def index_of(info: ObjectInfo) -> ShardIndex | None:
+        name = index_name(info.name)
+        if name not in by_name:
+            return None
+        try:
+            index = ShardIndex.from_json(await store.get(name, generation=by_name[name].generation))
+        except ValueError as exc:
+            raise ConfigError(f"{store.uri(name)}: {exc}") from exc
+        if index.size != info.size:
+            # Not raised here: the samples it still holds are readable, and
+            # reading one it lost fails naming the shard and the member.
+            logger.warning(
+                "%s is %d bytes, its index says %d: truncated or rewritten since it was packed",
+                store.uri(info.name),
+                info.size,
+                index.size,
+            )
+        return index
+
+    indexes = await asyncio.gather(*(index_of(s) for s in shards))
+    logger.debug(
+        "%s: %d shards, %d indexed", uri, len(shards), sum(i is not None for i in indexes)
+    )
+    return ShardSet(store, tuple(shards), tuple(indexes), group_by)

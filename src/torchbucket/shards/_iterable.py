@@ -1,0 +1,461 @@
+"""``BucketShardDataset``: tar shards streamed, split, shuffled and resumable."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from torchbucket.datasets.config import ShardingConfig
+from torchbucket.errors import ConfigError
+from torchbucket.shards._catalog import ShardSet
+from torchbucket.shards._split import Piece, epoch_order, worker_pieces
+from torchbucket.shards._stream import END_OF_PIECE, stream_samples
+from torchbucket.shards.config import ShardReadConfig
+
+if TYPE_CHECKING:
+    from torchbucket.listing import ListingConfig
+    from torchbucket.storage.gcs import GCSConfig
+
+__all__ = ["BucketShardDataset"]
+
+_STATE_VERSION = 1
+Layout = tuple[int, int, int, int]  # rank, world size, worker, workers
+Position = tuple[int, int]  # piece, sample in piece
+SampleFormatFn = Callable[[Any], Any]
+
+
+def _dist_rank_world() -> tuple[int, int] | None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return None
+
+
+def _describe(sample: Any) -> str:
+    if isinstance(sample, dict):
+        return f"sample {sample.get('__key__')!r} of {sample.get('__url__')}"
+    return "a sample"
+
+
+class BucketShardDataset(IterableDataset[Any]):
+    """The samples of tar shards (WebDataset layout) as a stream.
+
+    Build it with :meth:`from_prefix` over the output of ``torchbucket pack``
+    (it reads the manifest and the shards' indexes) or over any prefix of
+    ``.tar`` shards, such as those of ``webdataset.ShardWriter`` (read by
+    streaming their headers). A sample is a dict of one key's members
+    (``{"__key__": ..., "__url__": shard URI, "jpg": bytes, "cls": bytes}``)
+    or, for shards packed with ``group_by="none"``, one member's bytes.
+
+    Each iterator keeps ``ShardReadConfig.reads_in_flight`` large ranged reads
+    going, across shard boundaries. Every sample is read exactly once per
+    epoch over all ranks and DataLoader workers: with indexes, the epoch's
+    samples are cut into contiguous spans per rank and worker (counts follow
+    :class:`ShardingConfig`, ``uneven`` included); without, whole shards are
+    dealt out (``uneven`` then counts shards). With ``shuffle``, the shards'
+    order is a permutation seeded by ``(seed, epoch)``, and samples pass a
+    seeded shuffle buffer of ``ShardReadConfig.shuffle_buffer`` samples; call
+    :meth:`set_epoch` before each epoch.
+
+    :meth:`state_dict` / :meth:`load_state_dict` resume mid-shard, the shuffle
+    buffer included, without replaying or skipping a sample (directly or
+    through ``torchdata``'s ``StatefulDataLoader``); a resumed iterator reads
+    again what it needs of the last shards (at most the buffer's span). A
+    mid-epoch state resumes only with the same ranks and workers.
+
+    Each member is checked against the CRC32C its index records (re-read
+    once on a mismatch); a shard that is truncated or corrupt raises
+    ``IntegrityError`` naming the shard and the member, never ends short.
+
+    Args:
+        shards: The shards (use the classmethods instead).
+        data_format_fn: Turns a sample into what the model needs; default the
+            sample unchanged. Runs in the consuming thread.
+        shuffle: Shuffle shards and samples (seeded). Default ``False``.
+        seed: Seed of the order; the same on every rank. Default 0.
+        sharding: Ranks and uneven counts; default ``ShardingConfig()``.
+        read: Reads in flight, read sizes, shuffle buffer; default
+            ``ShardReadConfig()``.
+    """
+
+    def __init__(
+        self,
+        shards: ShardSet,
+        *,
+        data_format_fn: SampleFormatFn | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        sharding: ShardingConfig | None = None,
+        read: ShardReadConfig | None = None,
+    ) -> None:
+        self._shards = shards
+        self._format = data_format_fn
+        self._shuffle = bool(shuffle)
+        self._seed = int(seed)
+        self._sharding = sharding if sharding is not None else ShardingConfig()
+        self._read = read if read is not None else ShardReadConfig()
+        self._counts = (
+            [i.num_samples for i in shards.indexes if i is not None] if shards.indexed else None
+        )
+        digest = hashlib.sha256()
+        for info in shards.shards:
+            digest.update(f"{info.name}\0{info.size}\n".encode())
+        self._fingerprint = digest.hexdigest()[:16]
+        self._epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self._dist = _dist_rank_world()
+        self._pending: dict[str, Any] | None = None
+        self._last: _ShardIterator | None = None
+        self._last_current = False
+
+    @classmethod
+    def from_prefix(
+        cls,
+        uri: str,
+        *,
+        data_format_fn: SampleFormatFn | None = None,
+        gcs_config: GCSConfig | None = None,
+        listing: ListingConfig | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        sharding: ShardingConfig | None = None,
+        read: ShardReadConfig | None = None,
+    ) -> BucketShardDataset:
+        """The shards under a prefix, or of a manifest (a URI ending in ``.json``).
+
+        Args:
+            uri: ``gs://bucket/packed/`` or ``gs://bucket/packed/manifest.json``
+                (also ``memory://`` and ``file://``).
+            data_format_fn: See the class.
+            gcs_config: How to reach GCS, for ``gs://`` URIs.
+            listing: A ``ListingConfig`` for listing the prefix.
+            shuffle: See the class.
+            seed: See the class.
+            sharding: See the class.
+            read: See the class.
+
+        Raises:
+            NotFoundError: No manifest and no ``.tar`` under the prefix.
+        """
+        shards = ShardSet.open(uri, gcs_config=gcs_config, listing_config=listing)
+        return cls(
+            shards,
+            data_format_fn=data_format_fn,
+            shuffle=shuffle,
+            seed=seed,
+            sharding=sharding,
+            read=read,
+        )
+
+    @property
+    def num_shards(self) -> int:
+        """Shards in the dataset."""
+        return len(self._shards)
+
+    @property
+    def num_samples(self) -> int | None:
+        """Samples over all shards, or ``None`` when a shard has no index."""
+        return None if self._counts is None else sum(self._counts)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iterator will read."""
+        if self._pending is not None:
+            return int(self._pending["epoch"])
+        return int(self._epoch_cell[0])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch (and so the shuffled order) of the next iterator.
+
+        Raises:
+            ConfigError: ``epoch`` is negative.
+        """
+        if int(epoch) < 0:
+            raise ConfigError(f"epoch must be >= 0, got {epoch!r}")
+        self._epoch_cell[0] = int(epoch)
+        if self._last is not None and self._last.epoch != int(epoch):
+            self._last_current = False
+        if self._pending is not None and self._pending["epoch"] != int(epoch):
+            self._pending = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_dist"] = _dist_rank_world() or self._dist
+        state["_last"] = None
+        state["_last_current"] = False
+        return state
+
+    def _layout(self) -> Layout:
+        if self._sharding.rank is not None and self._sharding.world_size is not None:
+            rank, world = self._sharding.rank, self._sharding.world_size
+        else:
+            rank, world = _dist_rank_world() or self._dist or (0, 1)
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return rank, world, worker, workers
+
+    def pieces(self, epoch: int, layout: Layout) -> list[Piece]:
+        """The ``(shard, first sample, stop sample)`` pieces one worker reads in ``epoch``."""
+        rank, world, worker, workers = layout
+        order = epoch_order(len(self._shards), shuffle=self._shuffle, seed=self._seed, epoch=epoch)
+        return worker_pieces(
+            order,
+            self._counts,
+            rank=rank,
+            world_size=world,
+            worker=worker,
+            num_workers=workers,
+            uneven=self._sharding.uneven,
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._last is not None:
+            self._last.close()
+        iterator = _ShardIterator(self, self.epoch, self._layout())
+        if self._pending is not None:
+            iterator.load_state_dict(self._pending)
+            self._pending = None
+        self._last = iterator
+        self._last_current = True
+        return iterator
+
+    def _fresh_state(self) -> dict[str, Any]:
+        return {
+            "version": _STATE_VERSION,
+            "epoch": self.epoch,
+            "position": 0,
+            "next": [0, 0],
+            "buffer": [],
+            "rng": None,
+            "layout": None,
+            "shards": self._fingerprint,
+            "shuffle": self._shuffle,
+            "seed": self._seed,
+            "uneven": self._sharding.uneven,
+            "shuffle_buffer": self._read.shuffle_buffer if self._shuffle else 0,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the current (or last) iterator of this process stands.
+
+        Returns:
+            Plain values: epoch, samples yielded, the next sample to read, the
+            positions held in the shuffle buffer and its random state, the
+            layout, and what identifies the shards and the order.
+        """
+        if self._pending is not None:
+            return dict(self._pending)
+        if self._last is not None and self._last_current:
+            return self._last.state_dict()
+        return self._fresh_state()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Make the next iterator resume where ``state`` was taken.
+
+        Raises:
+            ConfigError: The state is from other shards, order or layout.
+        """
+        checked = self._check_state(state)
+        if self._last is not None:
+            self._last.close()
+            self._last = None
+        self._pending = checked
+
+    def _check_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        if state.get("version") != _STATE_VERSION:
+            raise ConfigError(f"unknown state version {state.get('version')!r}")
+        mine = self._fresh_state()
+        for key in ("shards", "shuffle", "seed", "uneven", "shuffle_buffer"):
+            if state.get(key) != mine[key]:
+                raise ConfigError(
+                    f"state is for {key}={state.get(key)!r}, this dataset has {mine[key]!r}: "
+                    "resuming would replay or skip samples"
+                )
+        if int(state["epoch"]) < 0 or int(state["position"]) < 0:
+            raise ConfigError(f"state has a negative epoch or position: {dict(state)!r}")
+        layout = state.get("layout")
+        return {
+            **mine,
+            "epoch": int(state["epoch"]),
+            "position": int(state["position"]),
+            "next": [int(x) for x in state["next"]],
+            "buffer": [[int(p), int(s)] for p, s in state["buffer"]],
+            "rng": state.get("rng"),
+            "layout": None if layout is None else [int(x) for x in layout],
+        }
+
+
+class _ShardIterator(Iterator[Any]):
+    """One pass over one worker's pieces; the ``dataset_iter`` a DataLoader snapshots."""
+
+    def __init__(self, dataset: BucketShardDataset, epoch: int, layout: Layout) -> None:
+        self._dataset = dataset
+        self.epoch = epoch
+        self._layout = layout
+        self._pieces: list[Piece] | None = None
+        self._next: Position = (0, 0)
+        self._position = 0
+        self._buffer: list[tuple[int, int, Any]] = []
+        self._rng = self._new_rng() if dataset._shuffle else None
+        self._restore: list[Position] | None = None
+        self._peeked: tuple[int, int, Any] | None = None
+        self._stream: Iterator[tuple[int, int, Any]] | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+
+    def _new_rng(self) -> random.Random:
+        # A string seed goes through SHA-512: the same in every process.
+        return random.Random(f"{self._dataset._seed}:{self.epoch}:{self._layout}")
+
+    def __iter__(self) -> _ShardIterator:
+        return self
+
+    def _open(self) -> Iterator[tuple[int, int, Any]]:
+        ds = self._dataset
+        if self._pieces is None:
+            self._pieces = ds.pieces(self.epoch, self._layout)
+        start = min([self._next, *(self._restore or [])])
+        stream = stream_samples(ds._shards, self._pieces, ds._read, start=start)
+        self._stream = stream
+        self._finalizer = weakref.finalize(self, stream.close)
+        if self._restore:
+            self._fill_restored()
+        return stream
+
+    def _pull(self) -> tuple[int, int, Any] | None:
+        """The next sample at or after ``_next``; what lies before it is restored or dropped."""
+        if self._peeked is not None:
+            item, self._peeked = self._peeked, None
+            return item
+        stream = self._stream if self._stream is not None else self._open()
+        for p, s, sample in stream:
+            if s == END_OF_PIECE:
+                if (p + 1, 0) > self._next:
+                    self._next = (p + 1, 0)
+                continue
+            if (p, s) >= self._next:
+                return p, s, sample
+            if self._restoring is not None and (p, s) in self._restoring:
+                self._restoring[(p, s)] = sample
+        return None
+
+    _restoring: dict[Position, Any] | None = None
+
+    def _fill_restored(self) -> None:
+        wanted = self._restore or []
+        self._restoring = dict.fromkeys(wanted)
+        self._restore = None
+        self._peeked = self._pull()
+        found = self._restoring
+        self._restoring = None
+        missing = [pos for pos in wanted if found.get(pos) is None]
+        if missing:
+            raise ConfigError(
+                f"cannot restore the shuffle buffer: samples at (piece, sample) {missing[:3]} "
+                "were not found; the shards changed since the state was taken"
+            )
+        self._buffer = [(p, s, found[(p, s)]) for p, s in wanted]
+
+    def __next__(self) -> Any:
+        ds = self._dataset
+        if self._stream is None:
+            self._open()
+        if self._rng is None:
+            item = self._pull()
+            if item is None:
+                self.close()
+                raise StopIteration
+        else:
+            buffer = self._buffer
+            while len(buffer) < ds._read.shuffle_buffer:
+                pulled = self._pull()
+                if pulled is None:
+                    break
+                buffer.append(pulled)
+                self._next = (pulled[0], pulled[1] + 1)
+            if not buffer:
+                self.close()
+                raise StopIteration
+            j = self._rng.randrange(len(buffer))
+            item = buffer[j]
+            buffer[j] = buffer[-1]
+            buffer.pop()
+        p, s, sample = item
+        if self._rng is None:
+            self._next = (p, s + 1)
+        self._position += 1
+        if ds._format is None:
+            return sample
+        try:
+            return ds._format(sample)
+        except Exception as exc:
+            exc.add_note(f"torchbucket: data_format_fn failed on {_describe(sample)}")
+            raise
+
+    def close(self) -> None:
+        """Stop reading (called at the end, or when the iterator is dropped)."""
+        if self._finalizer is not None:
+            self._finalizer()
+            self._finalizer = None
+        self._stream = None
+        self._peeked = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Epoch, samples yielded, next read, shuffle buffer and random state."""
+        nxt = self._next
+        if self._peeked is not None:
+            nxt = (self._peeked[0], self._peeked[1])
+        buffer = (
+            [list(pos) for pos in self._restore]
+            if self._restore is not None
+            else [[p, s] for p, s, _ in self._buffer]
+        )
+        return {
+            **self._dataset._fresh_state(),
+            "epoch": self.epoch,
+            "position": self._position,
+            "next": list(nxt),
+            "buffer": buffer,
+            "rng": None if self._rng is None else _rng_state(self._rng),
+            "layout": list(self._layout),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``.
+
+        Raises:
+            ConfigError: The state is from other shards, order or layout.
+        """
+        checked = self._dataset._check_state(state)
+        layout = checked["layout"]
+        if checked["position"] > 0 and layout is not None and tuple(layout) != self._layout:
+            raise ConfigError(
+                f"a mid-epoch state taken with (rank, world size, worker, workers) = "
+                f"{tuple(layout)} cannot resume as {self._layout}: use the same number of "
+                "ranks and DataLoader workers"
+            )
+        self.close()
+        if checked["epoch"] != self.epoch:
+            self.epoch = checked["epoch"]
+            self._pieces = None
+        self._position = checked["position"]
+        self._next = (checked["next"][0], checked["next"][1])
+        self._buffer = []
+        self._restore = [(p, s) for p, s in checked["buffer"]] or None
+        if self._dataset._shuffle:
+            self._rng = self._new_rng()
+            if checked["rng"] is not None:
+                self._rng.setstate(_rng_unstate(checked["rng"]))
+
+
+def _rng_state(rng: random.Random) -> list[Any]:
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def _rng_unstate(state: Any) -> tuple[Any, ...]:
+    version, internal, gauss = state
+    return (int(version), tuple(int(x) for x in internal), gauss)

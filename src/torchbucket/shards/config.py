@@ -1,0 +1,89 @@
+"""Options of packing and of reading shards, in frozen configs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from torchbucket.errors import ConfigError
+
+__all__ = ["PackConfig", "ShardReadConfig"]
+
+_MIB = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PackConfig:
+    """How objects are packed into tar shards.
+
+    Attributes:
+        shard_size: Target bytes per shard: a shard is closed before the
+            sample that would take it past this (a sample larger than it gets
+            a shard of its own). Default 256 MiB.
+        group_by: ``"key"``: objects ``<key>.<ext>`` with the same key form
+            one sample (WebDataset's rule: the key ends at the first dot of
+            the last path segment); ``"none"``: each object is a sample.
+            Default ``"key"``.
+        part_size: Bytes per multipart upload part (GCS's XML API wants at
+            least 5 MiB but for the last part). Default 16 MiB.
+        reads_in_flight: Source objects being read at once, per shard being
+            written. Default 64.
+        shards_in_flight: Shards written at once. Default 4; memory is about
+            ``shards_in_flight x (2 x part_size + reads_in_flight objects)``.
+    """
+
+    shard_size: int = 256 * _MIB
+    group_by: Literal["key", "none"] = "key"
+    part_size: int = 16 * _MIB
+    reads_in_flight: int = 64
+    shards_in_flight: int = 4
+
+    def __post_init__(self) -> None:
+        if self.shard_size < 4096:
+            raise ConfigError(f"PackConfig.shard_size must be >= 4096, got {self.shard_size!r}")
+        if self.group_by not in ("key", "none"):
+            raise ConfigError(
+                f"PackConfig.group_by must be 'key' or 'none', got {self.group_by!r}"
+            )
+        if self.part_size < 5 * _MIB:
+            raise ConfigError(
+                f"PackConfig.part_size must be >= 5 MiB (GCS's smallest part), got {self.part_size!r}"
+            )
+        for name in ("reads_in_flight", "shards_in_flight"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"PackConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShardReadConfig:
+    """How shards are streamed.
+
+    Attributes:
+        reads_in_flight: Ranged GETs in flight per iterator (so per DataLoader
+            worker), across shard boundaries. Default 8.
+        read_size: Bytes per ranged GET once a stream is under way. Default
+            8 MiB: at 200 MB/s per body and 20 ms to the first byte, 8 reads
+            of 8 MiB keep about 1 GB/s coming per worker.
+        first_read_size: Bytes of the first GET of an iterator; later reads
+            double up to ``read_size``, so the first batch waits for a small
+            read. Default 1 MiB.
+        shuffle_buffer: Samples held to shuffle within, when shuffling.
+            Default 1000 (memory: that many samples).
+    """
+
+    reads_in_flight: int = 8
+    read_size: int = 8 * _MIB
+    first_read_size: int = 1 * _MIB
+    shuffle_buffer: int = 1000
+
+    def __post_init__(self) -> None:
+        for name in ("reads_in_flight", "read_size", "first_read_size", "shuffle_buffer"):
+            if getattr(self, name) < 1:
+                raise ConfigError(
+                    f"ShardReadConfig.{name} must be >= 1, got {getattr(self, name)!r}"
+                )
+        if self.first_read_size > self.read_size:
+            raise ConfigError(
+                f"ShardReadConfig.first_read_size ({self.first_read_size}) must be <= "
+                f"read_size ({self.read_size})"
+            )
