@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import selectors
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,7 @@ from typing import Any, Literal
 from torchbucket.emulator._faults import FAULT_KINDS, OPERATIONS, FaultRule
 from torchbucket.emulator._latency import PRESETS, LatencyModel, resolve_latency
 from torchbucket.emulator._seed import encode_frames, generated_bytes, generated_names
+from torchbucket.emulator._tls import admin_opener, make_certs
 from torchbucket.errors import ConfigError, StorageError
 
 __all__ = [
@@ -107,6 +109,10 @@ class Emulator:
             itself requires 5 MiB). Default 0: no minimum.
         log_path: File for the server's stderr (and fake-gcs-server's output);
             a temporary file when ``None``.
+        tls: Serve HTTPS (``https://127.0.0.1:PORT``) with a certificate from a
+            CA made for this emulator; clients trust :attr:`ca_file` through
+            ``SSL_CERT_FILE`` / ``REQUESTS_CA_BUNDLE``. Needs ``trustme``.
+            Default ``False``.
 
     Raises:
         ConfigError: A bad argument.
@@ -120,6 +126,7 @@ class Emulator:
         *,
         min_part_size: int = 0,
         log_path: str | None = None,
+        tls: bool = False,
     ) -> None:
         if backend not in ("model", "fake-gcs"):
             raise ConfigError(f"Emulator backend must be 'model' or 'fake-gcs', got {backend!r}")
@@ -132,6 +139,12 @@ class Emulator:
         self.rps_cap = rps_cap
         self.min_part_size = min_part_size
         self.log_path = log_path
+        self.tls = tls
+        #: With ``tls``, the CA file a client must trust (SSL_CERT_FILE,
+        #: REQUESTS_CA_BUNDLE) while the emulator runs; else ``None``.
+        self.ca_file: str | None = None
+        self._tls_dir: str | None = None
+        self._opener = _OPENER
         self._proc: subprocess.Popen[bytes] | None = None
         self._endpoint: str | None = None
         self.pid: int | None = None
@@ -182,6 +195,11 @@ class Emulator:
         cmd += ["--backend", self.backend, "--min-part-size", str(self.min_part_size)]
         cmd += ["--latency", json.dumps(self._latency.to_dict()) if self._latency else "none"]
         cmd += ["--fake-gcs-log", self.log_path]
+        if self.tls:
+            self._tls_dir = tempfile.mkdtemp(prefix="torchbucket-emulator-tls-")
+            self.ca_file, cert_file, key_file = make_certs(self._tls_dir)
+            self._opener = admin_opener(self.ca_file)
+            cmd += ["--tls-cert", cert_file, "--tls-key", key_file]
         if self.rps_cap is not None:
             cmd += ["--rps-cap", str(self.rps_cap)]
         with open(self.log_path, "ab") as log:
@@ -248,6 +266,9 @@ class Emulator:
             self._finalizer = None
         self._proc = None
         self._endpoint = None
+        if self._tls_dir is not None:
+            shutil.rmtree(self._tls_dir, ignore_errors=True)
+            self._tls_dir = None
 
     def __enter__(self) -> Emulator:
         return self.start()
@@ -282,7 +303,7 @@ class Emulator:
         if data is not None:
             req.add_header("Content-Type", content_type)
         try:
-            with _OPENER.open(req, timeout=timeout) as resp:
+            with self._opener.open(req, timeout=timeout) as resp:
                 return json.loads(resp.read() or b"null")
         except urllib.error.HTTPError as exc:
             body = exc.read()

@@ -53,6 +53,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--fake-gcs-log", default=None, help="log file of fake-gcs-server")
     parser.add_argument(
+        "--tls-cert",
+        default=None,
+        help="serve HTTPS with this PEM certificate chain (with --tls-key)",
+    )
+    parser.add_argument("--tls-key", default=None, help="the PEM private key of --tls-cert")
+    parser.add_argument(
         "--watch-stdin", action="store_true", help="exit when stdin reaches end of file"
     )
     parser.add_argument(
@@ -117,7 +123,14 @@ async def _serve(args: argparse.Namespace, latency: object) -> None:
         rps_cap=args.rps_cap,
         min_part_size=args.min_part_size,
     )
-    port = await front.start(args.port)
+    tls = None
+    if args.tls_cert:
+        import ssl
+
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(args.tls_cert, args.tls_key)
+    port = await front.start(args.port, ssl_context=tls)
+    scheme = "https" if tls is not None else "http"
     for bucket in args.bucket:
         await front.backend.create_bucket(bucket)
     loop = asyncio.get_running_loop()
@@ -147,7 +160,7 @@ async def _serve(args: argparse.Namespace, latency: object) -> None:
 
         check_parent()
     line = {
-        "endpoint": f"http://127.0.0.1:{port}",
+        "endpoint": f"{scheme}://127.0.0.1:{port}",
         "port": port,
         "backend": front.backend.name,
         "pid": os.getpid(),
@@ -158,7 +171,7 @@ async def _serve(args: argparse.Namespace, latency: object) -> None:
     if not args.watch_stdin:
         sys.stderr.write(
             f"GCS emulator ({front.backend.name}) listening; point clients at it with\n"
-            f"  export STORAGE_EMULATOR_HOST=http://127.0.0.1:{port}\n"
+            f"  export STORAGE_EMULATOR_HOST={scheme}://127.0.0.1:{port}\n"
             "Ctrl-C stops it.\n"
         )
     await front.stopped.wait()

@@ -101,6 +101,17 @@ class ModelBackend:
     async def _media(self, call: Call) -> web.Response:
         obj = self._read_target(call)
         headers = obj.media_headers()
+        if obj.content_encoding:
+            # https://cloud.google.com/storage/docs/transcoding: a gzip object
+            # goes to a client that does not accept gzip decompressed, whole
+            # (a Range is ignored), with no Content-Length and the stored
+            # bytes' hashes; to one that does, as stored, Content-Encoding set.
+            decoded = obj.decoded()
+            if decoded is not None and not accepts_gzip(call.headers.get("Accept-Encoding")):
+                resp = web.Response(body=decoded, headers=headers)
+                resp.enable_chunked_encoding()
+                return resp
+            headers["Content-Encoding"] = obj.content_encoding
         rng = parse_range(call.headers.get("Range"), len(obj.data))
         if rng is None:
             return web.Response(body=obj.data, headers=headers)
@@ -164,6 +175,7 @@ class ModelBackend:
             metadata=meta.get("metadata"),
             pre=Preconditions.from_query(call.query),
             md5=md5,
+            content_encoding=meta.get("contentEncoding"),
         )
         return _object_response(call, obj)
 
@@ -209,6 +221,7 @@ class ModelBackend:
             content_type=meta.get("contentType"),
             metadata=meta.get("metadata"),
             pre=Preconditions.from_query(session.query),
+            content_encoding=meta.get("contentEncoding"),
         )
         return json_response(obj.resource())
 
@@ -224,6 +237,7 @@ class ModelBackend:
             sources,
             dest.get("contentType"),
             Preconditions.from_query(call.query),
+            dest.get("contentEncoding"),
         )
         return _object_response(call, obj)
 
@@ -251,6 +265,7 @@ class ModelBackend:
             content_type=meta.get("contentType") or src.content_type,
             metadata=meta.get("metadata", src.metadata),
             pre=Preconditions.from_query(q),
+            content_encoding=meta.get("contentEncoding", src.content_encoding),
         )
 
     async def _rewrite(self, call: Call) -> web.Response:
@@ -277,6 +292,8 @@ class ModelBackend:
             obj.content_type = meta["contentType"] or "application/octet-stream"
         if "metadata" in meta:
             obj.metadata = meta["metadata"]
+        if "contentEncoding" in meta:
+            obj.content_encoding = meta["contentEncoding"] or None
         obj.metageneration += 1
         obj.invalidate()
         return json_response(obj.resource())
@@ -309,6 +326,23 @@ def _object_response(call: Call, obj: ModelObject) -> web.Response:
     if not fields:
         return json_response(obj.resource())
     return json_response(obj.resource(parse_fields(fields, collection=False).items))
+
+
+def accepts_gzip(accept_encoding: str | None) -> bool:
+    """Whether an ``Accept-Encoding`` header accepts gzip (``gzip`` or ``*``, q > 0)."""
+    for item in (accept_encoding or "").split(","):
+        coding, _, params = item.partition(";")
+        if coding.strip().lower() not in ("gzip", "x-gzip", "*"):
+            continue
+        q = params.strip().lower()
+        if q.startswith("q="):
+            try:
+                if float(q[2:]) <= 0:
+                    continue
+            except ValueError:
+                continue
+        return True
+    return False
 
 
 def _json_body(call: Call) -> dict[str, Any]:

@@ -7,7 +7,9 @@ serving it again costs a dict lookup.
 
 from __future__ import annotations
 
+import gzip
 import json
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -20,11 +22,13 @@ class ModelObject:
     """One stored object and its metadata."""
 
     __slots__ = (
+        "_decoded",
         "_headers",
         "_json",
         "_partial",
         "bucket",
         "component_count",
+        "content_encoding",
         "content_type",
         "crc32c",
         "created",
@@ -48,6 +52,7 @@ class ModelObject:
         metadata: dict[str, str] | None = None,
         component_count: int | None = None,
         md5: bool = True,
+        content_encoding: str | None = None,
     ) -> None:
         self.bucket = bucket
         self.name = name
@@ -55,6 +60,7 @@ class ModelObject:
         self.generation = generation
         self.metageneration = 1
         self.content_type = content_type
+        self.content_encoding = content_encoding or None
         self.metadata = metadata
         self.component_count = component_count
         self.created = created
@@ -67,6 +73,7 @@ class ModelObject:
         self._json: bytes | None = None
         self._partial: tuple[tuple[str, ...], bytes] | None = None
         self._headers: dict[str, str] | None = None
+        self._decoded: bytes | None = None
 
     def resource(self, fields: tuple[str, ...] | None = None) -> bytes:
         """The object's JSON API resource, encoded once and cached.
@@ -112,6 +119,8 @@ class ModelObject:
             out["componentCount"] = self.component_count
         if self.metadata:
             out["metadata"] = self.metadata
+        if self.content_encoding:
+            out["contentEncoding"] = self.content_encoding
         out["etag"] = self.etag
         out["timeCreated"] = out["updated"] = out["timeStorageClassUpdated"] = self.created
         return out
@@ -133,18 +142,35 @@ class ModelObject:
                 "X-Goog-Generation": str(self.generation),
                 "X-Goog-Metageneration": str(self.metageneration),
                 "X-Goog-Stored-Content-Length": str(len(self.data)),
-                "X-Goog-Stored-Content-Encoding": "identity",
+                "X-Goog-Stored-Content-Encoding": self.content_encoding or "identity",
                 "X-Goog-Storage-Class": "STANDARD",
                 "ETag": f'"{self.etag}"',
                 "Accept-Ranges": "bytes",
             }
         return dict(self._headers)
 
+    def decoded(self) -> bytes | None:
+        """The bytes GCS serves by decompressive transcoding, or ``None``.
+
+        ``None`` unless the object is stored with ``Content-Encoding: gzip``
+        and its bytes decode (what GCS does with bytes that do not is not
+        documented; they are served as stored).
+        """
+        if self.content_encoding != "gzip":
+            return None
+        if self._decoded is None:
+            try:
+                self._decoded = gzip.decompress(self.data)
+            except (OSError, EOFError, zlib.error):
+                return None
+        return self._decoded
+
     def invalidate(self) -> None:
         """Forget cached encodings after a metadata change."""
         self._json = None
         self._partial = None
         self._headers = None
+        self._decoded = None
 
 
 def _meta_fragment(o: ModelObject) -> str | None:
@@ -161,6 +187,9 @@ _FIELD_FRAGMENTS: dict[str, Callable[[ModelObject], str | None]] = {
     "generation": lambda o: f'"generation":"{o.generation}"',
     "metageneration": lambda o: f'"metageneration":"{o.metageneration}"',
     "contentType": lambda o: f'"contentType":{json.dumps(o.content_type)}',
+    "contentEncoding": lambda o: (
+        f'"contentEncoding":{json.dumps(o.content_encoding)}' if o.content_encoding else None
+    ),
     "storageClass": lambda o: '"storageClass":"STANDARD"',
     "size": lambda o: f'"size":"{len(o.data)}"',
     "crc32c": lambda o: f'"crc32c":"{o.crc32c}"',

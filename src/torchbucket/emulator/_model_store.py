@@ -169,6 +169,7 @@ class ModelStore:
         pre: Preconditions | None = None,
         component_count: int | None = None,
         md5: bool = True,
+        content_encoding: str | None = None,
     ) -> ModelObject:
         """Write an object (a new generation), checking ``pre`` first.
 
@@ -191,6 +192,7 @@ class ModelStore:
             metadata=metadata,
             component_count=component_count,
             md5=md5,
+            content_encoding=content_encoding,
         )
         found.objects[name] = obj
         if current is None:
@@ -241,8 +243,14 @@ class ModelStore:
         sources: list[dict[str, Any]],
         content_type: str | None,
         pre: Preconditions,
+        content_encoding: str | None = None,
     ) -> ModelObject:
-        """Concatenate up to 32 source objects into ``name``."""
+        """Concatenate up to 32 source objects into ``name``.
+
+        The composite's ``contentEncoding`` is the destination resource's, as on
+        GCS, never the sources' (composing gzip objects without it gives raw
+        gzip members back to back).
+        """
         if not sources:
             raise ApiError(400, "Compose requires at least one source object.")
         if len(sources) > MAX_COMPOSE_SOURCES:
@@ -282,6 +290,7 @@ class ModelStore:
             content_type=content_type,
             pre=pre,
             component_count=components,
+            content_encoding=content_encoding,
         )
 
     def list_page(

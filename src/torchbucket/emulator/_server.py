@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import socket
+import ssl
 import struct
 from typing import Any, Protocol
 
@@ -112,8 +113,11 @@ class FrontServer:
         self.port = 0
         self.stopped = asyncio.Event()
 
-    async def start(self, port: int = 0) -> int:
-        """Bind 127.0.0.1:``port`` (0: a free one) and serve; return the port."""
+    async def start(self, port: int = 0, *, ssl_context: ssl.SSLContext | None = None) -> int:
+        """Bind 127.0.0.1:``port`` (0: a free one) and serve; return the port.
+
+        With ``ssl_context`` it serves HTTPS only.
+        """
         loop = asyncio.get_running_loop()
 
         def make_request(
@@ -130,7 +134,14 @@ class FrontServer:
         server = web.Server(self.handle, request_factory=make_request, access_log=None)
         self._runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", port, backlog=1024, reuse_address=True)
+        site = web.TCPSite(
+            self._runner,
+            "127.0.0.1",
+            port,
+            backlog=1024,
+            reuse_address=True,
+            ssl_context=ssl_context,
+        )
         await site.start()
         sock = site._server.sockets[0]  # type: ignore[union-attr]
         self.port = int(sock.getsockname()[1])
@@ -278,7 +289,10 @@ async def _stream(
     body = memoryview(raw if isinstance(raw, (bytes, bytearray, memoryview)) else b"")
     out = web.StreamResponse(status=resp.status, reason=resp.reason)
     out.headers.update(resp.headers)
-    out.content_length = len(body)
+    if resp.chunked:  # a transcoded download: no Content-Length, as on GCS
+        out.enable_chunked_encoding()
+    else:
+        out.content_length = len(body)
     await out.prepare(request)
     for start in range(0, len(body), _STREAM_CHUNK):
         chunk = body[start : start + _STREAM_CHUNK]
