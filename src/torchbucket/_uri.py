@@ -1,6 +1,9 @@
 """Parsing of the URIs torchbucket accepts, in one place.
 
-``gs://bucket/key``, ``memory://name/key`` and ``file:///abs/path``. A
+``gs://bucket/key``, ``memory://name/key`` and ``file:///abs/path``. ``gcs://``
+is accepted as another spelling of ``gs://`` (gcsfs, fsspec and
+gcs-torch-dataflux's Lightning and DCP paths use it) and parses to the same
+``gs`` URI. A
 ``file://`` URI has the filesystem root ``/`` as its bucket and the absolute path,
 less its leading ``/``, as its key, so that prefixes behave as they do on a bucket:
 ``file:///data/train/img_`` is every file under ``/data/train`` whose name starts
@@ -9,14 +12,17 @@ with ``img_``.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
 from torchbucket.errors import InvalidURIError
 
-__all__ = ["SCHEMES", "ObjectURI", "join_key", "parse_uri"]
+__all__ = ["ALIASES", "SCHEMES", "ObjectURI", "join_key", "parse_uri", "uri_text"]
 
 SCHEMES = ("gs", "memory", "file")
+#: Other spellings of a scheme, and the scheme they mean.
+ALIASES = {"gcs": "gs"}
 
 # GCS bucket names: 3-63 characters (222 with dots), lowercase letters, digits,
 # dashes, underscores and dots, starting and ending with a letter or digit.
@@ -47,8 +53,27 @@ class ObjectURI:
         return ObjectURI(self.scheme, self.bucket, key)
 
 
+def uri_text(uri: str | os.PathLike[str]) -> str:
+    """``uri`` as a string, undoing what ``pathlib.Path`` does to a URI.
+
+    ``Path("gs://bucket/run") / "x"`` is ``gs:/bucket/run/x``: a path collapses
+    ``//``. Code written for gcs-torch-dataflux passes such paths (its DCP
+    writer's ``checkpoint_id``, Lightning's ``path / name``); a path-like whose
+    text starts with a known scheme and ``:/`` is read as that URI again.
+    Strings are returned as they are.
+    """
+    if isinstance(uri, str):
+        return uri
+    text = os.fspath(uri)
+    scheme, sep, rest = text.partition(":/")
+    if sep and not rest.startswith("/") and (scheme in SCHEMES or scheme in ALIASES):
+        # file:///abs/path became file:/abs/path: the path keeps its leading slash.
+        return f"{scheme}:///{rest}" if scheme == "file" else f"{scheme}://{rest}"
+    return text
+
+
 def parse_uri(uri: str) -> ObjectURI:
-    """Parse a ``gs://``, ``memory://`` or ``file://`` URI.
+    """Parse a ``gs://`` (or ``gcs://``), ``memory://`` or ``file://`` URI.
 
     Args:
         uri: The URI. A ``file://`` URI must hold an absolute path.
@@ -64,6 +89,7 @@ def parse_uri(uri: str) -> ObjectURI:
     if not isinstance(uri, str):
         raise InvalidURIError(f"expected a URI string, got {type(uri).__name__}: {uri!r}")
     scheme, sep, rest = uri.partition("://")
+    scheme = ALIASES.get(scheme, scheme)
     if not sep:
         raise InvalidURIError(
             f"{uri!r} is not a URI: expected gs://bucket/key, memory://name/key or file:///path"

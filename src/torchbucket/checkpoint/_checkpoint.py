@@ -6,6 +6,7 @@ import threading
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from torchbucket import runtime
+from torchbucket._checks import check_gcs_config, check_instance
 from torchbucket._uri import parse_uri
 from torchbucket.checkpoint import _mapped as mapped
 from torchbucket.checkpoint._config import CheckpointConfig
@@ -38,11 +39,27 @@ class BucketCheckpoint:
         config: Part sizes, parallelism and checks. Default ``CheckpointConfig()``.
         gcs_config: Endpoint, credentials and retries for ``gs://`` URIs.
             Default: ``GCSConfig()``.
+
+    Raises:
+        ConfigError: ``config`` or ``gcs_config`` is not a config object (for
+            example a project name: gcs-torch-dataflux's
+            ``DatafluxCheckpoint(project_name, bucket_name)`` is
+            :class:`torchbucket.dataflux.dataflux_checkpoint.DatafluxCheckpoint`).
     """
 
     def __init__(
         self, config: CheckpointConfig | None = None, gcs_config: GCSConfig | None = None
     ) -> None:
+        hint = ""
+        if isinstance(config, str):
+            hint = (
+                "for gcs-torch-dataflux's DatafluxCheckpoint(project_name, bucket_name) use "
+                "torchbucket.dataflux.dataflux_checkpoint.DatafluxCheckpoint"
+            )
+        check_instance(
+            config, CheckpointConfig, owner="BucketCheckpoint", parameter="config", hint=hint
+        )
+        check_gcs_config(gcs_config, owner="BucketCheckpoint")
         self.config = config or CheckpointConfig()
         self.gcs_config = gcs_config
         self._stores: dict[tuple[str, str], ObjectStore] = {}

@@ -103,15 +103,23 @@ class Catalog:
         *,
         gcs_config: GCSConfig | None = None,
         listing_config: ListingConfig | None = None,
+        allow_empty: bool = False,
     ) -> Catalog:
         """List every object under a prefix URI.
 
+        Args:
+            uri: The prefix URI.
+            gcs_config: How to reach GCS, for ``gs://``.
+            listing_config: How to list.
+            allow_empty: Return an empty catalog when nothing is under the
+                prefix, instead of raising.
+
         Raises:
-            NotFoundError: Nothing is under the prefix.
+            NotFoundError: Nothing is under the prefix (unless ``allow_empty``).
         """
         store, prefix = open_store(uri, gcs_config)
         infos = runtime.run(listing.alist_objects(store, prefix, config=listing_config))
-        if not infos:
+        if not infos and not allow_empty:
             raise NotFoundError("no objects under this prefix", operation="list", uri=uri)
         return cls([store], [0] * len(infos), infos)
 

@@ -5,10 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from torchbucket._checks import check_callable, check_gcs_config, check_instance
 from torchbucket.compose import ComposeConfig, install_sigterm_handler
 from torchbucket.datasets._catalog import Catalog
 
-__all__ = ["DataFormatFn", "apply_format", "prepare_compose", "raise_item"]
+__all__ = [
+    "DataFormatFn",
+    "apply_format",
+    "check_dataset_arguments",
+    "check_source_arguments",
+    "prepare_compose",
+    "raise_item",
+]
 
 DataFormatFn = Callable[[bytes], Any]
 
@@ -41,3 +49,38 @@ def prepare_compose(compose: ComposeConfig) -> None:
     """Before fetching in a process: SIGTERM deletes its composites (main thread)."""
     if compose.enabled:
         install_sigterm_handler()
+
+
+def check_dataset_arguments(
+    owner: object, catalog: Any, data_format_fn: Any, compose: Any, **configs: Any
+) -> None:
+    """Check a dataset constructor's arguments; ``configs`` maps a name to ``(value, type)``.
+
+    Raises:
+        ConfigError: An argument is not of its type, naming it.
+    """
+    name = type(owner).__name__
+    hint = "build the dataset with from_prefix or from_objects"
+    check_instance(catalog, Catalog, owner=name, parameter="catalog", optional=False, hint=hint)
+    check_callable(data_format_fn, owner=name, parameter="data_format_fn")
+    check_instance(compose, ComposeConfig, owner=name, parameter="compose")
+    for parameter, (value, expected) in configs.items():
+        check_instance(value, expected, owner=name, parameter=parameter)
+
+
+def check_source_arguments(
+    owner: str, gcs_config: Any, listing: Any = None, **configs: tuple[Any, type]
+) -> None:
+    """Check ``from_prefix`` / ``from_objects`` arguments before anything is listed.
+
+    ``configs`` maps a parameter's name to ``(value, type)``.
+
+    Raises:
+        ConfigError: An argument is not of its type, naming it.
+    """
+    from torchbucket.listing import ListingConfig
+
+    check_gcs_config(gcs_config, owner=owner)
+    check_instance(listing, ListingConfig, owner=owner, parameter="listing")
+    for parameter, (value, expected) in configs.items():
+        check_instance(value, expected, owner=owner, parameter=parameter)

@@ -13,7 +13,14 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torchbucket import runtime
 from torchbucket.compose import ComposeConfig, drain_deletes
 from torchbucket.datasets._catalog import Catalog
-from torchbucket.datasets._common import DataFormatFn, apply_format, prepare_compose, raise_item
+from torchbucket.datasets._common import (
+    DataFormatFn,
+    apply_format,
+    check_dataset_arguments,
+    check_source_arguments,
+    prepare_compose,
+    raise_item,
+)
 from torchbucket.datasets._fetch import Item, PrefetchWindow
 from torchbucket.datasets._sharding import IndexArray, epoch_order, shard_of
 from torchbucket.datasets.config import FetchConfig, ShardingConfig
@@ -84,6 +91,14 @@ class BucketIterableDataset(IterableDataset[Any]):
         fetch: FetchConfig | None = None,
         compose: ComposeConfig | None = None,
     ) -> None:
+        check_dataset_arguments(
+            self,
+            catalog,
+            data_format_fn,
+            compose,
+            sharding=(sharding, ShardingConfig),
+            fetch=(fetch, FetchConfig),
+        )
         self._catalog = catalog
         self._format = data_format_fn
         self._shuffle = bool(shuffle)
@@ -131,6 +146,14 @@ class BucketIterableDataset(IterableDataset[Any]):
         Raises:
             NotFoundError: Nothing is under the prefix.
         """
+        check_source_arguments(
+            f"{cls.__name__}.from_prefix",
+            gcs_config,
+            listing,
+            compose=(compose, ComposeConfig),
+            sharding=(sharding, ShardingConfig),
+            fetch=(fetch, FetchConfig),
+        )
         catalog = Catalog.from_prefix(uri, gcs_config=gcs_config, listing_config=listing)
         return cls(
             catalog,
@@ -161,6 +184,14 @@ class BucketIterableDataset(IterableDataset[Any]):
             NotFoundError: An object does not exist.
             ConfigError: ``uris`` is empty.
         """
+        check_source_arguments(
+            f"{cls.__name__}.from_objects",
+            gcs_config,
+            None,
+            compose=(compose, ComposeConfig),
+            sharding=(sharding, ShardingConfig),
+            fetch=(fetch, FetchConfig),
+        )
         catalog = Catalog.from_objects(uris, gcs_config=gcs_config)
         return cls(
             catalog,

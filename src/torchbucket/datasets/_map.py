@@ -10,7 +10,14 @@ from torch.utils.data import Dataset
 from torchbucket import runtime
 from torchbucket.compose import ComposeConfig, drain_deletes, read_verified
 from torchbucket.datasets._catalog import Catalog
-from torchbucket.datasets._common import DataFormatFn, apply_format, prepare_compose, raise_item
+from torchbucket.datasets._common import (
+    DataFormatFn,
+    apply_format,
+    check_dataset_arguments,
+    check_source_arguments,
+    prepare_compose,
+    raise_item,
+)
 from torchbucket.datasets._fetch import fetch_batch
 
 if TYPE_CHECKING:
@@ -66,6 +73,7 @@ class BucketMapDataset(Dataset[Any]):
         data_format_fn: DataFormatFn | None = None,
         compose: ComposeConfig | None = None,
     ) -> None:
+        check_dataset_arguments(self, catalog, data_format_fn, compose)
         self._catalog = catalog
         self._format = data_format_fn
         self._compose = compose if compose is not None else _DEFAULT_COMPOSE
@@ -94,6 +102,9 @@ class BucketMapDataset(Dataset[Any]):
             NotFoundError: Nothing is under the prefix.
             InvalidURIError: The URI is malformed.
         """
+        check_source_arguments(
+            f"{cls.__name__}.from_prefix", gcs_config, listing, compose=(compose, ComposeConfig)
+        )
         catalog = Catalog.from_prefix(uri, gcs_config=gcs_config, listing_config=listing)
         return cls(catalog, data_format_fn=data_format_fn, compose=compose)
 
@@ -112,6 +123,9 @@ class BucketMapDataset(Dataset[Any]):
             NotFoundError: An object does not exist.
             ConfigError: ``uris`` is empty.
         """
+        check_source_arguments(
+            f"{cls.__name__}.from_objects", gcs_config, None, compose=(compose, ComposeConfig)
+        )
         catalog = Catalog.from_objects(uris, gcs_config=gcs_config)
         return cls(catalog, data_format_fn=data_format_fn, compose=compose)
 

@@ -9,24 +9,35 @@ folder loads with torch's own ``FileSystemReader``: data files
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from torchbucket._uri import SCHEMES
+from torchbucket._checks import check_gcs_config, check_instance
+from torchbucket._uri import ALIASES, SCHEMES, parse_uri, uri_text
+from torchbucket.errors import ConfigError
 
-__all__ = ["DATA_SUFFIX", "METADATA_NAME", "is_bucket_uri", "join", "metadata_name", "normalize"]
+__all__ = [
+    "DATA_SUFFIX",
+    "METADATA_NAME",
+    "check_dcp_arguments",
+    "is_bucket_uri",
+    "join",
+    "metadata_name",
+    "normalize",
+]
 
 DATA_SUFFIX = ".distcp"
 METADATA_NAME = ".metadata"
 
 
 def normalize(checkpoint_id: str | os.PathLike[str]) -> str:
-    """The checkpoint's URI without a trailing slash."""
-    return os.fspath(checkpoint_id).rstrip("/")
+    """The checkpoint's URI without a trailing slash (a ``Path`` of a URI read as the URI)."""
+    return uri_text(checkpoint_id).rstrip("/")
 
 
 def is_bucket_uri(checkpoint_id: str | os.PathLike[str]) -> bool:
     """Whether ``checkpoint_id`` is a URI torchbucket serves."""
-    text = os.fspath(checkpoint_id)
-    return any(text.startswith(f"{scheme}://") for scheme in SCHEMES)
+    text = uri_text(checkpoint_id)
+    return any(text.startswith(f"{scheme}://") for scheme in (*SCHEMES, *ALIASES))
 
 
 def join(base: str, name: str) -> str:
@@ -37,3 +48,26 @@ def join(base: str, name: str) -> str:
 def metadata_name(rank: int | None) -> str:
     """``.metadata``, or ``__{rank}.metadata`` for a rank's own metadata."""
     return METADATA_NAME if rank is None else f"__{rank}{METADATA_NAME}"
+
+
+def check_dcp_arguments(
+    owner: object, uri: Any, config: Any, gcs_config: Any, checkpoint: Any
+) -> None:
+    """Check a DCP writer's or reader's common arguments at construction.
+
+    Raises:
+        ConfigError: ``uri`` is not a string or path, or an option is not of its type.
+        InvalidURIError: ``uri`` is not a URI torchbucket serves.
+    """
+    from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
+
+    name = type(owner).__name__
+    check_instance(uri, (str, os.PathLike), owner=name, parameter="uri", optional=False)
+    if not is_bucket_uri(uri):
+        raise ConfigError(
+            f"{name}: uri must be a gs://, gcs://, memory:// or file:// URI, got {uri!r}"
+        )
+    parse_uri(normalize(uri))
+    check_instance(config, CheckpointConfig, owner=name, parameter="config")
+    check_gcs_config(gcs_config, owner=name)
+    check_instance(checkpoint, BucketCheckpoint, owner=name, parameter="checkpoint")

@@ -17,9 +17,17 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
+from torchbucket._checks import check_int
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
-from torchbucket.dcp._common import DATA_SUFFIX, is_bucket_uri, join, metadata_name, normalize
-from torchbucket.errors import ConfigError, StorageError
+from torchbucket.dcp._common import (
+    DATA_SUFFIX,
+    check_dcp_arguments,
+    is_bucket_uri,
+    join,
+    metadata_name,
+    normalize,
+)
+from torchbucket.errors import StorageError
 
 if TYPE_CHECKING:
     from torchbucket.storage.gcs import GCSConfig
@@ -101,8 +109,8 @@ class BucketStorageWriter(StorageWriter):
         overwrite: bool = True,
     ) -> None:
         super().__init__()
-        if files_per_rank < 1:
-            raise ConfigError(f"files_per_rank must be >= 1, got {files_per_rank!r}")
+        check_dcp_arguments(self, uri, config, gcs_config, checkpoint)
+        check_int(files_per_rank, owner=type(self).__name__, parameter="files_per_rank", minimum=1)
         self.uri = normalize(uri)
         self.checkpoint = checkpoint or BucketCheckpoint(config, gcs_config)
         self.files_per_rank = files_per_rank

@@ -12,8 +12,9 @@ import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
+from torchbucket._checks import check_gcs_config, check_instance, check_int
+from torchbucket._uri import uri_text
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
-from torchbucket.errors import ConfigError
 from torchbucket.lightning._filesystem import set_active_checkpoint
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 
 def _uri(path: str | os.PathLike[str]) -> str:
-    text = os.fspath(path)
+    text = uri_text(path)
     if "://" in text:
         return text
     # A plain path (ModelCheckpoint with a local dirpath): the local store.
@@ -50,6 +51,12 @@ class BucketCheckpointIO(CheckpointIO):  # type: ignore[misc]
         gcs_config: Endpoint and credentials for ``gs://``. Default ``GCSConfig()``.
         checkpoint: A :class:`BucketCheckpoint` to use instead of making one from
             ``config`` and ``gcs_config``.
+
+    Raises:
+        ConfigError: An argument is not of its type (a project name where
+            ``config`` belongs: gcs-torch-dataflux's
+            ``DatafluxLightningCheckpoint(project_name)`` is
+            :class:`torchbucket.dataflux.lightning.DatafluxLightningCheckpoint`).
     """
 
     def __init__(
@@ -59,6 +66,16 @@ class BucketCheckpointIO(CheckpointIO):  # type: ignore[misc]
         *,
         checkpoint: BucketCheckpoint | None = None,
     ) -> None:
+        owner = type(self).__name__
+        hint = ""
+        if isinstance(config, str):
+            hint = (
+                "for gcs-torch-dataflux's DatafluxLightningCheckpoint(project_name) use "
+                "torchbucket.dataflux.lightning.DatafluxLightningCheckpoint"
+            )
+        check_instance(config, CheckpointConfig, owner=owner, parameter="config", hint=hint)
+        check_gcs_config(gcs_config, owner=owner)
+        check_instance(checkpoint, BucketCheckpoint, owner=owner, parameter="checkpoint")
         super().__init__()
         self.checkpoint = checkpoint or BucketCheckpoint(config, gcs_config)
         set_active_checkpoint(self.checkpoint)
@@ -139,9 +156,8 @@ class AsyncBucketCheckpointIO(BucketCheckpointIO):
         checkpoint: BucketCheckpoint | None = None,
         max_pending: int = 1,
     ) -> None:
+        check_int(max_pending, owner=type(self).__name__, parameter="max_pending", minimum=1)
         super().__init__(config, gcs_config, checkpoint=checkpoint)
-        if max_pending < 1:
-            raise ConfigError(f"max_pending must be >= 1, got {max_pending!r}")
         self.max_pending = max_pending
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: list[concurrent.futures.Future[None]] = []

@@ -56,7 +56,7 @@ class BucketFileSystem(AbstractFileSystem):  # type: ignore[misc]
     when an object lies under it.
     """
 
-    protocol = ("gs",)
+    protocol = ("gs", "gcs")
     root_marker = ""
     cachable = False
 
@@ -129,7 +129,7 @@ class BucketFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
 
 def register_filesystem() -> bool:
-    """Serve ``gs://`` in fsspec through torchbucket unless ``gcsfs`` is installed.
+    """Serve ``gs://`` and ``gcs://`` in fsspec through torchbucket unless ``gcsfs`` is installed.
 
     Returns:
         Whether this filesystem is now fsspec's ``gs://`` implementation.
@@ -137,5 +137,6 @@ def register_filesystem() -> bool:
     if importlib.util.find_spec("gcsfs") is not None:
         logger.debug("gcsfs is installed; leaving fsspec's gs:// to it")
         return False
-    fsspec.register_implementation("gs", BucketFileSystem, clobber=True)
+    for protocol in BucketFileSystem.protocol:
+        fsspec.register_implementation(protocol, BucketFileSystem, clobber=True)
     return True
