@@ -45,33 +45,6 @@ _NO_BYTES = memoryview(b"")
 #: Gaps up to this size between needed ranges are read through.
 DEFAULT_MAX_GAP = 1 << 20
 
-#: Reads of a file whose bytes fail its CRC32C before the load fails.
-_LOAD_ATTEMPTS = 3
-
-
-async def _heads(store: ObjectStore, keys: list[str]) -> list[ObjectInfo]:
-    return list(await asyncio.gather(*(store.head(key) for key in keys)))
-
-
-def _covers(jobs: list[tuple[str, memoryview, int]], key: str, size: int) -> bool:
-    """Whether the jobs of ``key`` read it whole, from byte 0 to ``size``, in one piece each."""
-    pos = 0
-    for start, length in sorted((s, len(b)) for k, b, s in jobs if k == key):
-        if start != pos:
-            return False
-        pos += length
-    return pos == size
-
-
-def _file_crc(jobs: list[tuple[str, memoryview, int]], crcs: dict[int, int], key: str) -> str:
-    """The CRC32C of ``key``'s jobs, in file order, combined (``""`` if one is missing)."""
-    crc = 0
-    for start, index in sorted((jobs[i][2], i) for i in range(len(jobs)) if jobs[i][0] == key):
-        if index not in crcs:
-            return ""
-        crc = _crc32c.combine(crc, crcs[index], _job_sizes[id(jobs)][index])
-    return _crc32c.b64(crc)
-
 
 def _view_saved_tensor(name: str, data: memoryview) -> torch.Tensor | None:
     """The tensor ``torch.save`` wrote into ``data``, as a view of ``data`` (no copy).
@@ -226,7 +199,7 @@ class BucketStorageReader(StorageReader):
                     job_items.append([(item, a - lo, b - lo) for (a, b), item in piece])
         self.bytes_fetched = sum(len(buffer) for _, buffer, _ in jobs)
         if jobs:
-            self._fetch_verified(store, jobs, job_items, planner)
+            self._fetch_and_load(store, jobs, job_items, planner)
         future: Future[None] = Future()
         future.set_result(None)
         return future
@@ -242,63 +215,17 @@ class BucketStorageReader(StorageReader):
 
     # -- internals -----------------------------------------------------------
 
-    def _fetch_verified(
-        self,
-        store: ObjectStore,
-        jobs: list[tuple[str, memoryview, int]],
-        job_items: list[list[tuple[ReadItem, int, int]]],
-        planner: LoadPlanner,
-    ) -> None:
-        """:meth:`_fetch_and_load`, with each file read whole checked against its CRC32C.
-
-        A range of a file is not the whole object, so GCS gives no checksum for
-        it, and a corrupt answer would load wrong values silently. Where the
-        ranges read cover a whole file (a full load does), their CRC32Cs are
-        combined and compared with the object's; a mismatch reads and loads
-        that file's ranges again (loading overwrites what the bad bytes
-        loaded), as checkpoint loads do, and one that persists is an
-        ``IntegrityError``. A file read only in part is checked by length only.
-        """
-        keys = sorted({key for key, _, _ in jobs})
-        infos = dict(zip(keys, runtime.run(_heads(store, keys)), strict=True))
-        checked = {key for key in keys if infos[key].crc32c and _covers(jobs, key, infos[key].size)}
-        pending = list(range(len(jobs)))
-        for attempt in range(1, _LOAD_ATTEMPTS + 1):
-            todo = [jobs[i] if attempt == 1 else _fresh(jobs[i]) for i in pending]
-            crcs: dict[int, int] = {}
-
-            def note(index: int, buffer: memoryview, todo_at: list[int] = pending) -> None:
-                if todo[index][0] in checked:
-                    crcs[todo_at[index]] = _crc32c.extend(0, buffer)
-
-            self._fetch_and_load(store, todo, [job_items[i] for i in pending], planner, note)
-            bad = {key for key in checked if _file_crc(jobs, crcs, key) != infos[key].crc32c}
-            bad &= {jobs[i][0] for i in pending}
-            if not bad:
-                return
-            uris = ", ".join(store.uri(key) for key in sorted(bad))
-            if attempt == _LOAD_ATTEMPTS:
-                raise IntegrityError(
-                    f"the bytes read do not match the CRC32C of {uris} on {attempt} reads",
-                    operation="checkpoint load",
-                    uri=self.uri,
-                )
-            logger.warning("%s: CRC32C mismatch in %s; reading it again", self.uri, uris)
-            pending = [i for i in pending if jobs[i][0] in bad]
-
     def _fetch_and_load(
         self,
         store: ObjectStore,
         jobs: list[tuple[str, memoryview, int]],
         job_items: list[list[tuple[ReadItem, int, int]]],
         planner: LoadPlanner,
-        on_arrived: Callable[[int, memoryview], None] | None = None,
     ) -> None:
         """Download the ranges; load each one's items as soon as it has arrived.
 
         Items are loaded here, in the calling thread, while later ranges still
-        download on the background loop. ``on_arrived(index, buffer)`` sees each
-        range's bytes before its items load.
+        download on the background loop.
         """
         config = self.checkpoint.config
         ready: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -319,8 +246,6 @@ class BucketStorageReader(StorageReader):
         try:
             while (index := ready.get()) != _FETCH_OVER:
                 key, buffer, start = jobs[index]
-                if on_arrived is not None:
-                    on_arrived(index, buffer)
                 for item, lo, hi in job_items[index]:
                     self._load_item(item, buffer[lo:hi], planner)
                 # Loaded: its buffer is freed now rather than with the others.
