@@ -167,3 +167,34 @@ def test_cp_download(
         assert out.read_bytes() == big
         assert fired(emulator) == MODES[mode]
         assert list(tmp_path.iterdir()) == [out]
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+@pytest.mark.parametrize("mode", list(MODES))
+def test_dcp_load(emulator: Emulator, bucket: str, mode: str) -> None:
+    """Ranges of a DCP file carry no checksum of their own: the file's, combined, is checked."""
+    import torch.distributed.checkpoint as dcp
+
+    from torchbucket.dcp import BucketStorageReader, BucketStorageWriter
+
+    config = CheckpointConfig(part_size=32 * 1024, min_part_size=1, read_chunk_size=16 * 1024)
+    uri = f"gs://{bucket}/dcp"
+    g = torch.Generator().manual_seed(3)
+    original = {"w": torch.randn(128, 128, generator=g), "b": torch.randn(128, generator=g)}
+    writer = BucketStorageWriter(uri, config=config, gcs_config=gcs(emulator, mode))
+    dcp.save(original, storage_writer=writer)
+    fire(emulator, mode, match=".distcp")
+    target = {"w": torch.zeros(128, 128), "b": torch.zeros(128)}
+    reader = BucketStorageReader(uri, config=config, gcs_config=gcs(emulator, mode))
+    if mode == "always":
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        with pytest.raises(CheckpointException) as caught:  # torch wraps each rank's failure
+            dcp.load(target, storage_reader=reader)
+        error, _ = caught.value.failures[0]
+        assert isinstance(error, IntegrityError), repr(error)
+        assert f"{uri}/__0_0.distcp" in str(error)
+    else:
+        dcp.load(target, storage_reader=reader)
+        assert torch.equal(target["w"], original["w"]) and torch.equal(target["b"], original["b"])
+        assert fired(emulator) == MODES[mode]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
+import logging
 import os
 import pickle
 import queue
 import sys
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,13 +33,16 @@ from torchbucket.dcp._common import (
     normalize,
 )
 from torchbucket.dcp._ranges import merge_ranges
-from torchbucket.errors import NotFoundError
-from torchbucket.storage.base import ObjectStore
+from torchbucket.errors import IntegrityError, NotFoundError
+from torchbucket.storage import _crc32c
+from torchbucket.storage.base import ObjectInfo, ObjectStore
 
 if TYPE_CHECKING:
     from torchbucket.storage.gcs import GCSConfig
 
 __all__ = ["BucketStorageReader"]
+
+logger = logging.getLogger(__name__)
 
 #: Put on the queue of finished ranges when the download is over.
 _FETCH_OVER = -1
@@ -44,6 +50,33 @@ _NO_BYTES = memoryview(b"")
 
 #: Gaps up to this size between needed ranges are read through.
 DEFAULT_MAX_GAP = 1 << 20
+
+#: Reads of a file whose bytes fail its CRC32C before the load fails.
+_LOAD_ATTEMPTS = 3
+
+
+async def _heads(store: ObjectStore, keys: list[str]) -> list[ObjectInfo]:
+    return list(await asyncio.gather(*(store.head(key) for key in keys)))
+
+
+def _covers(spans: list[tuple[str, int, int]], key: str, size: int) -> bool:
+    """Whether the ``(key, start, length)`` spans of ``key`` read it whole, once."""
+    pos = 0
+    for start, length in sorted((st, n) for k, st, n in spans if k == key):
+        if start != pos:
+            return False
+        pos += length
+    return pos == size
+
+
+def _file_crc(spans: list[tuple[str, int, int]], crcs: dict[int, int], key: str) -> str:
+    """The CRC32C of ``key``'s spans, in file order, combined (``""`` if one is missing)."""
+    crc = 0
+    for _, index in sorted((st, i) for i, (k, st, _) in enumerate(spans) if k == key):
+        if index not in crcs:
+            return ""
+        crc = _crc32c.combine(crc, crcs[index], spans[index][2])
+    return _crc32c.b64(crc)
 
 
 def _view_saved_tensor(name: str, data: memoryview) -> torch.Tensor | None:
@@ -193,13 +226,20 @@ class BucketStorageReader(StorageReader):
                 )
                 # Cut at item boundaries into pieces of about one read chunk,
                 # so that items load while the rest still downloads.
-                for piece in _pieces(inside, self.checkpoint.config.read_chunk_size):
-                    lo, hi = piece[0][0][0], max(span[1] for span, _ in piece)
+                # Each piece reaches the next one's start (the range's end for
+                # the last): the padding between items is read too, so that a
+                # file read whole can be checked against its CRC32C.
+                pieces = _pieces(inside, self.checkpoint.config.read_chunk_size)
+                starts = [piece[0][0][0] for piece in pieces]
+                for n, piece in enumerate(pieces):
+                    lo = starts[n]
+                    hi = starts[n + 1] if n + 1 < len(pieces) else end
+                    hi = max(hi, *(span[1] for span, _ in piece))
                     jobs.append((key, allocate(hi - lo), lo))
                     job_items.append([(item, a - lo, b - lo) for (a, b), item in piece])
         self.bytes_fetched = sum(len(buffer) for _, buffer, _ in jobs)
         if jobs:
-            self._fetch_and_load(store, jobs, job_items, planner)
+            self._fetch_verified(store, jobs, job_items, planner)
         future: Future[None] = Future()
         future.set_result(None)
         return future
@@ -215,17 +255,71 @@ class BucketStorageReader(StorageReader):
 
     # -- internals -----------------------------------------------------------
 
-    def _fetch_and_load(
+    def _fetch_verified(
         self,
         store: ObjectStore,
         jobs: list[tuple[str, memoryview, int]],
         job_items: list[list[tuple[ReadItem, int, int]]],
         planner: LoadPlanner,
     ) -> None:
+        """:meth:`_fetch_and_load`, with each file read whole checked against its CRC32C.
+
+        A range of a file is not the whole object, so GCS gives no checksum for
+        it, and a corrupt answer would load wrong values silently. Where the
+        ranges read cover a whole file (a full load does), their CRC32Cs are
+        combined and compared with the object's; a mismatch reads and loads
+        that file's ranges again (loading overwrites what the bad bytes
+        loaded), as checkpoint loads do, and one that persists is an
+        ``IntegrityError``. A file read only in part is checked by length only.
+        """
+        spans = [(key, start, len(buffer)) for key, buffer, start in jobs]
+        keys = sorted({key for key, _, _ in spans})
+        infos = dict(zip(keys, runtime.run(_heads(store, keys)), strict=True))
+        checked = {k for k in keys if infos[k].crc32c and _covers(spans, k, infos[k].size)}
+        pending = list(range(len(jobs)))
+        for attempt in range(1, _LOAD_ATTEMPTS + 1):
+            # The first read fills (and frees, as items load) the caller's buffers.
+            todo = (
+                jobs
+                if attempt == 1
+                else [(k, allocate(n), st) for k, st, n in (spans[i] for i in pending)]
+            )
+            crcs: dict[int, int] = {}
+
+            def note(
+                index: int, buffer: memoryview, at: list[int] = pending, crcs: dict[int, int] = crcs
+            ) -> None:
+                if spans[at[index]][0] in checked:
+                    crcs[at[index]] = _crc32c.extend(0, buffer)
+
+            self._fetch_and_load(store, todo, [job_items[i] for i in pending], planner, note)
+            bad = {spans[i][0] for i in pending} & checked
+            bad = {key for key in bad if _file_crc(spans, crcs, key) != infos[key].crc32c}
+            if not bad:
+                return
+            uris = ", ".join(store.uri(key) for key in sorted(bad))
+            if attempt == _LOAD_ATTEMPTS:
+                raise IntegrityError(
+                    f"the bytes read do not match the CRC32C of {uris} on {attempt} reads",
+                    operation="checkpoint load",
+                    uri=self.uri,
+                )
+            logger.warning("%s: CRC32C mismatch in %s; reading it again", self.uri, uris)
+            pending = [i for i in pending if spans[i][0] in bad]
+
+    def _fetch_and_load(
+        self,
+        store: ObjectStore,
+        jobs: list[tuple[str, memoryview, int]],
+        job_items: list[list[tuple[ReadItem, int, int]]],
+        planner: LoadPlanner,
+        on_arrived: Callable[[int, memoryview], None] | None = None,
+    ) -> None:
         """Download the ranges; load each one's items as soon as it has arrived.
 
         Items are loaded here, in the calling thread, while later ranges still
-        download on the background loop.
+        download on the background loop. ``on_arrived(index, buffer)`` sees each
+        range's bytes before its items load.
         """
         config = self.checkpoint.config
         ready: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -246,6 +340,8 @@ class BucketStorageReader(StorageReader):
         try:
             while (index := ready.get()) != _FETCH_OVER:
                 key, buffer, start = jobs[index]
+                if on_arrived is not None:
+                    on_arrived(index, buffer)
                 for item, lo, hi in job_items[index]:
                     self._load_item(item, buffer[lo:hi], planner)
                 # Loaded: its buffer is freed now rather than with the others.
