@@ -122,7 +122,9 @@ async def _open(
             info = by_name.get(prefix + entry.name)
             if info is None:
                 raise NotFoundError(
-                    "a shard of the manifest is missing", operation="open", uri=store.uri(prefix + entry.name)
+                    "a shard of the manifest is missing",
+                    operation="open",
+                    uri=store.uri(prefix + entry.name),
                 )
             shards.append(info)
         group_by = manifest.group_by
@@ -154,7 +156,5 @@ async def _open(
         return index
 
     indexes = await asyncio.gather(*(index_of(s) for s in shards))
-    logger.debug(
-        "%s: %d shards, %d indexed", uri, len(shards), sum(i is not None for i in indexes)
-    )
+    logger.debug("%s: %d shards, %d indexed", uri, len(shards), sum(i is not None for i in indexes))
     return ShardSet(store, tuple(shards), tuple(indexes), group_by)

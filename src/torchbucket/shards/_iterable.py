@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import random
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -303,7 +303,7 @@ class _ShardIterator(Iterator[Any]):
         self._rng = self._new_rng() if dataset._shuffle else None
         self._restore: list[Position] | None = None
         self._peeked: tuple[int, int, Any] | None = None
-        self._stream: Iterator[tuple[int, int, Any]] | None = None
+        self._stream: Generator[tuple[int, int, Any], None, None] | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
 
     def _new_rng(self) -> random.Random:
@@ -313,7 +313,7 @@ class _ShardIterator(Iterator[Any]):
     def __iter__(self) -> _ShardIterator:
         return self
 
-    def _open(self) -> Iterator[tuple[int, int, Any]]:
+    def _open(self) -> Generator[tuple[int, int, Any], None, None]:
         ds = self._dataset
         if self._pieces is None:
             self._pieces = ds.pieces(self.epoch, self._layout)
@@ -392,7 +392,9 @@ class _ShardIterator(Iterator[Any]):
         try:
             return ds._format(sample)
         except Exception as exc:
-            exc.add_note(f"torchbucket: data_format_fn failed on {_describe(sample)}")
+            add_note = getattr(exc, "add_note", None)  # Python 3.11+
+            if add_note is not None:
+                add_note(f"torchbucket: data_format_fn failed on {_describe(sample)}")
             raise
 
     def close(self) -> None:

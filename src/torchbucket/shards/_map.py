@@ -140,9 +140,7 @@ class BucketShardMapDataset(Dataset[Any]):
         for shard, s in located:
             index = shards.index(shard)
             lo, _ = index.data_range(s, s + 1)
-            k = next(
-                k for k, r in enumerate(reads) if r[0] == shard and r[1] <= lo < r[2]
-            )
+            k = next(k for k, r in enumerate(reads) if r[0] == shard and r[1] <= lo < r[2])
             _, base, _ = reads[k]
             members = []
             for m in index.members_of(s):

@@ -107,7 +107,12 @@ class _Progress:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(
-                total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr
+                total=total,
+                desc=desc,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                file=sys.stderr,
             )
 
     def update(self, n: int) -> None:
@@ -201,8 +206,8 @@ async def _write_shard(
     except BaseException:
         for task in reads:
             task.cancel()
-        for task in list(uploads):
-            task.cancel()
+        for upload in list(uploads):
+            upload.cancel()
         await asyncio.gather(*reads, *uploads, return_exceptions=True)
         try:
             await asyncio.shield(dst.multipart_abort(key, upload_id))
@@ -227,7 +232,9 @@ async def _write_shard(
         fingerprint=shard.fingerprint,
         shard_crc32c=total.b64(),
     )
-    await dst.put(prefix + index_name(shard.name), index.to_json(shard.name), content_type="application/json")
+    await dst.put(
+        prefix + index_name(shard.name), index.to_json(shard.name), content_type="application/json"
+    )
     logger.info("packed %s: %d members, %d bytes", uri, len(shard.members), shard.size)
     return _manifest_entry(shard, total.b64())
 

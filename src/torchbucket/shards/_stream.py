@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 from torchbucket import runtime
@@ -52,9 +52,9 @@ class _Chunks:
         self._piece_shard = piece_shard
         self._plan = self._cut(ranges, config)
         self._ahead = config.reads_in_flight
-        self._futures: collections.deque[
-            tuple[int, int, int, concurrent.futures.Future[bytes]]
-        ] = collections.deque()
+        self._futures: collections.deque[tuple[int, int, int, concurrent.futures.Future[bytes]]] = (
+            collections.deque()
+        )
         self._fill()
 
     @staticmethod
@@ -78,9 +78,7 @@ class _Chunks:
             piece, start, end = nxt
             info = self._shards.shards[self._piece_shard[piece]]
             future = runtime.submit(
-                self._shards.store.get(
-                    info.name, start=start, end=end, generation=info.generation
-                )
+                self._shards.store.get(info.name, start=start, end=end, generation=info.generation)
             )
             self._futures.append((piece, start, end, future))
 
@@ -147,9 +145,7 @@ class _Cursor:
             self.end = chunk[0] + len(chunk[2])
 
 
-def member_sample(
-    members: Sequence[tuple[str, bytes]], group_by: str, url: str
-) -> Any:
+def member_sample(members: Sequence[tuple[str, bytes]], group_by: str, url: str) -> Any:
     """A sample: one member's bytes (``group_by="none"``), or a dict of a key's members.
 
     The dict holds ``__key__``, ``__url__`` (the shard's URI) and the bytes of
@@ -168,7 +164,9 @@ def member_sample(
 
 
 def _error(shards: ShardSet, shard: int, member: str, what: str) -> IntegrityError:
-    return IntegrityError(f"member {member!r}: {what}", operation="read shard", uri=shards.uri(shard))
+    return IntegrityError(
+        f"member {member!r}: {what}", operation="read shard", uri=shards.uri(shard)
+    )
 
 
 def _indexed(
@@ -241,7 +239,9 @@ def _headers(
         try:
             header = parse_header(block)
         except HeaderError as exc:
-            raise _error(shards, shard, f"header after {last}", f"not a tar header ({exc})") from None
+            raise _error(
+                shards, shard, f"header after {last}", f"not a tar header ({exc})"
+            ) from None
         if header is None:
             break
         data = read(header.size, header.name) if header.size else b""
@@ -286,7 +286,7 @@ def stream_samples(
     config: ShardReadConfig,
     *,
     start: tuple[int, int] = (0, 0),
-) -> Iterator[tuple[int, int, Any]]:
+) -> Generator[tuple[int, int, Any], None, None]:
     """The samples of ``pieces`` in order: ``(piece, sample in piece, sample)``.
 
     After a piece's last sample, ``(piece, END_OF_PIECE, None)``.

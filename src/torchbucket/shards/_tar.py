@@ -134,8 +134,6 @@ def parse_pax(payload: bytes) -> dict[str, str]:
         key, sep, value = record.partition(b"=")
         if not sep:
             raise HeaderError("pax record without '='")
-        records[key.decode("utf-8", "surrogateescape")] = value.decode(
-            "utf-8", "surrogateescape"
-        )
+        records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
         pos += length
     return records

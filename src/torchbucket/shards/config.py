@@ -42,9 +42,7 @@ class PackConfig:
         if self.shard_size < 4096:
             raise ConfigError(f"PackConfig.shard_size must be >= 4096, got {self.shard_size!r}")
         if self.group_by not in ("key", "none"):
-            raise ConfigError(
-                f"PackConfig.group_by must be 'key' or 'none', got {self.group_by!r}"
-            )
+            raise ConfigError(f"PackConfig.group_by must be 'key' or 'none', got {self.group_by!r}")
         if self.part_size < 5 * _MIB:
             raise ConfigError(
                 f"PackConfig.part_size must be >= 5 MiB (GCS's smallest part), got {self.part_size!r}"
