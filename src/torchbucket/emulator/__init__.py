@@ -43,6 +43,7 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal
 
+from torchbucket.emulator._auth_admin import AuthAdmin
 from torchbucket.emulator._faults import FAULT_KINDS, OPERATIONS, FaultRule
 from torchbucket.emulator._latency import PRESETS, LatencyModel, resolve_latency
 from torchbucket.emulator._seed import encode_frames, generated_bytes, generated_names
@@ -95,7 +96,7 @@ def _stop_process(proc: subprocess.Popen[bytes], owner: int) -> None:
         proc.wait()
 
 
-class Emulator:
+class Emulator(AuthAdmin):
     """A local GCS emulator in a subprocess, as a context manager.
 
     Args:
@@ -109,6 +110,13 @@ class Emulator:
             itself requires 5 MiB). Default 0: no minimum.
         log_path: File for the server's stderr (and fake-gcs-server's output);
             a temporary file when ``None``.
+        auth: Require a bearer token the emulator issued on every request (401
+            as GCS answers it otherwise), and serve an OAuth2 token endpoint
+            (:attr:`token_uri`, for :meth:`service_account_key` files) and a GCE
+            metadata server (:meth:`metadata_env`) on a second port. Clients
+            then need ``GCSConfig(anonymous=False)``. Default ``False``.
+        token_lifetime: Seconds each issued token is valid, with ``auth``.
+            Default 3600, as Google's.
         tls: Serve HTTPS (``https://127.0.0.1:PORT``) with a certificate from a
             CA made for this emulator; clients trust :attr:`ca_file` through
             ``SSL_CERT_FILE`` / ``REQUESTS_CA_BUNDLE``. Needs ``trustme``.
@@ -126,6 +134,8 @@ class Emulator:
         *,
         min_part_size: int = 0,
         log_path: str | None = None,
+        auth: bool = False,
+        token_lifetime: int = 3600,
         tls: bool = False,
     ) -> None:
         if backend not in ("model", "fake-gcs"):
@@ -139,6 +149,11 @@ class Emulator:
         self.rps_cap = rps_cap
         self.min_part_size = min_part_size
         self.log_path = log_path
+        if token_lifetime < 1:
+            raise ConfigError(f"Emulator token_lifetime must be >= 1, got {token_lifetime!r}")
+        self.auth = auth
+        self.token_lifetime = token_lifetime
+        self._token_port: int | None = None
         self.tls = tls
         #: With ``tls``, the CA file a client must trust (SSL_CERT_FILE,
         #: REQUESTS_CA_BUNDLE) while the emulator runs; else ``None``.
@@ -202,6 +217,8 @@ class Emulator:
             cmd += ["--tls-cert", cert_file, "--tls-key", key_file]
         if self.rps_cap is not None:
             cmd += ["--rps-cap", str(self.rps_cap)]
+        if self.auth:
+            cmd += ["--auth", "--token-lifetime", str(self.token_lifetime)]
         with open(self.log_path, "ab") as log:
             proc = subprocess.Popen(
                 cmd,
@@ -225,6 +242,7 @@ class Emulator:
         self._endpoint = str(info["endpoint"])
         self.pid = int(info["pid"])
         self.backend_pid = info.get("backend_pid")
+        self._token_port = info.get("token_port")
         logger.debug("emulator (%s) listening at %s", self.backend, self._endpoint)
         return self
 
@@ -266,6 +284,7 @@ class Emulator:
             self._finalizer = None
         self._proc = None
         self._endpoint = None
+        self._token_port = None
         if self._tls_dir is not None:
             shutil.rmtree(self._tls_dir, ignore_errors=True)
             self._tls_dir = None

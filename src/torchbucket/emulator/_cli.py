@@ -59,6 +59,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--tls-key", default=None, help="the PEM private key of --tls-cert")
     parser.add_argument(
+        "--auth",
+        action="store_true",
+        help="require a bearer token the emulator issued (401 otherwise), and serve a token "
+        "endpoint and a GCE metadata server on a second port",
+    )
+    parser.add_argument(
+        "--token-lifetime",
+        type=int,
+        default=3600,
+        help="seconds each issued token is valid (with --auth); default 3600",
+    )
+    parser.add_argument(
         "--watch-stdin", action="store_true", help="exit when stdin reaches end of file"
     )
     parser.add_argument(
@@ -131,6 +143,14 @@ async def _serve(args: argparse.Namespace, latency: object) -> None:
         tls.load_cert_chain(args.tls_cert, args.tls_key)
     port = await front.start(args.port, ssl_context=tls)
     scheme = "https" if tls is not None else "http"
+    token_service = None
+    if args.auth:
+        from torchbucket.emulator._auth import AuthState
+        from torchbucket.emulator._token_service import TokenService
+
+        front.auth = AuthState(token_lifetime=args.token_lifetime)
+        token_service = TokenService(front.auth)
+        await token_service.start()
     for bucket in args.bucket:
         await front.backend.create_bucket(bucket)
     loop = asyncio.get_running_loop()
@@ -166,6 +186,8 @@ async def _serve(args: argparse.Namespace, latency: object) -> None:
         "pid": os.getpid(),
         "backend_pid": front.backend.pid,
     }
+    if token_service is not None:
+        line["token_port"] = token_service.port
     sys.stdout.write(json.dumps(line) + "\n")
     sys.stdout.flush()
     if not args.watch_stdin:
@@ -174,7 +196,14 @@ async def _serve(args: argparse.Namespace, latency: object) -> None:
             f"  export STORAGE_EMULATOR_HOST={scheme}://127.0.0.1:{port}\n"
             "Ctrl-C stops it.\n"
         )
+        if token_service is not None:
+            sys.stderr.write(
+                f"Tokens: key files with token_uri http://127.0.0.1:{token_service.port}/token, "
+                f"or GCE_METADATA_HOST=GCE_METADATA_IP=127.0.0.1:{token_service.port}\n"
+            )
     await front.stopped.wait()
+    if token_service is not None:
+        await token_service.close()
     try:
         await asyncio.wait_for(front.close(), timeout=5)
     except asyncio.TimeoutError:

@@ -15,7 +15,7 @@ import math
 import socket
 import ssl
 import struct
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 from aiohttp.http_parser import RawRequestMessage
@@ -29,6 +29,9 @@ from torchbucket.emulator._latency import LatencyModel, RateCap
 from torchbucket.emulator._routes import parse_route
 from torchbucket.emulator._stats import Stats
 from torchbucket.emulator._xml_multipart import XmlApi
+
+if TYPE_CHECKING:
+    from torchbucket.emulator._auth import AuthState
 
 __all__ = ["Backend", "FrontServer"]
 
@@ -112,6 +115,8 @@ class FrontServer:
         self._runner: web.ServerRunner | None = None
         self.port = 0
         self.stopped = asyncio.Event()
+        # Set in "auth required" mode: requests need a token it issued.
+        self.auth: AuthState | None = None
 
     async def start(self, port: int = 0, *, ssl_context: ssl.SSLContext | None = None) -> int:
         """Bind 127.0.0.1:``port`` (0: a free one) and serve; return the port.
@@ -159,11 +164,20 @@ class FrontServer:
         raw = request.raw_path
         path = raw.partition("?")[0]
         if path.startswith("/_emulator/"):
+            if self.auth is not None and path.startswith("/_emulator/auth/"):
+                return await self.auth.admin(request, path[len("/_emulator/auth/") :])
             return await handle_admin(self, request, path)
         query = request.query
         route = parse_route(request.method, path, query)
         op = route.op
         stats = self.stats
+        if self.auth is not None:
+            refused = self.auth.check(request.headers, route)
+            if refused is not None:
+                if request.body_exists and "Expect" not in request.headers:
+                    await request.read()
+                stats.count(op, refused.status, 0, 0)
+                return refused
         if self.rate_cap is not None:
             wait = self.rate_cap.take()
             if wait:

@@ -31,9 +31,13 @@ class GCSConfig:
         concurrency: Adaptive limit on requests in flight per process and
             endpoint; its ``maximum`` also sizes the connection pool. Default
             ``ConcurrencyConfig()``.
-        anonymous: Send no credentials. Default ``None``: anonymous for an
-            emulator (an endpoint from ``$STORAGE_EMULATOR_HOST``, or one whose
-            host is not under ``googleapis.com``), credentialed otherwise.
+        anonymous: Send no credentials. Default ``None``: the value of
+            ``$TORCHBUCKET_GCS_ANONYMOUS`` when set (``1``/``true`` or
+            ``0``/``false``), else anonymous for an emulator (an endpoint from
+            ``$STORAGE_EMULATOR_HOST``, or one whose host is not under
+            ``googleapis.com``) and credentialed otherwise. ``False`` sends
+            Google application default credentials to any endpoint, an
+            emulator that requires auth included.
         resumable_threshold: ``put`` of more bytes than this uses a resumable
             upload instead of one request. Default 8 MiB.
         chunk_size: Bytes per request of a resumable upload, a multiple of
@@ -80,8 +84,26 @@ class GCSConfig:
         endpoint = endpoint.rstrip("/")
         anonymous = self.anonymous
         if anonymous is None:
+            anonymous = _env_flag("TORCHBUCKET_GCS_ANONYMOUS")
+        if anonymous is None:
             hostname = urlsplit(endpoint).hostname or ""
             anonymous = emulator or not (
                 hostname == "googleapis.com" or hostname.endswith(".googleapis.com")
             )
         return endpoint, anonymous
+
+
+def _env_flag(name: str) -> bool | None:
+    """``$name`` as a boolean, ``None`` when unset or empty.
+
+    Raises:
+        ConfigError: Set to something else than 1/0, true/false, yes/no.
+    """
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return None
+    if value in ("1", "true", "yes"):
+        return True
+    if value in ("0", "false", "no"):
+        return False
+    raise ConfigError(f"${name} must be 1/true/yes or 0/false/no, got {value!r}")

@@ -183,7 +183,13 @@ class GCSTransport:
         *,
         idempotent: bool = True,
     ) -> Awaitable[T]:
-        """Run ``attempt`` with retries under the endpoint's limiter (await the result)."""
+        """Run ``attempt`` with retries under the endpoint's limiter (await the result).
+
+        With credentials, an attempt answered 401 is sent once more with a new
+        token (:meth:`~torchbucket.storage._gcs_http.Credentials.reauthorizing`).
+        """
+        if not self._credentials.anonymous:
+            attempt = self._credentials.reauthorizing(attempt)
         # retry.call's coroutine itself, not one more coroutine around it.
         return retry.call(
             attempt,
