@@ -234,6 +234,7 @@ async def call(
     start = time.monotonic()
     deadline = start + config.deadline
     attempt = 0
+    last: StorageError | None = None  # the previous attempt's error
     dog = _watchdog.watchdog()
     while True:
         remaining = deadline - time.monotonic()
@@ -254,12 +255,21 @@ async def call(
                     raise  # cancelled from outside, not by the attempt's limit
                 cause = asyncio.TimeoutError(f"attempt cut short after {timeout:.3g} s")
             if cut_by_deadline:
-                raise DeadlineExceededError(
-                    f"no answer before the {config.deadline:g} s retry deadline "
+                why = (
+                    f"the {config.deadline:g} s retry deadline "
                     f"({attempt + 1} attempt{'s' if attempt else ''}, "
-                    f"{time.monotonic() - start:.1f} s)",
-                    operation=operation,
-                    uri=uri,
+                    f"{time.monotonic() - start:.1f} s)"
+                )
+                if isinstance(last, IntegrityError):
+                    # Every answer was corrupt: that, not the cut, is what persisted.
+                    raise IntegrityError(
+                        f"gave up at {why}; last answer: {last.message}",
+                        operation=operation,
+                        uri=uri,
+                        status=last.status,
+                    ) from last
+                raise DeadlineExceededError(
+                    f"no answer before {why}", operation=operation, uri=uri
                 ) from cause
             error: StorageError = TransientError(
                 f"no answer within the {config.attempt_timeout:g} s attempt timeout",
@@ -277,6 +287,7 @@ async def call(
             if limiter is not None:
                 limiter.release()
 
+        last = error
         if isinstance(error, ThrottledError) and limiter is not None:
             limiter.on_throttle()
         if not is_retryable(error, idempotent=idempotent):

@@ -230,3 +230,43 @@ def test_an_attempt_timeout_names_the_attempt_timeout() -> None:
         asyncio.run(
             retry.call(stall, config=config, operation="put", uri="gs://b/k", idempotent=False)
         )
+
+
+def test_corrupt_answers_until_the_end_are_an_integrity_error() -> None:
+    """`except IntegrityError` catches a mismatch that persists, not a deadline error."""
+    config = RetryConfig(initial_backoff=0.001, max_backoff=0.002, max_attempts=4, deadline=5.0)
+    calls, fn = _flaky([IntegrityError("CRC32C mismatch", status=None) for _ in range(9)])
+    with pytest.raises(IntegrityError, match="gave up after 4 attempts") as info:
+        asyncio.run(retry.call(fn, config=config, operation="get", uri="gs://b/k"))  # type: ignore[arg-type]
+    assert len(calls) == 4
+    assert not isinstance(info.value, DeadlineExceededError)
+    assert str(info.value).count("gs://b/k") == 1
+
+
+def test_a_deadline_that_cuts_an_attempt_after_corrupt_answers_is_an_integrity_error() -> None:
+    config = RetryConfig(
+        initial_backoff=0.001, max_backoff=0.002, attempt_timeout=5.0, deadline=0.2
+    )
+    answers = 0
+
+    async def corrupt_then_stall() -> str:
+        nonlocal answers
+        answers += 1
+        if answers <= 3:
+            raise IntegrityError("CRC32C mismatch")
+        await asyncio.sleep(60)
+        return "never"
+
+    with pytest.raises(IntegrityError, match="CRC32C mismatch"):
+        asyncio.run(retry.call(corrupt_then_stall, config=config, operation="get", uri="gs://b/k"))
+
+
+def test_a_deadline_error_names_the_status_once() -> None:
+    config = RetryConfig(initial_backoff=0.001, max_attempts=2, deadline=5.0)
+    _, fn = _flaky([ThrottledError("slow down", operation="get", uri="gs://b/k", status=503)] * 3)
+    with pytest.raises(DeadlineExceededError) as info:
+        asyncio.run(retry.call(fn, config=config, operation="get", uri="gs://b/k"))  # type: ignore[arg-type]
+    text = str(info.value)
+    assert text.startswith("get gs://b/k: gave up after 2 attempts (")
+    assert text.endswith("; last error: ThrottledError: slow down (HTTP 503)")
+    assert text.count("gs://b/k") == 1 and text.count("HTTP 503") == 1
