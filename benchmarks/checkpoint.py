@@ -10,6 +10,9 @@ per body each way), one run holds every contender against the same server:
   - torchbucket: ``BucketCheckpoint().writer(uri)`` / ``.reader(uri)``;
   - gcs-torch-dataflux 1.4.0: ``DatafluxCheckpoint.writer`` / ``.reader``
     (in ``.venv-bench``: it needs ``google-cloud-storage<3``);
+  - the same dataflux code (``ckpt_dataflux``'s save and load) on
+    ``torchbucket.dataflux``, the compatibility layer, in ``.venv``:
+    reported beside the native API as ``compat_*_vs_native``;
   - plain google-cloud-storage: ``torch.save`` into a ``BytesIO``,
     ``blob.upload_from_file``; ``blob.download_as_bytes``, ``torch.load``;
 - ``torch.distributed.checkpoint`` on 2 ranks (gloo on CPU, spawned), the
@@ -73,6 +76,13 @@ class Contender:
 CONTENDERS = [
     Contender("torchbucket", "torchbucket", "ckpt_torchbucket.py", False, False),
     Contender("dataflux", "dataflux", "ckpt_dataflux.py", True, False),
+    Contender(
+        "dataflux_compat",
+        "dataflux code on torchbucket.dataflux",
+        "ckpt_dataflux_compat.py",
+        False,
+        False,
+    ),
     Contender("gcs", "google-cloud-storage", "ckpt_gcs.py", True, False),
     Contender("dcp_torchbucket", "torchbucket DCP", "dcp_torchbucket.py", False, True),
     Contender("dcp_dataflux", "dataflux DCP", "dcp_dataflux.py", True, True),
@@ -282,6 +292,13 @@ def main(argv: list[str] | None = None) -> int:
         "save_peak_extra_rss_fraction": tb_save.get("rss_extra_fraction", math.nan),
         "save_speedup_vs_gcs": h.ratio(wall("gcs", "save"), wall("torchbucket", "save")),
         "load_speedup_vs_gcs": h.ratio(wall("gcs", "load"), wall("torchbucket", "load")),
+        # The compatibility layer's time over the native API's (1: nothing lost).
+        "compat_save_vs_native": h.ratio(
+            wall("dataflux_compat", "save"), wall("torchbucket", "save")
+        ),
+        "compat_load_vs_native": h.ratio(
+            wall("dataflux_compat", "load"), wall("torchbucket", "load")
+        ),
         "mismatched_tensors": sum(
             s[op]["mismatched_tensors"] for s in summary.values() for op in ("save", "load")
         ),

@@ -10,6 +10,10 @@ every sample checked in the consumer:
   and off;
 - ``gcs-torch-dataflux`` 1.4.0 map-style (compose on, ``threads_per_process``
   1 and 8) and iterable (compose on), in ``.venv-bench``;
+- the same dataflux code (``_contenders/dataflux_loader.py``, iterable,
+  compose on) run on ``torchbucket.dataflux``, the compatibility layer, in
+  ``.venv`` (``compat_iter``): reported beside the native
+  ``tb_iter_compose`` as ``compat_vs_native_*``;
 - a plain per-object ``Dataset`` on ``google-cloud-storage``
   (``blob.download_as_bytes`` per ``__getitem__``), on a sample of the objects
   (it reads about 90 objects/s), in ``.venv-bench``;
@@ -89,6 +93,9 @@ CONTENDERS = [
               "dataflux", {"kind": "map", "compose": True, "threads": 8}),
     Contender("df_iter", "dataflux iterable, compose", "dataflux_loader.py", True,
               "dataflux", {"kind": "iterable", "compose": True}),
+    Contender("compat_iter", "dataflux code on torchbucket.dataflux, iterable",
+              "dataflux_compat_loader.py", False, "compat",
+              {"kind": "iterable", "compose": True}),
     Contender("naive", "plain Dataset (google-cloud-storage)", "gcs_dataset_loader.py", True,
               "naive", {}),
     Contender("aiohttp", "bare aiohttp loop (limit)", "aiohttp_loop.py", False, "limit", {}),
@@ -302,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
         result[f"samples_per_s_dataflux_{ds.key}"] = round(df_rate) if df_key else None
         result[f"best_torchbucket_{ds.key}"] = tb_key
         result[f"best_dataflux_{ds.key}"] = df_key
+        # The compatibility layer against the native class it runs on.
+        compat_rate = (summary.get("compat_iter") or {}).get("samples_per_s", math.nan)
+        native_rate = (summary.get("tb_iter_compose") or {}).get("samples_per_s", math.nan)
+        result[f"compat_vs_native_{ds.key}"] = round(h.ratio(compat_rate, native_rate), 3)
         rows = [{"contender": c.label, **summary[c.key]} for c in CONTENDERS if summary.get(c.key)]
         h.print_table(
             f"{ds.label} (medians; runs in the last column):",
@@ -355,6 +366,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{result[f'speedup_vs_dataflux_{d.key}']}x dataflux's best "
             f"({result[f'best_dataflux_{d.key}']}), {result[f'speedup_vs_naive_{d.key}']}x "
             f"the plain Dataset, {result[f'fraction_of_limit_{d.key}']} of the bare loop"
+        )
+        print(
+            f"{d.label}: dataflux code on torchbucket.dataflux (compat_iter) ran at "
+            f"{result[f'compat_vs_native_{d.key}']} of the native tb_iter_compose"
         )
 
     keys = [c.key for c in CONTENDERS if any(summaries[d.key].get(c.key) for d in sets)]
