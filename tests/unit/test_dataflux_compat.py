@@ -243,7 +243,9 @@ def test_gcs_scheme_is_gs() -> None:
         ),
     ],
 )
-def test_constructors_refuse_a_wrong_type_naming_the_parameter(make: object, parameter: str) -> None:
+def test_constructors_refuse_a_wrong_type_naming_the_parameter(
+    make: object, parameter: str
+) -> None:
     with pytest.raises(ConfigError, match=rf"\b{parameter} must be"):
         make()  # type: ignore[operator]
 
@@ -252,7 +254,7 @@ def test_lightning_and_dcp_constructors_refuse_a_wrong_type() -> None:
     from torchbucket.dcp import BucketStorageReader, BucketStorageWriter
     from torchbucket.lightning import AsyncBucketCheckpointIO, BucketCheckpointIO
 
-    with pytest.raises(ConfigError, match="config must be .*DatafluxLightningCheckpoint"):
+    with pytest.raises(ConfigError, match=r"config must be .*DatafluxLightningCheckpoint"):
         BucketCheckpointIO("my-project")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="checkpoint must be"):
         AsyncBucketCheckpointIO(checkpoint="gs://b/x")  # type: ignore[arg-type]
