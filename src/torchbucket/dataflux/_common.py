@@ -200,8 +200,8 @@ def _catalog_of(listed: Catalog, objects: Iterable[tuple[str, int]]) -> Catalog:
     for name, size in objects:
         i = bisect.bisect_left(names, name)
         listed_here = i < len(names) and names[i] == name and int(listed.sizes[i]) == size
-        generation = listed.info(i).generation if listed_here else None
-        infos.append(ObjectInfo(name=name, size=int(size), generation=generation))
+        # A listed object keeps all it was listed with (generation included).
+        infos.append(listed.info(i) if listed_here else ObjectInfo(name=name, size=int(size)))
     return Catalog(listed.stores[:1], [0] * len(infos), infos)
 
 
