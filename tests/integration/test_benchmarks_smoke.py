@@ -61,3 +61,11 @@ def test_dataloading_smoke_reports_the_issue_keys(tmp_path: Path) -> None:
         "speedup_vs_naive_10kib",
     ):
         assert key in result  # null when those contenders were not run
+
+
+def test_shards_smoke_reports_the_issue_keys(tmp_path: Path) -> None:
+    result = run_benchmark("shards", tmp_path, "--only", "tb_shards,tb_compose")
+    assert result["samples_per_s_shards_10kib"] > 0
+    assert result["requests_per_sample_10kib"] > 0
+    for key in ("speedup_vs_compose_10kib", "speedup_vs_webdataset_10kib", "first_batch_s_100kib"):
+        assert key in result
