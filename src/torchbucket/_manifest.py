@@ -32,7 +32,9 @@ __all__ = ["ManifestLocation", "decode_objects", "encode_objects"]
 logger = logging.getLogger(__name__)
 
 _FORMAT = "torchbucket-listing"
-_VERSION = 1
+# 2: objects carry their content encodings (a version 1 manifest lacks them,
+# and would have gzip objects composed: it is listed again).
+_VERSION = 2
 
 
 def encode_objects(objects: Sequence[ObjectInfo]) -> dict[str, list[Any]]:
@@ -46,6 +48,10 @@ def encode_objects(objects: Sequence[ObjectInfo]) -> dict[str, list[Any]]:
         "crc32c": [o.crc32c for o in objects],
         "classes": classes,
         "class_index": [-1 if o.storage_class is None else index[o.storage_class] for o in objects],
+        # Rare: [position, encoding] of the objects that have one.
+        "encodings": [
+            [i, o.content_encoding] for i, o in enumerate(objects) if o.content_encoding is not None
+        ],
     }
 
 
@@ -60,10 +66,16 @@ def decode_objects(columns: Mapping[str, Sequence[Any]]) -> list[ObjectInfo]:
     classes, class_index = columns["classes"], columns["class_index"]
     if not len(names) == len(sizes) == len(generations) == len(crcs) == len(class_index):
         raise ValueError("manifest columns differ in length")
-    return [
+    objects = [
         ObjectInfo(n, int(s), g, c, None if k < 0 else str(classes[k]))
         for n, s, g, c, k in zip(names, sizes, generations, crcs, class_index)
     ]
+    for position, encoding in columns.get("encodings", ()):
+        info = objects[position]
+        objects[position] = ObjectInfo(
+            info.name, info.size, info.generation, info.crc32c, info.storage_class, str(encoding)
+        )
+    return objects
 
 
 class ManifestLocation:

@@ -2,7 +2,10 @@
 
 ``memory`` and ``local`` need nothing; ``gcs-model`` and ``gcs-fake`` talk HTTP to
 the emulator's front server (fixtures ``emulator`` and ``fake_gcs`` in
-tests/conftest.py) with a fresh bucket per test. Tests drive the async store
+tests/conftest.py) with a fresh bucket per test; ``gcs-model-https`` talks HTTPS
+to a model-store emulator with a CA of its own, trusted the way users trust one
+(``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``), so the TLS paths of the aiohttp
+session and of the in-place ranged reader run in every ``make test``. Tests drive the async store
 through :class:`SyncStore`, which runs each call on torchbucket's background loop.
 """
 
@@ -16,6 +19,7 @@ import pytest
 
 from torchbucket import runtime
 from torchbucket.config import RetryConfig
+from torchbucket.emulator import Emulator
 from torchbucket.storage.base import ObjectStore
 from torchbucket.storage.local import LocalStore
 from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
@@ -25,6 +29,7 @@ BACKENDS = [
     "local",
     pytest.param("gcs-model", marks=pytest.mark.emulator),
     pytest.param("gcs-fake", marks=pytest.mark.emulator),
+    pytest.param("gcs-model-https", marks=pytest.mark.emulator),
 ]
 GCS_BACKENDS = [
     pytest.param("gcs-model", marks=pytest.mark.emulator),
@@ -122,6 +127,13 @@ class SyncStore:
         return self.run(self.store.multipart_list(self.k(prefix)))
 
 
+@pytest.fixture(scope="session")
+def emulator_https() -> Iterator[Emulator]:
+    """The model store behind the front server over HTTPS, for the whole session."""
+    with Emulator(backend="model", tls=True) as emu:
+        yield emu
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     return request.param  # type: ignore[no-any-return]
@@ -136,6 +148,13 @@ def s(backend: str, request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[S
         delete_memory_bucket(name)
     elif backend == "local":
         yield SyncStore(LocalStore(), str(tmp_path).lstrip("/") + "/", backend)
+    elif backend == "gcs-model-https":
+        emulator = request.getfixturevalue("emulator_https")
+        monkeypatch = request.getfixturevalue("monkeypatch")
+        monkeypatch.setenv("SSL_CERT_FILE", emulator.ca_file)
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", emulator.ca_file)
+        make = request.getfixturevalue("gcs_bucket_factory")
+        yield SyncStore(make(emulator, prefix="conf"), "", backend, emulator)
     else:
         emulator = request.getfixturevalue("emulator" if backend == "gcs-model" else "fake_gcs")
         make = request.getfixturevalue("gcs_bucket_factory")

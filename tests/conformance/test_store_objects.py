@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 from collections.abc import AsyncIterator
 
@@ -121,6 +122,19 @@ def test_get_into_fills_the_buffer(s: SyncStore) -> None:
     n = s.get_into("obj", memoryview(tail), start=len(DATA) - 30)
     assert n == 30
     assert bytes(tail[:30]) == DATA[-30:]
+
+
+def test_a_large_range_lands_in_the_buffer(s: SyncStore) -> None:
+    # Over 1 MiB: on GCS the in-place ranged reader (_gcs_rawget) receives it,
+    # over HTTPS too on gcs-model-https.
+    data = os.urandom(3 << 20)
+    s.put("big", data)
+    buffer = bytearray(2 << 20)
+    assert s.get_into("big", memoryview(buffer), start=1 << 20) == len(buffer)
+    assert bytes(buffer) == data[1 << 20 :]
+    if s.backend.startswith("gcs"):
+        raw = s.store._raw  # type: ignore[attr-defined]
+        assert raw is not None and raw.endpoint == s.store.endpoint  # type: ignore[attr-defined]
 
 
 def test_stream_yields_the_object_in_chunks(s: SyncStore) -> None:

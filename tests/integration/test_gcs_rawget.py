@@ -365,8 +365,9 @@ def test_https_ranges_are_read_in_place_over_one_connection(
     cert, key = _certificate(tmp_path)
     server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server_tls.load_cert_chain(cert, key)
-    # The client trusts the test certificate (instead of the system's roots).
-    monkeypatch.setattr(_gcs_rawget, "_default", ssl.create_default_context(cafile=cert))
+    # The client trusts the test certificate (instead of the system's roots),
+    # named the standard way.
+    monkeypatch.setenv("SSL_CERT_FILE", cert)
     server, store = scripted(lambda conn, served, first, end: _partial(first, end), tls=server_tls)
     for start in (0, 5000, MiB):
         assert _read(store, "obj", start, 2 * MiB) == DATA[start : start + 2 * MiB]

@@ -31,7 +31,7 @@ from typing import Any
 
 from torchbucket import runtime
 from torchbucket.checkpoint._config import CheckpointConfig
-from torchbucket.checkpoint._reader import MemoryFile, download
+from torchbucket.checkpoint._reader import MemoryFile, download, load_decoded
 from torchbucket.storage.base import ObjectInfo, ObjectStore
 
 __all__ = ["MappedCheckpoint", "supported"]
@@ -60,6 +60,8 @@ class MappedCheckpoint:
         self.info = info
         self._fd: int | None = fd
         self._mapping: mmap.mmap | None = mapping
+        # The bytes held: the object's size, or a gzip object's decoded size.
+        self.size = info.size
 
     @classmethod
     def load(cls, store: ObjectStore, key: str, config: CheckpointConfig) -> MappedCheckpoint:
@@ -71,18 +73,24 @@ class MappedCheckpoint:
             OSError: The memfd could not be made or mapped.
         """
         info = runtime.run(store.head(key))
+        decoded = load_decoded(store, key, info) if info.transcoded else None
+        size = info.size if decoded is None else len(decoded)
         fd = os.memfd_create("torchbucket-checkpoint", os.MFD_CLOEXEC)
         try:
-            os.ftruncate(fd, info.size)
-            mapping = mmap.mmap(fd, max(info.size, 1))
+            os.ftruncate(fd, size)
+            mapping = mmap.mmap(fd, max(size, 1))
         except BaseException:
             os.close(fd)
             raise
         mapped = cls(store.uri(key), info, fd, mapping)
+        mapped.size = size
         try:
-            view = memoryview(mapping)[: info.size]
+            view = memoryview(mapping)[:size]
             try:
-                download(store, key, info, view, config)
+                if decoded is None:
+                    download(store, key, info, view, config)
+                else:  # a gzip object, decoded (see load_decoded)
+                    view[:] = decoded
             finally:
                 view.release()
         except BaseException:
@@ -101,7 +109,7 @@ class MappedCheckpoint:
         """Whether the bytes are in torch's zip format (the only one torch can map)."""
         if self._mapping is None:
             raise ValueError(f"the download of {self.uri} is closed")
-        return self.info.size >= len(_ZIP_MAGIC) and self._mapping[:4] == _ZIP_MAGIC
+        return self.size >= len(_ZIP_MAGIC) and self._mapping[:4] == _ZIP_MAGIC
 
     def torch_load(self, **torch_load_kwargs: Any) -> Any:
         """``torch.load`` the bytes, mapped without a copy when torch can."""
@@ -110,7 +118,7 @@ class MappedCheckpoint:
         if self.is_zip():
             return torch.load(self.path, mmap=True, **torch_load_kwargs)
         assert self._mapping is not None
-        view = memoryview(self._mapping)[: self.info.size]
+        view = memoryview(self._mapping)[: self.size]
         try:
             with MemoryFile(self.uri, view) as f:
                 return torch.load(f, **torch_load_kwargs)  # type: ignore[arg-type]

@@ -47,6 +47,7 @@ __all__ = [
     "allocate",
     "download",
     "fetch_ranges",
+    "load_decoded",
     "prefault",
     "split_ranges",
 ]
@@ -318,9 +319,34 @@ class CheckpointReader(MemoryFile):
             IntegrityError: The bytes do not match the object's CRC32C.
         """
         info = runtime.run(store.head(key))
+        if info.transcoded:
+            return cls(store.uri(key), info, memoryview(load_decoded(store, key, info)))
         buffer = allocate(info.size)
         download(store, key, info, buffer, config)
         return cls(store.uri(key), info, buffer)
+
+
+def load_decoded(store: ObjectStore, key: str, info: ObjectInfo) -> bytes:
+    """The bytes of a checkpoint stored with ``Content-Encoding: gzip``, decoded.
+
+    What ``google-cloud-storage``'s ``download_as_bytes()`` returns for it. Its
+    ranges cannot be read in parallel (the stored bytes' offsets are not the
+    decoded ones, https://cloud.google.com/storage/docs/transcoding), so it is
+    one whole read, whose stored bytes the store checks against their CRC32C
+    before decoding them.
+
+    Raises:
+        NotFoundError: The object is gone, or was rewritten since ``info`` was read.
+    """
+    try:
+        return runtime.run(store.get(key, generation=info.generation))
+    except NotFoundError as exc:
+        raise NotFoundError(
+            f"the checkpoint was deleted or rewritten while it was read "
+            f"(generation {info.generation}); load it again",
+            operation="checkpoint load",
+            uri=store.uri(key),
+        ) from exc
 
 
 def download(

@@ -126,7 +126,9 @@ async def read_verified(store: ObjectStore, info: ObjectInfo) -> bytes:
             uri=store.uri(info.name),
             status=exc.status,
         ) from exc
-    if len(data) != info.size:
+    # A gzip object (Content-Encoding: gzip) was listed with its stored size;
+    # its decoded bytes (what a read returns) have another length.
+    if len(data) != info.size and not info.transcoded:
         raise IntegrityError(
             f"read {len(data)} bytes, but the object was listed with {info.size}: it changed "
             "since it was listed",
@@ -254,7 +256,13 @@ async def fetch_group(
     Returns:
         Each object's bytes, or the error that reading it raised, in order.
     """
-    if len(infos) < 2 or not compose_allowed(store, config):
+    if (
+        len(infos) < 2
+        or not compose_allowed(store, config)
+        # A composite holds a gzip object's stored bytes, not what a read of it
+        # returns (https://cloud.google.com/storage/docs/transcoding).
+        or any(info.transcoded for info in infos)
+    ):
         return await _read_all(store, infos)
     name = f"{config.composite_prefix}{uuid.uuid4().hex}"
     register(store, name)

@@ -67,6 +67,13 @@ class Catalog:
         self._store_ids: npt.NDArray[np.int32] | None = (
             np.asarray(store_ids, dtype=np.int32) if len(self.stores) > 1 else None
         )
+        # Objects GCS serves decoded (Content-Encoding: gzip): rare, so a set
+        # of indices, and empty (nothing per object) in the usual case.
+        self.transcoded: frozenset[int] = frozenset(
+            i
+            for i, info in enumerate(infos)
+            if info.content_encoding is not None and info.transcoded
+        )
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -90,6 +97,7 @@ class Catalog:
             name=self.name(i),
             size=int(self.sizes[i]),
             generation=None if generation == _NO_GENERATION else generation,
+            content_encoding="gzip" if i in self.transcoded else None,
         )
 
     def uri(self, i: int) -> str:

@@ -62,6 +62,12 @@ def plan_units(catalog: Catalog, indices: Sequence[int], compose: ComposeConfig)
             stop += 1
         if compose_allowed(catalog.stores[sid], compose):
             sizes = catalog.sizes[list(indices[start:stop])].tolist()
+            if catalog.transcoded:
+                # A gzip object's bytes in a composite are its stored, compressed
+                # ones: read it directly (a size over the cap makes it a unit alone).
+                for pos in range(start, stop):
+                    if indices[pos] in catalog.transcoded:
+                        sizes[pos - start] = compose.max_composite_object_size + 1
             for group in plan_groups(
                 sizes,
                 max_composite_object_size=compose.max_composite_object_size,

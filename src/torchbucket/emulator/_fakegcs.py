@@ -259,7 +259,7 @@ class FakeGcsBackend:
         resp = web.Response(status=status, body=body)
         for key, value in out_headers:
             if key.lower() == "location" and value.startswith(self.base):
-                value = f"http://{call.host}" + value[len(self.base) :]
+                value = f"{call.scheme}://{call.host}" + value[len(self.base) :]
             resp.headers.add(key, value)
         return resp
 

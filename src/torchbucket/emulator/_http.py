@@ -242,6 +242,8 @@ class Call:
         headers: Request headers.
         body: Request body.
         host: The ``Host`` header the client sent.
+        scheme: ``"http"`` or ``"https"``: how the client reached the server
+            (for the URLs it is given back, such as a resumable session's).
     """
 
     method: str
@@ -251,6 +253,7 @@ class Call:
     headers: CIMultiDictProxy[str] | CIMultiDict[str]
     body: bytes
     host: str
+    scheme: str = "http"
 
 
 def json_call(

@@ -86,7 +86,7 @@ class ResumableSessions:
         query = {k: v for k, v in call.query.items() if k.startswith("if")}
         self.sessions[upload_id] = Session(bucket, name, meta, query)
         location = (
-            f"http://{call.host}/upload/storage/v1/b/{quote(bucket, safe='')}/o"
+            f"{call.scheme}://{call.host}/upload/storage/v1/b/{quote(bucket, safe='')}/o"
             f"?uploadType=resumable&name={quote(name, safe='')}&upload_id={upload_id}"
         )
         return web.Response(

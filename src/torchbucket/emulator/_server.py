@@ -203,7 +203,9 @@ class FrontServer:
             early = await self._early_fault(request, rule, route.xml, op, len(body))
             if early is not None:
                 return early
-        call = Call(request.method, route, raw, query, request.headers, body, request.host)
+        call = Call(
+            request.method, route, raw, query, request.headers, body, request.host, request.scheme
+        )
         if route.xml:
             resp = await self.xml.handle(call)
         elif op == "iam":

@@ -30,7 +30,7 @@ import time
 import weakref
 import xml.etree.ElementTree as ET
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
 
@@ -56,6 +56,7 @@ __all__ = [
     "Credentials",
     "SessionKey",
     "acquire_session",
+    "ca_environment",
     "close_sessions",
     "error_code",
     "error_for_exception",
@@ -96,11 +97,16 @@ class SessionKey:
     ``read_timeout`` as aiohttp's ``sock_read``; whole-answer requests are
     watched by the loop's :mod:`~torchbucket._watchdog` instead (see
     ``GCSTransport.request``).
+
+    ``trust`` is the TLS trust named by the environment when the store was made
+    (see :func:`ssl_context`): a store made after ``SSL_CERT_FILE`` changed gets
+    a session of its own.
     """
 
     limit: int
     read_timeout: float
     connect_timeout: float
+    trust: tuple[str | None, ...] = field(default_factory=lambda: ca_environment())
 
 
 @dataclass(slots=True)
@@ -128,10 +134,15 @@ def _keepalive_socket_factory(addr_info: Any) -> socket.socket:
 
 #: Where TLS trust may come from, besides the system's CAs.
 _CA_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE")
-_ssl_cache: tuple[tuple[str | None, ...], ssl.SSLContext] | None = None
+_ssl_cache: dict[tuple[str | None, ...], ssl.SSLContext] = {}
 
 
-def ssl_context() -> ssl.SSLContext:
+def ca_environment() -> tuple[str | None, ...]:
+    """The values of the variables that name CAs to trust (see :func:`ssl_context`)."""
+    return tuple(os.environ.get(name) for name in _CA_VARIABLES)
+
+
+def ssl_context(trust: tuple[str | None, ...] | None = None) -> ssl.SSLContext:
     """The TLS context of every HTTPS connection to a GCS endpoint.
 
     ``ssl.create_default_context()`` trusts the system's CAs, or those of
@@ -139,25 +150,28 @@ def ssl_context() -> ssl.SSLContext:
     when a context is made, and aiohttp's own default context is made when
     aiohttp is imported, so variables set later would be missed. The CAs of
     ``REQUESTS_CA_BUNDLE`` (what ``requests``, and so ``google-auth`` and
-    ``google-cloud-storage``, trust) are trusted as well. Made again when one of
-    these variables changes.
+    ``google-cloud-storage``, trust) are trusted as well. One context per
+    value of these variables (``trust``, from :func:`ca_environment`; the
+    current ones when ``None``).
 
     Raises:
-        ConfigError: ``REQUESTS_CA_BUNDLE`` names no readable CA file.
+        ConfigError: A variable names no readable CA file or directory.
     """
-    global _ssl_cache
-    env = tuple(os.environ.get(name) for name in _CA_VARIABLES)
-    cached = _ssl_cache
-    if cached is not None and cached[0] == env:
-        return cached[1]
-    context = ssl.create_default_context()
-    bundle = env[2]
-    if bundle:
-        try:
+    env = ca_environment() if trust is None else trust
+    cached = _ssl_cache.get(env)
+    if cached is not None:
+        return cached
+    cert_file, cert_dir, bundle = env
+    try:
+        # From these values what OpenSSL would read from the variables (the
+        # system's CAs where neither is set).
+        context = ssl.create_default_context(cafile=cert_file, capath=cert_dir)
+        if bundle:
             context.load_verify_locations(cafile=bundle)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"REQUESTS_CA_BUNDLE={bundle!r} is not a CA file: {exc}") from exc
-    _ssl_cache = (env, context)
+    except (OSError, ssl.SSLError) as exc:
+        named = ", ".join(f"{n}={v!r}" for n, v in zip(_CA_VARIABLES, env) if v)
+        raise ConfigError(f"cannot load the CAs of {named}: {exc}") from exc
+    _ssl_cache[env] = context
     return context
 
 
@@ -177,7 +191,7 @@ def acquire_session(key: SessionKey) -> aiohttp.ClientSession:
             use_dns_cache=True,
             keepalive_timeout=30.0,
             socket_factory=_keepalive_socket_factory,
-            ssl=ssl_context(),
+            ssl=ssl_context(key.trust),
         )
         session = aiohttp.ClientSession(
             connector=connector,

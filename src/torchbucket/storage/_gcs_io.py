@@ -314,7 +314,9 @@ class GCSTransport:
     def _raw_getter(self) -> _rawget.RawGetter:
         raw = self._raw
         if raw is None or raw.loop is not asyncio.get_running_loop() or raw.closed:
-            raw = self._raw = _rawget.acquire_getter(self._endpoint, self._session_key.limit)
+            raw = self._raw = _rawget.acquire_getter(
+                self._endpoint, self._session_key.limit, self._session_key.trust
+            )
         return raw
 
     async def close_session(self) -> None:

@@ -113,6 +113,7 @@ class RawGetter:
         self._idle: list[Connection] = []
         self._sweep: asyncio.TimerHandle | None = None
         self.closed = False
+        self.trust: tuple[str | None, ...] = ()  # set by acquire_getter
         # What aiohttp's session sends with every request.
         self._prefix = (
             f"Host: {host}\r\nUser-Agent: {_http.user_agent()}\r\n"
@@ -327,24 +328,34 @@ class _Entry:
     users: int = 0
 
 
-_getters: dict[tuple[int, str], _Entry] = {}
+_getters: dict[tuple[int, str, tuple[str | None, ...]], _Entry] = {}
 # Inherited over fork: kept referenced and never closed (see _gcs_http).
 _abandoned: list[RawGetter] = []
 
 
-def acquire_getter(endpoint: str, limit: int) -> RawGetter:
-    """The getter for ``endpoint`` on the running loop; give it back with :func:`release_getter`."""
+def acquire_getter(
+    endpoint: str, limit: int, trust: tuple[str | None, ...] | None = None
+) -> RawGetter:
+    """The getter for ``endpoint`` on the running loop; give it back with :func:`release_getter`.
+
+    ``trust``: the TLS trust of the store's session (``SessionKey.trust``).
+    """
     loop = asyncio.get_running_loop()
-    entry = _getters.get((id(loop), endpoint))
+    trust = _http.ca_environment() if trust is None else trust
+    key = (id(loop), endpoint, trust)
+    entry = _getters.get(key)
     if entry is None or entry.loop is not loop or entry.getter.closed:
-        entry = _getters[(id(loop), endpoint)] = _Entry(loop, RawGetter(endpoint, limit))
+        context = _http.ssl_context(trust) if endpoint.startswith("https:") else None
+        getter = RawGetter(endpoint, limit, context)
+        getter.trust = trust
+        entry = _getters[key] = _Entry(loop, getter)
     entry.users += 1
     return entry.getter
 
 
 def release_getter(getter: RawGetter) -> None:
     """Give back a getter; the last user closes it."""
-    key = (id(asyncio.get_running_loop()), getter.endpoint)
+    key = (id(asyncio.get_running_loop()), getter.endpoint, getter.trust)
     entry = _getters.get(key)
     if entry is None or entry.getter is not getter:
         return
