@@ -11,7 +11,7 @@ is setup, its time reported apart), then one epoch through
 - torchbucket ``BucketIterableDataset`` over the unpacked objects, compose on
   (its best path for small objects);
 - the ``webdataset`` package over the same shards through fsspec (gcsfs)
-  URLs, in ``.venv-bench`` (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` set:
+  URLs, in ``.venv-gcsfs`` (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` set:
   gcsfs 2026.x otherwise first asks a gRPC API what kind of bucket it is and
   times out on an HTTP-only endpoint).
 

@@ -1,6 +1,6 @@
 """Contender: the ``webdataset`` package reading tar shards through fsspec (gcsfs).
 
-Runs in ``.venv-bench``. ``gs://`` URLs are opened with ``fsspec.open`` (the
+Runs in ``.venv-gcsfs``. ``gs://`` URLs are opened with ``fsspec.open`` (the
 usual recipe for webdataset on GCS without ``gsutil``); gcsfs reaches the
 emulator through ``STORAGE_EMULATOR_HOST`` with anonymous credentials.
 ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` is set: gcsfs 2026.x otherwise

@@ -75,7 +75,11 @@ def add_pack(
         "per sample (default: key)",
     )
     parser.add_argument(
-        "-j", "--jobs", type=positive_int, default=64, help="reads in flight per shard (default: 64)"
+        "-j",
+        "--jobs",
+        type=positive_int,
+        default=64,
+        help="reads in flight per shard (default: 64)",
     )
     parser.add_argument(
         "--shards-in-flight",
@@ -84,6 +88,8 @@ def add_pack(
         help="shards written at once (default: 4)",
     )
     parser.add_argument(
-        "--dry-run", action="store_true", help="print the plan (and what is complete), write nothing"
+        "--dry-run",
+        action="store_true",
+        help="print the plan (and what is complete), write nothing",
     )
     parser.set_defaults(func=_pack)
