@@ -21,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from torchbucket import _watchdog
+from torchbucket import _watchdog, accounting
 from torchbucket.config import ConcurrencyConfig, RetryConfig
 from torchbucket.errors import (
     DeadlineExceededError,
@@ -290,6 +290,8 @@ async def call(
         last = error
         if isinstance(error, ThrottledError) and limiter is not None:
             limiter.on_throttle()
+        if isinstance(error, ThrottledError):
+            accounting.throttle()
         if not is_retryable(error, idempotent=idempotent):
             raise error
         attempt += 1
@@ -329,4 +331,5 @@ async def call(
             error.message,
             delay,
         )
+        accounting.retried(delay, throttled=isinstance(error, ThrottledError))
         await asyncio.sleep(delay)

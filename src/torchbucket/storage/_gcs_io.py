@@ -23,7 +23,7 @@ import aiohttp
 import yarl
 from multidict import CIMultiDictProxy
 
-from torchbucket import _watchdog, retry
+from torchbucket import _watchdog, accounting, retry
 from torchbucket.config import ConcurrencyConfig, RetryConfig
 from torchbucket.errors import (
     DeadlineExceededError,
@@ -64,6 +64,16 @@ _LoopState = tuple[
 ]
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 _HEAD_QUERY = "fields=" + quote_name(INFO_FIELDS)
+
+
+def _sent_size(data: Any) -> int:
+    """Body bytes of a request's ``data`` (0 for none, or a body of unknown size)."""
+    if data is None:
+        return 0
+    try:
+        return len(data)
+    except TypeError:
+        return 0
 
 
 def uncertain(exc: BaseException) -> bool:
@@ -255,6 +265,9 @@ class GCSTransport:
         """
         _, session, _, dog = self._loop_state()
         hdrs = await self._headers(headers, operation, uri)
+        accounting.count(
+            accounting.classify(method, url.raw_path, url.query_string), _sent_size(data)
+        )
         if data is not None:
             # An upload: aiohttp's read timeout, which starts once it is sent.
             try:
@@ -294,6 +307,7 @@ class GCSTransport:
                 raise
             finally:
                 dog.stop(watch)
+        accounting.received(len(body))
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "%s %s: %s -> HTTP %d, %d bytes", operation, uri, method, status, len(body)
@@ -548,6 +562,7 @@ class GCSTransport:
                 )
                 if got is not None:
                     return got
+            accounting.count("get")
             try:
                 async with session.get(url, headers=hdrs, **self._streaming_kw) as resp:
                     if resp.status == 416:
@@ -565,6 +580,7 @@ class GCSTransport:
                         )
                     if resp.status == 200:  # Range ignored: take our slice of the whole
                         whole = await resp.read()
+                        accounting.received(len(whole))
                         verify_crc32c(resp.headers, crc_b64(extend_crc(0, whole)), uri)
                         piece = whole[start : start + size]
                         buffer[: len(piece)] = piece
@@ -588,6 +604,7 @@ class GCSTransport:
                         if whole_object:
                             crc = extend_crc(crc, chunk)
                         pos += n
+                    accounting.received(pos)
                     if span is not None and check_span(span, start, pos, uri):
                         verify_crc32c(resp.headers, crc_b64(crc), uri)
                     return pos
@@ -614,6 +631,7 @@ class GCSTransport:
         """Open a streamed GET of ``url``; an error status raises its mapped error."""
         session = self._loop_state()[1]
         hdrs = await self._headers(headers, "stream", uri)
+        accounting.count("get")
         try:
             resp = await session.get(url, headers=hdrs, **self._streaming_kw)
             if resp.status >= 300:
@@ -656,6 +674,7 @@ class GCSTransport:
             ) -> aiohttp.ClientResponse:
                 session = self._loop_state()[1]
                 hdrs = await self._headers(headers, "stream", uri)
+                accounting.count("get")
                 try:
                     resp = await session.get(url, headers=hdrs, **self._streaming_kw)
                     if resp.status >= 300 and resp.status != 416:
@@ -708,6 +727,7 @@ class GCSTransport:
                         if not chunk:
                             continue
                         pos += len(chunk)
+                        accounting.received(len(chunk))
                         if crc is not None:
                             crc = extend_crc(crc, chunk)
                         yield chunk

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import yarl
 
-from torchbucket import _watchdog, runtime
+from torchbucket import _watchdog, accounting, runtime
 from torchbucket.errors import IntegrityError, TransientError
 from torchbucket.storage import _gcs_http as _http
 from torchbucket.storage._gcs_rawconn import FALLBACK, TOO_LONG, Connection, content_length
@@ -152,6 +152,7 @@ class RawGetter:
         request = self._request(url, headers)
         if request is None:
             return None
+        accounting.count("get")
         conn, reused = await self._acquire(uri, connect_timeout)
         try:
             try:
@@ -186,6 +187,7 @@ class RawGetter:
         if status >= 300:
             raise _http.error_for_response(status, resp_headers, body, operation="get", uri=uri)
         received = content_length(resp_headers) or 0
+        accounting.received(received)
         span = content_range(resp_headers)
         # Only a range that is the whole object can be checked against its CRC32C
         # (checksummed in place, and only when the server sent one).

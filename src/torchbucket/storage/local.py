@@ -30,6 +30,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import TypeVar
 
+from torchbucket import accounting
 from torchbucket.errors import (
     NotFoundError,
     PermissionDeniedError,
@@ -134,6 +135,7 @@ class LocalStore:
             return 0
 
     async def head(self, key: str) -> ObjectInfo:
+        accounting.count("head")
         return self._info(key, self._stat(key, "head"))
 
     # ------------------------------------------------------------ listing
@@ -174,6 +176,7 @@ class LocalStore:
     ) -> ListPage:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
+        accounting.count("list")
         cached = self._listings.get(prefix)
         if page_token is not None and cached and time.monotonic() - cached[0] < _LISTING_CACHE_S:
             _, names, infos = cached
@@ -217,8 +220,11 @@ class LocalStore:
         self, key: str, *, start: int = 0, end: int | None = None, generation: int | None = None
     ) -> bytes:
         resolve_range(0, start, end)  # argument checks
+        accounting.count("get")
         size = (end - start) if end is not None else self._stat(key, "get").st_size - start
-        return await self._io(size, lambda: self._read(key, start, end, generation))
+        data = await self._io(size, lambda: self._read(key, start, end, generation))
+        accounting.received(len(data))
+        return data
 
     def _read_into(self, key: str, buffer: memoryview, start: int, generation: int | None) -> int:
         uri = self.uri(key)
@@ -240,13 +246,17 @@ class LocalStore:
     ) -> int:
         if start < 0:
             raise ValueError(f"range start must be >= 0, got {start}")
-        return await self._io(len(buffer), lambda: self._read_into(key, buffer, start, generation))
+        accounting.count("get")
+        n = await self._io(len(buffer), lambda: self._read_into(key, buffer, start, generation))
+        accounting.received(n)
+        return n
 
     async def stream(
         self, key: str, *, start: int = 0, end: int | None = None, chunk_size: int = 1 << 20
     ) -> AsyncIterator[bytes]:
         uri = self.uri(key)
         resolve_range(0, start, end)
+        accounting.count("get")
         try:
             f = open(self._path(key), "rb")  # noqa: SIM115 - closed in finally
         except OSError as exc:
@@ -261,6 +271,7 @@ class LocalStore:
                 if not chunk:
                     break
                 pos += len(chunk)
+                accounting.received(len(chunk))
                 yield chunk
         except OSError as exc:
             raise _os_error(exc, "stream", uri) from exc
@@ -340,6 +351,7 @@ class LocalStore:
         if_generation_match: int | None = None,
         content_type: str | None = None,
     ) -> ObjectInfo:
+        accounting.count("put", len(data))
         info = await self._io(
             len(data),
             lambda: self._commit(
@@ -369,9 +381,12 @@ class LocalStore:
             raise _os_error(exc, "put", uri) from exc
         written = False
         try:
+            sent = 0
             async for chunk in chunks:
                 await self._io(len(chunk), functools.partial(spool.write, chunk))
+                sent += len(chunk)
             written = True
+            accounting.count("put", sent)
         finally:
             spool.close()
             if not written:
@@ -406,6 +421,7 @@ class LocalStore:
         if_generation_match: int | None = None,
     ) -> ObjectInfo:
         check_compose_sources(sources)
+        accounting.count("compose")
 
         def write(fd: int) -> None:
             for source in sources:
@@ -425,6 +441,7 @@ class LocalStore:
         )
 
     async def delete(self, key: str, *, generation: int | None = None) -> None:
+        accounting.count("delete")
         uri = self.uri(key)
         try:
             if generation is not None:
@@ -436,6 +453,7 @@ class LocalStore:
             raise _os_error(exc, "delete", uri) from exc
 
     async def copy(self, source: str, destination: str) -> ObjectInfo:
+        accounting.count("copy")
         self._stat(source, "copy")
         return await asyncio.to_thread(
             self._commit, destination, self._copier(self._path(source)), "copy"
@@ -448,6 +466,7 @@ class LocalStore:
         return f"{directory}/.{name}{_UPLOAD_MARK}{upload_id}"
 
     async def multipart_initiate(self, key: str, *, content_type: str | None = None) -> str:
+        accounting.count("mpu_initiate")
         if not key or key.endswith("/"):
             raise StorageError(
                 "not an object name", operation="multipart initiate", uri=self.uri(key)
@@ -471,6 +490,7 @@ class LocalStore:
         self, key: str, upload_id: str, number: int, data: bytes | bytearray | memoryview
     ) -> Part:
         check_part_number(number)
+        accounting.count("mpu_part", len(data))
         staging = self._existing_staging(key, upload_id, "multipart upload part")
         part_key = f"{staging[1:]}/part-{number:05d}"
         info = await self._io(
@@ -485,6 +505,7 @@ class LocalStore:
         self, key: str, upload_id: str, parts: Sequence[Part]
     ) -> ObjectInfo:
         operation = "multipart complete"
+        accounting.count("mpu_complete")
         uri = self.uri(key)
         staging = self._existing_staging(key, upload_id, operation)
         numbers = [p.number for p in parts]
@@ -518,6 +539,7 @@ class LocalStore:
         return await asyncio.to_thread(check_and_commit)
 
     async def multipart_abort(self, key: str, upload_id: str) -> None:
+        accounting.count("mpu_abort")
         staging = self._existing_staging(key, upload_id, "multipart abort")
         await asyncio.to_thread(shutil.rmtree, staging)
 
@@ -544,6 +566,7 @@ class LocalStore:
                         stack.append(entry.path)
 
     async def multipart_list(self, prefix: str = "") -> list[MultipartUpload]:
+        accounting.count("mpu_list")
         uploads = await asyncio.to_thread(lambda: list(self._walk_uploads(prefix)))
         return sorted(uploads, key=lambda u: (u.key, u.upload_id))
 

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+from torchbucket import accounting
 from torchbucket.errors import (
     BucketNotFoundError,
     NotFoundError,
@@ -148,6 +149,7 @@ class MemoryStore:
     ) -> ListPage:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
+        accounting.count("list")
         bucket = self._data("list")
         names = bucket.names
         lower = max(prefix, start_offset or "")
@@ -174,6 +176,7 @@ class MemoryStore:
     ) -> ListPage:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
+        accounting.count("list")
         bucket = self._data("list")
         names = bucket.names
         i = bisect.bisect_left(names, prefix)
@@ -201,13 +204,16 @@ class MemoryStore:
         return ListPage(objects, None, folders)
 
     async def head(self, key: str) -> ObjectInfo:
+        accounting.count("head")
         return self._object(key, "head").info
 
     async def get(
         self, key: str, *, start: int = 0, end: int | None = None, generation: int | None = None
     ) -> bytes:
+        accounting.count("get")
         obj = self._object(key, "get", generation)
         lo, hi = resolve_range(len(obj.data), start, end)
+        accounting.received(max(0, hi - lo))
         await asyncio.sleep(0)
         return obj.data[lo:hi]
 
@@ -234,12 +240,14 @@ class MemoryStore:
         if_generation_match: int | None = None,
         content_type: str | None = None,
     ) -> ObjectInfo:
+        accounting.count("put", len(data))
         return self._store(key, bytes(data), "put", if_generation_match)
 
     async def put_stream(
         self, key: str, chunks: AsyncIterator[bytes], *, content_type: str | None = None
     ) -> ObjectInfo:
         parts = [bytes(chunk) async for chunk in chunks]
+        accounting.count("put", sum(map(len, parts)))
         return self._store(key, b"".join(parts), "put", None)
 
     async def compose(
@@ -250,10 +258,12 @@ class MemoryStore:
         if_generation_match: int | None = None,
     ) -> ObjectInfo:
         check_compose_sources(sources)
+        accounting.count("compose")
         parts = [self._object(s.name, "compose", s.generation).data for s in sources]
         return self._store(destination, b"".join(parts), "compose", if_generation_match)
 
     async def delete(self, key: str, *, generation: int | None = None) -> None:
+        accounting.count("delete")
         bucket = self._data("delete")
         self._object(key, "delete", generation)
         del bucket.objects[key]
@@ -261,10 +271,12 @@ class MemoryStore:
         del bucket.names[i]
 
     async def copy(self, source: str, destination: str) -> ObjectInfo:
+        accounting.count("copy")
         data = self._object(source, "copy").data
         return self._store(destination, data, "copy", None)
 
     async def multipart_initiate(self, key: str, *, content_type: str | None = None) -> str:
+        accounting.count("mpu_initiate")
         upload_id = uuid.uuid4().hex
         self._data("multipart initiate").uploads[upload_id] = _Upload(key, time.time())
         return upload_id
@@ -281,6 +293,7 @@ class MemoryStore:
         self, key: str, upload_id: str, number: int, data: bytes | bytearray | memoryview
     ) -> Part:
         check_part_number(number)
+        accounting.count("mpu_part", len(data))
         upload = self._upload(key, upload_id, "multipart upload part")
         upload.parts[number] = bytes(data)
         await asyncio.sleep(0)
@@ -289,6 +302,7 @@ class MemoryStore:
     async def multipart_complete(
         self, key: str, upload_id: str, parts: Sequence[Part]
     ) -> ObjectInfo:
+        accounting.count("mpu_complete")
         upload = self._upload(key, upload_id, "multipart complete")
         numbers = [p.number for p in parts]
         if not numbers or numbers != sorted(set(numbers)):
@@ -314,10 +328,12 @@ class MemoryStore:
         return info
 
     async def multipart_abort(self, key: str, upload_id: str) -> None:
+        accounting.count("mpu_abort")
         self._upload(key, upload_id, "multipart abort")
         del self._data("multipart abort").uploads[upload_id]
 
     async def multipart_list(self, prefix: str = "") -> list[MultipartUpload]:
+        accounting.count("mpu_list")
         uploads = self._data("multipart list").uploads
         return sorted(
             (

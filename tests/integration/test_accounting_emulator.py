@@ -1,0 +1,125 @@
+"""The library's request counts equal the emulator's own, over HTTP, for every operation."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from torchbucket import accounting, runtime
+from torchbucket.emulator import Emulator
+from torchbucket.storage.base import ObjectInfo
+
+pytestmark = pytest.mark.emulator
+
+
+def _server_ops(emu: Emulator) -> dict[str, int]:
+    return {op: n for op, n in emu.stats()["by_op"].items() if n}
+
+
+async def _chunks(*parts: bytes) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
+
+
+def _every_operation(store: Any) -> None:
+    async def work() -> None:
+        small = await store.put("a/small", b"x" * 1000)
+        big = b"y" * (3 << 20)
+        await store.put("a/big", big)  # resumable: more than one request
+        await store.put_stream("a/streamed", _chunks(b"1" * 10, b"2" * 10))
+        await store.list_page("a/")
+        await store.head("a/small")
+        await store.get("a/small")
+        await store.get("a/small", start=10, end=20)
+        buffer = memoryview(bytearray(2 << 20))
+        await store.get_into("a/big", buffer, start=0)  # the in-place reader
+        await store.get_into("a/big", memoryview(bytearray(100)), start=5)
+        async for _ in store.stream("a/big", chunk_size=1 << 20):
+            pass
+        second = await store.put("a/second", b"z" * 10)
+        await store.compose("a/composite", [small, second])
+        await store.copy("a/small", "a/copied")
+        upload = await store.multipart_initiate("a/mpu")
+        part = await store.multipart_upload_part("a/mpu", upload, 1, b"p" * 100)
+        await store.multipart_complete("a/mpu", upload, [part])
+        aborted = await store.multipart_initiate("a/mpu2")
+        await store.multipart_list("a/")
+        await store.multipart_abort("a/mpu2", aborted)
+        await store.delete("a/copied")
+        await store.bucket_exists()
+        assert isinstance(small, ObjectInfo)
+
+    runtime.run(work())
+
+
+def test_counts_equal_the_servers_for_every_operation(
+    emulator: Emulator, gcs_bucket_factory: Callable[..., Any]
+) -> None:
+    store = gcs_bucket_factory(emulator, resumable_threshold=1 << 20, chunk_size=1 << 20)
+    emulator.reset_stats()
+    with accounting.measure() as m:
+        _every_operation(store)
+    server = emulator.stats()
+    mine = m.stats
+    assert dict(mine.by_op) == _server_ops(emulator)
+    assert {"list", "put", "resumable", "compose", "copy", "get", "head", "delete"} <= set(
+        mine.by_op
+    )
+    assert {"mpu_initiate", "mpu_part", "mpu_complete", "mpu_list", "mpu_abort"} <= set(mine.by_op)
+    assert (mine.class_a, mine.class_b, mine.free) == (
+        server["by_class"]["A"],
+        server["by_class"]["B"],
+        server["by_class"]["free"],
+    )
+    # Bodies: the server counts what it received and sent, headers excluded.
+    assert mine.bytes_out == server["bytes_in"]
+    assert mine.bytes_in == server["bytes_out"]
+
+
+def test_retries_and_throttles_are_counted(
+    emulator: Emulator, gcs_bucket_factory: Callable[..., Any]
+) -> None:
+    store = gcs_bucket_factory(emulator)
+    runtime.run(store.put("k", b"data"))
+    emulator.add_fault("get", "503", count=2)
+    emulator.add_fault("list", "500", count=1)
+    emulator.reset_stats()
+    with accounting.measure() as m:
+        assert runtime.run(store.get("k")) == b"data"
+        runtime.run(store.list_page(""))
+    server = emulator.stats()
+    assert dict(m.stats.by_op) == _server_ops(emulator) == {"get": 3, "list": 2}
+    assert m.stats.retries == 3
+    assert m.stats.throttled == server["by_status"].get("503", 0) == 2
+    assert 0 < m.stats.throttle_wait_s <= m.stats.retry_wait_s
+
+
+def test_memory_store_counts_the_same_operations() -> None:
+    from torchbucket.storage.memory import MemoryStore
+
+    store = MemoryStore("acct-mem")
+
+    async def bucket_exists() -> bool:
+        return True
+
+    store.bucket_exists = bucket_exists  # type: ignore[attr-defined]
+    with accounting.measure() as m:
+        _every_operation(store)
+    ops = dict(m.stats.by_op)
+    # One request per operation: a resumable upload is one put here.
+    assert ops == {
+        "put": 4,
+        "list": 1,
+        "head": 1,
+        "get": 5,
+        "compose": 1,
+        "copy": 1,
+        "mpu_initiate": 2,
+        "mpu_part": 1,
+        "mpu_complete": 1,
+        "mpu_list": 1,
+        "mpu_abort": 1,
+        "delete": 1,
+    }
