@@ -80,6 +80,12 @@ class ComposeConfig:
             target one job. Default ``"dataflux-composed-objects/"``.
         throttle_cooldown: Seconds to read directly after a compose was
             throttled (429/503) before trying compose again. Default 30.
+        allow_with_soft_delete: Compose even on a bucket with soft delete on.
+            Default ``False``: such a bucket keeps every deleted composite,
+            billed as storage for the retention window (7 days by default),
+            so compose is off there, with one INFO line saying so; the policy
+            is read once per process and bucket (one class B request).
+            ``torchbucket cost`` shows what composing there would cost.
     """
 
     max_composite_object_size: int = DEFAULT_MAX_COMPOSITE_OBJECT_SIZE
@@ -87,6 +93,7 @@ class ComposeConfig:
     max_sources: int = COMPOSE_MAX_SOURCES
     composite_prefix: str = COMPOSITE_PREFIX
     throttle_cooldown: float = 30.0
+    allow_with_soft_delete: bool = False
 
     def __post_init__(self) -> None:
         if self.max_composite_object_size < 0:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from torchbucket.compose._config import ComposeConfig
 from torchbucket.compose._registry import delete_in_background, register, unregister
+from torchbucket.compose._softdelete import soft_delete_allows, soft_delete_blocked
 from torchbucket.errors import (
     DeadlineExceededError,
     IntegrityError,
@@ -97,7 +98,7 @@ def compose_allowed(store: ObjectStore, config: ComposeConfig) -> bool:
         # land at the filesystem root.
         return False
     key = store.uri()
-    if key in _refused:
+    if key in _refused or soft_delete_blocked(store, config):
         return False
     until = _cooldown_until.get(key)
     if until is not None:
@@ -262,6 +263,7 @@ async def fetch_group(
         # A composite holds a gzip object's stored bytes, not what a read of it
         # returns (https://cloud.google.com/storage/docs/transcoding).
         or any(info.transcoded for info in infos)
+        or not await soft_delete_allows(store, config)
     ):
         return await _read_all(store, infos)
     name = f"{config.composite_prefix}{uuid.uuid4().hex}"

@@ -344,13 +344,33 @@ class Emulator(AuthAdmin):
                 f"emulator admin call failed: {exc}", operation=f"emulator {path}", uri=url
             ) from exc
 
-    def create_bucket(self, name: str) -> None:
+    def create_bucket(self, name: str, *, soft_delete_seconds: int = 0) -> None:
         """Create bucket ``name``.
+
+        Args:
+            name: The bucket.
+            soft_delete_seconds: Its soft-delete retention (model store only):
+                0 (off, the default here) or 7 to 90 days, as on GCS, where
+                buckets are created with 7 days unless told otherwise.
 
         Raises:
             StorageError: It exists already (status 409).
+            ConfigError: The retention is not one GCS accepts.
         """
-        self._admin("POST", "buckets", {"name": name})
+        body: dict[str, Any] = {"name": name}
+        if soft_delete_seconds:
+            body["soft_delete_seconds"] = soft_delete_seconds
+        self._admin("POST", "buckets", body)
+
+    def set_soft_delete(self, bucket: str, seconds: int) -> None:
+        """Set ``bucket``'s soft-delete retention in seconds; 0 turns it off.
+
+        Raises:
+            ConfigError: Not 0 or 7 to 90 days.
+            StorageError: The backend is fake-gcs-server, which has no such
+                policy (501).
+        """
+        self._admin("PUT", f"soft_delete/{urllib.parse.quote(bucket, safe='')}", {"seconds": seconds})
 
     def seed(self, bucket: str, objects: Mapping[str, bytes] | Iterable[tuple[str, bytes]]) -> int:
         """Bulk-load objects into ``bucket`` (fast on the model store).

@@ -91,7 +91,14 @@ async def _dispatch(front: FrontServer, request: web.BaseRequest, path: str) -> 
         if not isinstance(name, str) or not name:
             raise ApiError(400, "bucket create needs a name")
         await front.backend.create_bucket(name)
+        if body.get("soft_delete_seconds"):
+            _set_soft_delete(front, name, body["soft_delete_seconds"])
         return _ok({"name": name})
+    if path.startswith("soft_delete/") and method in ("PUT", "POST"):
+        body = await _json(request)
+        seconds = body.get("seconds") if isinstance(body, dict) else None
+        _set_soft_delete(front, unquote(path[12:]), seconds)
+        return _ok({"ok": True})
     if path.startswith("seed/") and method == "POST":
         return await _seed(front, request, unquote(path[5:]))
     if path.startswith("objects/"):
@@ -104,6 +111,14 @@ async def _dispatch(front: FrontServer, request: web.BaseRequest, path: str) -> 
         front.stopped.set()
         return _ok({"ok": True})
     raise ApiError(404, f"no admin endpoint {method} /_emulator/{path}")
+
+
+def _set_soft_delete(front: FrontServer, bucket: str, seconds: Any) -> None:
+    """Set a model-store bucket's soft-delete retention (fake-gcs-server has none)."""
+    setter = getattr(front.backend, "set_soft_delete", None)
+    if setter is None:
+        raise ApiError(501, f"the {front.backend.name} backend has no soft-delete policy")
+    setter(bucket, seconds)
 
 
 async def _seed(front: FrontServer, request: web.BaseRequest, bucket: str) -> web.Response:

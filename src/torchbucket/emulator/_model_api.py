@@ -20,7 +20,12 @@ from torchbucket.emulator._http import (
     json_response,
     parse_range,
 )
-from torchbucket.emulator._model_store import ModelObject, ModelStore, Preconditions
+from torchbucket.emulator._model_store import (
+    ModelObject,
+    ModelStore,
+    Preconditions,
+    check_soft_delete,
+)
 from torchbucket.emulator._resumable import ResumableSessions, Session
 
 __all__ = ["ModelBackend"]
@@ -95,6 +100,10 @@ class ModelBackend:
     async def create_bucket(self, name: str) -> None:
         """Create a bucket (409 when it exists)."""
         self.store.create_bucket(name)
+
+    def set_soft_delete(self, name: str, seconds: Any) -> None:
+        """Set bucket ``name``'s soft-delete retention (0 turns it off)."""
+        self.store.bucket(name).soft_delete_seconds = check_soft_delete(seconds)
 
     # -- reads ---------------------------------------------------------------
 
@@ -301,7 +310,11 @@ class ModelBackend:
     # -- buckets -------------------------------------------------------------
 
     async def _bucket_create(self, call: Call) -> web.Response:
-        bucket = self.store.create_bucket(_json_body(call).get("name", ""))
+        body = _json_body(call)
+        policy = body.get("softDeletePolicy") or {}
+        seconds = check_soft_delete(policy.get("retentionDurationSeconds", 0))
+        bucket = self.store.create_bucket(body.get("name", ""))
+        bucket.soft_delete_seconds = seconds
         return json_response(json.dumps(bucket.resource()).encode())
 
     async def _bucket_get(self, call: Call) -> web.Response:

@@ -26,13 +26,15 @@ MAX_COMPOSE_SOURCES = 32
 class ModelBucket:
     """One bucket: objects by name and the sorted list of names."""
 
-    __slots__ = ("created", "keys", "name", "objects")
+    __slots__ = ("created", "keys", "name", "objects", "soft_delete_seconds")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.objects: dict[str, ModelObject] = {}
         self.keys: list[str] = []
         self.created = rfc3339(time.time())
+        #: Soft-delete retention in seconds; 0 is off (the emulator's default).
+        self.soft_delete_seconds = 0
 
     def resource(self) -> dict[str, Any]:
         """The bucket's JSON API resource."""
@@ -48,7 +50,37 @@ class ModelBucket:
             "etag": "CAE=",
             "timeCreated": self.created,
             "updated": self.created,
+            # As GCS shows it: the field is always there, "0" when off.
+            "softDeletePolicy": soft_delete_resource(self.soft_delete_seconds, self.created),
         }
+
+
+#: GCS accepts 0 (off) or 7 to 90 days of soft-delete retention
+#: (https://cloud.google.com/storage/docs/soft-delete, read 2026-12-01).
+SOFT_DELETE_MIN_S = 7 * 86400
+SOFT_DELETE_MAX_S = 90 * 86400
+
+
+def soft_delete_resource(seconds: int, effective: str) -> dict[str, str]:
+    """A bucket's ``softDeletePolicy`` field."""
+    if not seconds:
+        return {"retentionDurationSeconds": "0"}
+    return {"retentionDurationSeconds": str(seconds), "effectiveTime": effective}
+
+
+def check_soft_delete(seconds: Any) -> int:
+    """``seconds`` as GCS accepts it (0, or 7 to 90 days); 400 otherwise."""
+    try:
+        value = int(seconds)
+    except (TypeError, ValueError):
+        value = -1
+    if value != 0 and not SOFT_DELETE_MIN_S <= value <= SOFT_DELETE_MAX_S:
+        raise ApiError(
+            400,
+            f"softDeletePolicy.retentionDurationSeconds must be 0 or between "
+            f"{SOFT_DELETE_MIN_S} and {SOFT_DELETE_MAX_S}, got {seconds!r}",
+        )
+    return value
 
 
 class Preconditions:

@@ -60,6 +60,10 @@ def _list_page(body: bytes) -> ListPage:
     )
 
 
+# (endpoint, bucket) -> soft-delete retention (see GCSStore.soft_delete_retention).
+_soft_delete_cache: dict[tuple[str, str], int | None] = {}
+
+
 class GCSStore(GCSMultipart):
     """An :class:`~torchbucket.storage.base.ObjectStore` on one GCS bucket.
 
@@ -386,6 +390,42 @@ class GCSStore(GCSMultipart):
             return {403: None, 404: False}.get(status, True)
 
         return await self.call(attempt, "bucket get", uri)
+
+    async def soft_delete_retention(self) -> int | None:
+        """Seconds the bucket keeps deleted objects (its soft-delete policy); 0 if none.
+
+        One bucket metadata request (``buckets.get``, class B) per process and
+        bucket; the answer is kept for the process's life.
+
+        Returns:
+            The retention in seconds, 0 when soft delete is off, or ``None``
+            when the credentials may not read the bucket's metadata (403).
+
+        Raises:
+            BucketNotFoundError: The bucket does not exist.
+        """
+        key = (self.endpoint, self.bucket)
+        if key in _soft_delete_cache:
+            return _soft_delete_cache[key]
+        url = yarl.URL(f"{self._json_base}?fields=softDeletePolicy", encoded=True)
+        uri = self.uri()
+
+        async def attempt() -> int | None:
+            status, _, body = await self.request(
+                "GET", url, operation="bucket get", uri=uri, allow=(403,), bucket_op=True
+            )
+            if status == 403:
+                return None
+            doc = _http.parse_json(body, operation="bucket get", uri=uri)
+            policy = doc.get("softDeletePolicy") or {}
+            try:
+                return int(policy.get("retentionDurationSeconds") or 0)
+            except (TypeError, ValueError):
+                return None
+
+        seconds = await self.call(attempt, "bucket get", uri)
+        _soft_delete_cache[key] = seconds
+        return seconds
 
     async def close(self) -> None:
         await self.close_session()
