@@ -337,6 +337,7 @@ def plan_strategies(
     shard_read_size: int = 8 << 20,
     part_size: int = 16 << 20,
     shards_available: bool = True,
+    listing_requests: int | None = None,
 ) -> list[StrategyPlan]:
     """Model each read strategy's requests and cost over a run.
 
@@ -355,6 +356,9 @@ def plan_strategies(
         shard_read_size: ``ShardReadConfig.read_size``.
         part_size: ``PackConfig.part_size``.
         shards_available: Whether ``torchbucket.shards`` is installed.
+        listing_requests: The list requests one listing of the prefix took
+            (as counted); default one per 1,000 objects (a parallel listing
+            takes a few more).
 
     Raises:
         ConfigError: ``epochs`` < 1, ``ranks`` < 1 or ``workers`` < 0.
@@ -367,7 +371,8 @@ def plan_strategies(
     n = len(sizes)
     total = sum(sizes)
     retention = soft_delete_seconds or 0
-    listing = _ops(list=max(1, math.ceil(n / 1000)))
+    pages = max(1, math.ceil(n / 1000)) if listing_requests is None else listing_requests
+    listing = _ops(list=pages)
     p = prices if prices is not None else prices_for(location_type, storage_class)
     plans: list[StrategyPlan] = []
 
@@ -427,7 +432,7 @@ def plan_strategies(
     per_shard = shard_size if shards > 1 else max(total, 1)
     mpu_parts = shards * max(1, math.ceil(per_shard / part_size))
     pack = _ops(
-        list=max(1, math.ceil(n / 1000)),
+        list=pages,
         get=n,
         mpu_initiate=shards,
         mpu_part=mpu_parts,

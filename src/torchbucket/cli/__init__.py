@@ -12,6 +12,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from torchbucket import __version__
 from torchbucket.cli._common import (
@@ -58,7 +59,15 @@ def _common_options(*, top_level: bool) -> argparse.ArgumentParser:
         "--verbose",
         action="count",
         default=0 if top_level else argparse.SUPPRESS,
-        help="log what happens (-v: INFO, -vv: DEBUG, per request) and show tracebacks",
+        help="log what happens (-v: INFO, -vv: DEBUG, per request) and show tracebacks; "
+        "-v also prints the requests made, as --stats does",
+    )
+    group.add_argument(
+        "--stats",
+        action="store_true",
+        default=False if top_level else argparse.SUPPRESS,
+        help="print the GCS requests this command made (by class A/B/free, bytes, retries, "
+        "throttling) and their cost at list prices, to stderr",
     )
     return common
 
@@ -67,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the whole command line, subcommands included."""
     from torchbucket.cli._bench import add_bench
     from torchbucket.cli._cleanup import add_cleanup
+    from torchbucket.cli._cost import add_cost
     from torchbucket.cli._cp import add_cp
     from torchbucket.cli._ls import add_du, add_ls
     from torchbucket.cli._pack import add_pack
@@ -90,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_pack(sub, common)
     add_cleanup(sub, common)
     add_bench(sub, common)
+    add_cost(sub, common)
     sub.add_parser(
         "emulator",
         help="run a local GCS emulator (see: torchbucket emulator --help)",
@@ -127,6 +138,14 @@ def _configure_logging(verbosity: int) -> None:
     logging.getLogger("torchbucket").setLevel(level)
 
 
+def _print_stats(since: Any) -> None:
+    from torchbucket import accounting, cost
+
+    stats = accounting.snapshot() - since
+    print(f"torchbucket: {stats.summary()}", file=sys.stderr)
+    print(f"torchbucket: cost {cost.estimate(stats).summary()}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line.
 
@@ -155,6 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
     _configure_logging(args.verbose)
     configure_gcs(endpoint=args.endpoint, deadline=args.deadline)
+    from torchbucket import accounting
+
+    started = accounting.snapshot()
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
@@ -165,3 +187,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = " ".join(str(exc).split()) or type(exc).__name__
         print(f"torchbucket: error: {message}", file=sys.stderr)
         return exit_code_for(exc)
+    finally:
+        if args.stats or args.verbose:
+            _print_stats(started)
