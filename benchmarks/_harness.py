@@ -62,6 +62,7 @@ CONTENDERS_DIR = BENCH_DIR / "_contenders"
 OUTPUT_DIR = Path(os.environ.get("TORCHBUCKET_BENCH_OUTPUT") or ROOT / "bench-output")
 LOG_DIR = OUTPUT_DIR / "logs"
 DEFAULT_BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
+DEFAULT_FSSPEC_PYTHON = ROOT / ".venv-gcsfs" / "bin" / "python"
 
 T = TypeVar("T")
 
@@ -76,9 +77,11 @@ __all__ = [
     "bench_python",
     "emit_result",
     "emulator",
+    "fsspec_python",
     "machine_info",
     "median",
     "medians",
+    "package_versions",
     "print_table",
     "ratio",
     "rel",
@@ -103,6 +106,39 @@ def bench_python() -> str | None:
     if env:
         return env if os.path.exists(env) else None
     return str(DEFAULT_BENCH_PYTHON) if DEFAULT_BENCH_PYTHON.exists() else None
+
+
+def fsspec_python() -> str | None:
+    """The interpreter of the fsspec contenders' environment (gcsfs, webdataset).
+
+    A separate environment from :func:`bench_python`'s: gcsfs 2026.x requires
+    google-cloud-storage>=3.14.1 (it imports ``google.cloud.storage.asyncio`` on
+    import), gcs-torch-dataflux 1.4.0's checkpoint module <3.
+    ``$TORCHBUCKET_FSSPEC_PYTHON`` wins; else ``.venv-gcsfs/bin/python``
+    (``benchmarks/setup_bench_env.sh`` creates it); ``None`` when neither exists.
+    """
+    env = os.environ.get("TORCHBUCKET_FSSPEC_PYTHON")
+    if env:
+        return env if os.path.exists(env) else None
+    return str(DEFAULT_FSSPEC_PYTHON) if DEFAULT_FSSPEC_PYTHON.exists() else None
+
+
+def package_versions(python: str | None, packages: tuple[str, ...]) -> dict[str, str]:
+    """``packages``' installed versions in ``python``'s environment (empty if none)."""
+    if python is None:
+        return {}
+    code = (
+        "import importlib.metadata as m, json, sys; "
+        "print(json.dumps({p: m.version(p) for p in sys.argv[1:]}))"
+    )
+    try:
+        out = subprocess.run(
+            [python, "-c", code, *packages], capture_output=True, text=True, timeout=60
+        )
+        versions: dict[str, str] = json.loads(out.stdout)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return {}
+    return versions
 
 
 @contextlib.contextmanager

@@ -20,7 +20,13 @@ per body each way), one run holds every contender against the same server:
   replicated: torchbucket's ``BucketStorageWriter`` / ``BucketStorageReader``
   against dataflux's ``GCSDistributedWriter`` / ``GCSDistributedReader`` (with a
   small shim: under torch 2.13 dataflux 1.4.0 closes its stream twice, see
-  ``_contenders/dcp_dataflux.py``).
+  ``_contenders/dcp_dataflux.py``) and against torch's own ``FsspecWriter`` /
+  ``FsspecReader`` on gcsfs;
+- gcsfs (fsspec): ``torch.save`` / ``torch.load`` through ``fs.open``; gcsfs
+  and torch's fsspec DCP run in ``.venv-gcsfs`` (gcsfs 2026.x needs
+  google-cloud-storage>=3), with ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``
+  (else gcsfs first asks a gRPC API, which an HTTP-only endpoint never answers,
+  what kind of bucket it is).
 
 Each save and each load runs in its own process (``_contenders/ckpt_*.py``,
 ``dcp_*.py``); its client was opened with one request before the measured
@@ -38,7 +44,13 @@ Ends with ``RESULT {json}``: ``save_speedup_vs_dataflux``,
 ``dcp_load_speedup_vs_dataflux`` (dataflux's median time over torchbucket's)
 and ``save_peak_extra_rss_fraction`` (torchbucket's peak RSS during the save
 minus the RSS before it, over the checkpoint's size). Goals: save >= 1.5x and
-load >= 3x dataflux, DCP save and load >= 1.5x, extra RSS <= 0.25.
+load >= 3x dataflux, DCP save and load >= 1.5x, extra RSS <= 0.25. Beside
+them: ``save_speedup_vs_gcsfs``, ``load_speedup_vs_gcsfs``,
+``dcp_save_speedup_vs_fsspec``, ``dcp_load_speedup_vs_fsspec`` (goals >= 1.5x),
+``load_peak_extra_rss_fraction`` (torchbucket's extra RSS during a load over the
+checkpoint's size; goal <= 1.2: the loaded tensors themselves are 1.0) and
+``dcp_load_peak_extra_rss_fraction`` (a DCP load into an existing state dict,
+over the largest rank's own part of it; goal <= 0.25).
 """
 
 from __future__ import annotations
@@ -62,6 +74,12 @@ NAME = "checkpoint"
 BUCKET = "bench-ckpt"
 MiB = 1 << 20
 GOALS = {"save": 1.5, "load": 3.0, "dcp_save": 1.5, "dcp_load": 1.5, "extra_rss": 0.25}
+# gcsfs and torch's fsspec DCP; torchbucket's extra RSS during a load (the tensors: 1.0).
+GOALS_FSSPEC = {"save": 1.5, "load": 1.5, "dcp_save": 1.5, "dcp_load": 1.5}
+GOAL_LOAD_RSS = 1.2
+GOAL_DCP_LOAD_RSS = 0.25
+# What the gcsfs contenders need on an HTTP-only endpoint (said in the output).
+FSSPEC_ENV = {"GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
 
 
 @dataclass(frozen=True)
@@ -71,6 +89,7 @@ class Contender:
     script: str
     bench_env: bool
     dcp: bool
+    fsspec: bool = False  # runs in .venv-gcsfs (h.fsspec_python())
 
 
 CONTENDERS = [
@@ -86,6 +105,10 @@ CONTENDERS = [
     Contender("gcs", "google-cloud-storage", "ckpt_gcs.py", True, False),
     Contender("dcp_torchbucket", "torchbucket DCP", "dcp_torchbucket.py", False, True),
     Contender("dcp_dataflux", "dataflux DCP", "dcp_dataflux.py", True, True),
+    Contender("gcsfs", "gcsfs (fs.open)", "ckpt_gcsfs.py", False, False, fsspec=True),
+    Contender(
+        "dcp_fsspec", "torch FsspecWriter/Reader (gcsfs)", "dcp_fsspec.py", False, True, fsspec=True
+    ),
 ]
 
 
@@ -158,12 +181,15 @@ def run_one(
     }
     if args.tb_config and c.key.endswith("torchbucket"):
         spec["tb_config"] = args.tb_config
+    env = {"STORAGE_EMULATOR_HOST": emu.endpoint}
+    if c.fsspec:
+        env.update(FSSPEC_ENV)
     run = h.run_contender(
         f"ckpt-{c.key}-{op}-{rep}",
         c.script,
         spec,
-        python=bench_py if c.bench_env else None,
-        env={"STORAGE_EMULATOR_HOST": emu.endpoint},
+        python=h.fsspec_python() if c.fsspec else bench_py if c.bench_env else None,
+        env=env,
         timeout=args.timeout,
     )
     d = run.data
@@ -232,6 +258,17 @@ def main(argv: list[str] | None = None) -> int:
         notes.append("dataflux and google-cloud-storage skipped: no .venv-bench")
         print(f"{notes[-1]} (run benchmarks/setup_bench_env.sh)")
         selected = [c for c in selected if not c.bench_env]
+    if h.fsspec_python() is None:
+        notes.append("gcsfs and torch's fsspec DCP skipped: no .venv-gcsfs")
+        print(f"{notes[-1]} (run benchmarks/setup_bench_env.sh)")
+        selected = [c for c in selected if not c.fsspec]
+    elif any(c.fsspec for c in selected):
+        notes.append(
+            "gcsfs contenders ran with GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false (gcsfs 2026.x "
+            "otherwise first asks a gRPC API what kind of bucket it is; an HTTP-only endpoint "
+            "never answers)"
+        )
+        print(notes[-1])
     size = args.size_mib * MiB
     print(
         f"checkpoint ({mode}): state dict of {args.size_mib} MiB, same-region latency model, "
@@ -280,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         return summary.get(key, {}).get(op, {}).get("wall_s", math.nan)
 
     tb_save = summary.get("torchbucket", {}).get("save", {})
+    tb_load = summary.get("torchbucket", {}).get("load", {})
+    dcp_tb_load = summary.get("dcp_torchbucket", {}).get("load", {})
     result: dict[str, Any] = {
         "save_speedup_vs_dataflux": h.ratio(wall("dataflux", "save"), wall("torchbucket", "save")),
         "load_speedup_vs_dataflux": h.ratio(wall("dataflux", "load"), wall("torchbucket", "load")),
@@ -290,6 +329,18 @@ def main(argv: list[str] | None = None) -> int:
             wall("dcp_dataflux", "load"), wall("dcp_torchbucket", "load")
         ),
         "save_peak_extra_rss_fraction": tb_save.get("rss_extra_fraction", math.nan),
+        "save_speedup_vs_gcsfs": h.ratio(wall("gcsfs", "save"), wall("torchbucket", "save")),
+        "load_speedup_vs_gcsfs": h.ratio(wall("gcsfs", "load"), wall("torchbucket", "load")),
+        "dcp_save_speedup_vs_fsspec": h.ratio(
+            wall("dcp_fsspec", "save"), wall("dcp_torchbucket", "save")
+        ),
+        "dcp_load_speedup_vs_fsspec": h.ratio(
+            wall("dcp_fsspec", "load"), wall("dcp_torchbucket", "load")
+        ),
+        # Over the checkpoint (the loaded tensors alone are 1.0).
+        "load_peak_extra_rss_fraction": tb_load.get("rss_extra_fraction", math.nan),
+        # Over the largest rank's own part of the state dict it loads into.
+        "dcp_load_peak_extra_rss_fraction": dcp_tb_load.get("rss_extra_fraction_held", math.nan),
         "save_speedup_vs_gcs": h.ratio(wall("gcs", "save"), wall("torchbucket", "save")),
         "load_speedup_vs_gcs": h.ratio(wall("gcs", "load"), wall("torchbucket", "load")),
         # The compatibility layer's time over the native API's (1: nothing lost).
@@ -303,7 +354,14 @@ def main(argv: list[str] | None = None) -> int:
             s[op]["mismatched_tensors"] for s in summary.values() for op in ("save", "load")
         ),
     }
-    for key in ("torchbucket", "dataflux", "dcp_torchbucket", "dcp_dataflux"):
+    for key in (
+        "torchbucket",
+        "dataflux",
+        "dcp_torchbucket",
+        "dcp_dataflux",
+        "gcsfs",
+        "dcp_fsspec",
+    ):
         for op in ("save", "load"):
             busy = summary.get(key, {}).get(op, {}).get("server_busy")
             if busy is not None:
@@ -316,8 +374,22 @@ def main(argv: list[str] | None = None) -> int:
         "dcp_load_ge_1_5x": result["dcp_load_speedup_vs_dataflux"] >= GOALS["dcp_load"],
         "extra_rss_le_0_25": result["save_peak_extra_rss_fraction"] <= GOALS["extra_rss"],
         "every_load_identical": result["mismatched_tensors"] == 0,
+        "save_vs_gcsfs_ge_1_5x": result["save_speedup_vs_gcsfs"] >= GOALS_FSSPEC["save"],
+        "load_vs_gcsfs_ge_1_5x": result["load_speedup_vs_gcsfs"] >= GOALS_FSSPEC["load"],
+        "dcp_save_vs_fsspec_ge_1_5x": result["dcp_save_speedup_vs_fsspec"]
+        >= GOALS_FSSPEC["dcp_save"],
+        "dcp_load_vs_fsspec_ge_1_5x": result["dcp_load_speedup_vs_fsspec"]
+        >= GOALS_FSSPEC["dcp_load"],
+        "load_extra_rss_le_1_2": result["load_peak_extra_rss_fraction"] <= GOAL_LOAD_RSS,
+        "dcp_load_extra_rss_le_0_25": result["dcp_load_peak_extra_rss_fraction"]
+        <= GOAL_DCP_LOAD_RSS,
     }
     result.update(mode=mode, size_mib=args.size_mib, repeats=args.repeats, ranks=args.ranks)
+    if any(c.fsspec for c in selected):
+        result["fsspec_versions"] = h.package_versions(
+            h.fsspec_python(), ("gcsfs", "fsspec", "torch")
+        )
+        result["fsspec_env"] = FSSPEC_ENV
     if args.bandwidth:
         result["bandwidth"] = args.bandwidth
     if args.tb_config:
@@ -359,6 +431,14 @@ def main(argv: list[str] | None = None) -> int:
         f"DCP load {result['dcp_load_speedup_vs_dataflux']}x (goals {GOALS['dcp_save']}); "
         f"torchbucket's extra RSS during a save {result['save_peak_extra_rss_fraction']} "
         f"of the checkpoint (goal <= {GOALS['extra_rss']})"
+        "\nvs gcsfs / torch's fsspec DCP: "
+        f"save {result['save_speedup_vs_gcsfs']}x, load {result['load_speedup_vs_gcsfs']}x, "
+        f"DCP save {result['dcp_save_speedup_vs_fsspec']}x, "
+        f"DCP load {result['dcp_load_speedup_vs_fsspec']}x (goals {GOALS_FSSPEC['save']}); "
+        f"torchbucket's extra RSS during a load {result['load_peak_extra_rss_fraction']} of the "
+        f"checkpoint (goal <= {GOAL_LOAD_RSS}), during a DCP load "
+        f"{result['dcp_load_peak_extra_rss_fraction']} of a rank's part (goal <= "
+        f"{GOAL_DCP_LOAD_RSS})"
     )
 
     labels = [c.label for c in selected]
