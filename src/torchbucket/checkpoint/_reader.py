@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from torchbucket import runtime
+from torchbucket.checkpoint import _consumed
 from torchbucket.checkpoint._config import CheckpointConfig
 from torchbucket.checkpoint._crc import Crc32c
 from torchbucket.errors import IntegrityError, NotFoundError
@@ -184,6 +185,11 @@ def _never() -> bool:
     return False
 
 
+def _prefault_target(target: memoryview) -> None:
+    if len(target) >= _PREFAULT_MIN:
+        prefault(target, len(target), _never)
+
+
 def _run_filling(coro: Coroutine[Any, Any, None], buffer: memoryview, piece: int) -> None:
     """``runtime.run(coro)``, prefaulting ``buffer`` while it runs."""
     if runtime.in_loop_thread() or _madvise_fn is None:
@@ -211,6 +217,8 @@ class MemoryFile(io.BufferedIOBase):
         self.uri = uri
         self._view: memoryview | None = buffer
         self._position = 0
+        # Set for a download whose records' pages reads give back (_consumed).
+        self._pages: _consumed.ConsumedPages | None = None
 
     def _live(self) -> memoryview:
         if self._view is None:
@@ -228,7 +236,10 @@ class MemoryFile(io.BufferedIOBase):
 
     def getbuffer(self) -> memoryview:
         """The whole checkpoint, without a copy (valid until ``close``)."""
-        return self._live()
+        view = self._live()
+        if self._pages is not None:
+            self._pages.restore(0, len(view))
+        return view
 
     def tell(self) -> int:
         self._live()
@@ -254,6 +265,8 @@ class MemoryFile(io.BufferedIOBase):
         start = min(self._position, len(view))
         end = len(view) if size is None or size < 0 else min(start + size, len(view))
         self._position = max(self._position, end)
+        if self._pages is not None:
+            self._pages.restore(start, end)
         return bytes(view[start:end])
 
     read1 = read
@@ -263,6 +276,11 @@ class MemoryFile(io.BufferedIOBase):
         out = memoryview(target).cast("B")
         start = min(self._position, len(view))
         count = min(len(out), len(view) - start)
+        if self._pages is not None and self._pages.copy(start, out[:count], _prefault_target):
+            # A record's bytes: copied a piece at a time, each piece's pages
+            # then given back (peak: the checkpoint once, not twice).
+            self._position = start + count
+            return count
         if count >= _PREFAULT_MIN:
             # torch.load reads each tensor into fresh memory: its pages in one
             # call cost less than a fault per 4 KiB page during the copy
@@ -276,6 +294,7 @@ class MemoryFile(io.BufferedIOBase):
 
     def close(self) -> None:
         self._view = None
+        self._pages = None
         super().close()
 
     def __enter__(self) -> MemoryFile:
@@ -323,7 +342,17 @@ class CheckpointReader(MemoryFile):
             return cls(store.uri(key), info, memoryview(load_decoded(store, key, info)))
         buffer = allocate(info.size)
         download(store, key, info, buffer, config)
-        return cls(store.uri(key), info, buffer)
+        reader = cls(store.uri(key), info, buffer)
+        if info.size >= _MAPPED_MIN and _consumed.supported():
+            # Only a private anonymous mapping (allocate) can give pages back.
+            records = _consumed.record_ranges(buffer)
+            if records:
+
+                def refill(start: int, end: int) -> None:
+                    download_range(store, key, info, buffer[start:end], start, config)
+
+                reader._pages = _consumed.ConsumedPages(buffer, records, refill)
+        return reader
 
 
 def load_decoded(store: ObjectStore, key: str, info: ObjectInfo) -> bytes:
@@ -340,6 +369,39 @@ def load_decoded(store: ObjectStore, key: str, info: ObjectInfo) -> bytes:
     """
     try:
         return runtime.run(store.get(key, generation=info.generation))
+    except NotFoundError as exc:
+        raise NotFoundError(
+            f"the checkpoint was deleted or rewritten while it was read "
+            f"(generation {info.generation}); load it again",
+            operation="checkpoint load",
+            uri=store.uri(key),
+        ) from exc
+
+
+def download_range(
+    store: ObjectStore,
+    key: str,
+    info: ObjectInfo,
+    view: memoryview,
+    start: int,
+    config: CheckpointConfig,
+) -> None:
+    """Fill ``view`` with generation ``info.generation`` of ``key`` from ``start`` on.
+
+    Raises:
+        NotFoundError: The object is gone, or was rewritten since ``info`` was read.
+        IntegrityError: A range came back short.
+    """
+    try:
+        runtime.run(
+            fetch_ranges(
+                store,
+                [(key, view, start)],
+                generation=info.generation,
+                chunk_size=config.read_chunk_size,
+                parallelism=config.read_parallelism,
+            )
+        )
     except NotFoundError as exc:
         raise NotFoundError(
             f"the checkpoint was deleted or rewritten while it was read "
