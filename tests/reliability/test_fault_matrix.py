@@ -19,6 +19,12 @@ client's retry deadline (one second here) has passed, while a user workload runs
 - ``ranged_get``: a checkpoint load in 64 KiB ranges: identical, or an error
   naming the checkpoint.
 
+The ``corrupt_request`` column damages the request's body on its way to the
+store (one byte flipped) for the operations that upload: the store refuses
+what does not match the checksum the client declared, so the previous
+checkpoint always survives unchanged and nothing partial is visible; a refused
+part or simple upload is sent again.
+
 :data:`EXPECTED` says which outcome each case must have; the table in
 docs/reliability.md is printed from it by running this file as a script.
 """
@@ -60,13 +66,16 @@ OPS = (
     "mpu_part",
     "mpu_complete",
 )
-KINDS = ("429", "503", "reset", "truncate", "corrupt", "stall")
+KINDS = ("429", "503", "reset", "truncate", "corrupt", "stall", "corrupt_request")
 MODES = ("once", "repeated", "past_deadline")
 
 #: Faulted requests per mode (``None``: every one).
 COUNT: dict[str, int | None] = {"once": 1, "repeated": 3, "past_deadline": None}
 
 DATASET_OPS = ("list", "get", "compose", "delete")
+#: The operations whose requests carry bytes (or the document that assembles
+#: them): the only ones a damaged request body applies to.
+UPLOAD_OPS = ("compose", "put", "resumable", "mpu_part", "mpu_complete")
 CKPT_KEY = "run/ckpt.pt"
 
 
@@ -97,6 +106,18 @@ _RECOGNISED_PAST_DEADLINE = {
 #: before its repeat, so it is not repeated: the fault fires once.
 _NOT_REPEATED = {("put", "truncate"), ("put", "corrupt")}
 
+#: A damaged request that cannot be sent again: a resumable upload is checked
+#: once, when it finalizes (the earlier chunks are gone by then; a damaged
+#: session start is a malformed request), and a damaged completion document is
+#: malformed (400, not retried). The save fails; the previous checkpoint stays.
+#: A refused compose leaves the dataset to read the group directly.
+_REFUSED_FOR_GOOD = {("resumable", "corrupt_request"), ("mpu_complete", "corrupt_request")}
+#: The first request a fault hits, where not the first: a resumable save's
+#: first request starts the session; its chunks are what carries the bytes.
+FIRST_HIT = {("resumable", "corrupt_request"): 2}
+#: Refused and not repeated: the fault fires once per request of its kind.
+_NOT_RETRIED = _REFUSED_FOR_GOOD | {("compose", "corrupt_request")}
+
 
 #: Known bugs, reported (see docs/reliability.md): the case is expected to fail
 #: its checks until fixed. Strict: a fix makes the case pass and the marker go.
@@ -111,6 +132,8 @@ def known_bug(op: str, kind: str, mode: str) -> str | None:
 
 def expected(op: str, kind: str, mode: str) -> str:
     """``"ok"`` (the exact data) or ``"error"`` (a clear error, nothing damaged)."""
+    if (op, kind) in _REFUSED_FOR_GOOD:
+        return "error"
     if mode != "past_deadline":
         return "ok"
     if op in _SURVIVES_PAST_DEADLINE or (op, kind) in _BODY_UNUSED:
@@ -150,7 +173,7 @@ def check_fired(emu: Emulator, op: str, kind: str, mode: str) -> None:
     fired = sum(rule["fired"] for rule in emu.faults())
     emu.clear_faults()
     assert fired >= 1, "the fault never fired: the case tested nothing"
-    if mode == "repeated" and (op, kind) not in _BODY_UNUSED | _NOT_REPEATED:
+    if mode == "repeated" and (op, kind) not in _BODY_UNUSED | _NOT_REPEATED | _NOT_RETRIED:
         assert fired == 3
 
 
@@ -168,7 +191,14 @@ def run_checkpoint(bucket: Bucket, op: str, kind: str, mode: str) -> tuple[str, 
     try:
         if op == "ranged_get":
             good.save(state(2), uri)
-        emu.add_fault(fault_op, kind, count=COUNT[mode], stall_seconds=STALL_SECONDS, match=None)
+        emu.add_fault(
+            fault_op,
+            kind,
+            nth=FIRST_HIT.get((op, kind)),
+            count=COUNT[mode],
+            stall_seconds=STALL_SECONDS,
+            match=None,
+        )
         if op == "ranged_get":
             got = faulted.load(uri, weights_only=True)
             assert same_state(got, state(2))
@@ -184,6 +214,8 @@ def run_checkpoint(bucket: Bucket, op: str, kind: str, mode: str) -> tuple[str, 
     survivor_is_new = same_state(survivor, state(2))
     if op != "ranged_get":
         assert survivor_is_new == (outcome[0] == "ok"), "a failed save changed the checkpoint"
+        if outcome[0] == "error":
+            assert same_state(survivor, state(1)), "a failed save lost the previous checkpoint"
     return outcome
 
 
@@ -206,7 +238,12 @@ def _case(op: str, kind: str, mode: str) -> object:
     return pytest.param(op, kind, mode, marks=marks, id=f"{op}-{kind}-{mode}")
 
 
-CASES = [_case(*case) for case in itertools.product(OPS, KINDS, MODES)]
+def applies(op: str, kind: str) -> bool:
+    """Whether the fault can hit the operation (a body to damage on the way up)."""
+    return kind != "corrupt_request" or op in UPLOAD_OPS
+
+
+CASES = [_case(*case) for case in itertools.product(OPS, KINDS, MODES) if applies(*case[:2])]
 
 
 def uri_of(bucket: Bucket, op: str) -> str:
@@ -223,7 +260,7 @@ def check_case(bucket: Bucket, op: str, kind: str, mode: str) -> None:
     if outcome == "error":
         assert isinstance(detail, StorageError)
         assert uri_of(bucket, op) in str(detail)
-        if mode == "past_deadline" and kind != "corrupt":
+        if mode == "past_deadline" and kind not in ("corrupt", "corrupt_request"):
             assert isinstance(detail, DeadlineExceededError)
     assert outcome == expected(op, kind, mode), f"{outcome}: {detail!r}"
     assert bucket.composites() == []
@@ -241,6 +278,7 @@ def test_fault(model_bucket: Bucket, op: str, kind: str, mode: str) -> None:
 FAKE_GCS_CASES = [
     *(_case(op, "503", "repeated") for op in OPS),
     *(_case(op, "truncate", "once") for op in OPS),
+    *(_case(op, "corrupt_request", "once") for op in UPLOAD_OPS),
     _case("get", "stall", "past_deadline"),
     _case("mpu_part", "stall", "past_deadline"),
 ]
@@ -285,7 +323,7 @@ WHAT = {
     "compose": (
         "dataset epoch, compose on",
         "retried (ifGenerationMatch=0; a lost answer is recognised by 412 + HEAD); past "
-        "the deadline the group is read directly",
+        "the deadline, or when a damaged request is refused, the group is read directly",
     ),
     "delete": (
         "dataset epoch, compose on",
@@ -299,12 +337,14 @@ WHAT = {
     "put": (
         "checkpoint save, one part (simple upload)",
         "retried: after an uncertain failure a HEAD recognises a write that took effect "
-        "(size + CRC32C), else the repeat is pinned to the generation seen",
+        "(size + CRC32C), else the repeat is pinned to the generation seen; declares its "
+        "CRC32C, so damaged bytes are refused (400) and sent again",
     ),
     "resumable": (
         "checkpoint save, 256 KiB chunks",
         "a chunk is retried after asking the session how much it holds; a final chunk "
-        "unanswered until the deadline is recognised by a HEAD",
+        "unanswered until the deadline is recognised by a HEAD; the final chunk declares "
+        "the whole CRC32C, so damaged bytes are refused and the save fails",
     ),
     "mpu_initiate": (
         "checkpoint save, 64 KiB parts",
@@ -312,12 +352,14 @@ WHAT = {
     ),
     "mpu_part": (
         "checkpoint save, 64 KiB parts",
-        "retried; past the deadline the upload is aborted",
+        "retried; each part declares its CRC32C, so a damaged part is refused and sent "
+        "again; past the deadline the upload is aborted",
     ),
     "mpu_complete": (
         "checkpoint save, 64 KiB parts",
         "retried; a lost answer is recognised by NoSuchUpload + HEAD, and past the "
-        "deadline by a HEAD (size + CRC32C of what was written)",
+        "deadline by a HEAD (size + CRC32C of what was written); assembled under a "
+        "staging name, checked, then copied onto the checkpoint",
     ),
 }
 
@@ -336,6 +378,9 @@ def table() -> str:
     for op in OPS:
         cells = []
         for kind in KINDS:
+            if not applies(op, kind):
+                cells.append("n/a")
+                continue
             marks = []
             for mode in MODES:
                 mark = "ok" if expected(op, kind, mode) == "ok" else "err"

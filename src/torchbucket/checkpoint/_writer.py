@@ -10,15 +10,19 @@ completes, so the object appears whole, at once. Leaving a ``with`` block by an
 exception, calling :meth:`CheckpointWriter.abort`, or losing the writer without
 closing it aborts: nothing becomes visible and no incomplete upload is left.
 
-Integrity: each request's bytes are verified by the store as they arrive (GCS
-checks the hash sent with each part or object before accepting it). On top of
-that the writer checksums everything written and compares it with the CRC32C the
-store reports for the finished object. By then the object is visible and has
-replaced any previous generation, so on a mismatch the writer deletes exactly
-that generation and raises :class:`~torchbucket.errors.IntegrityError`: a
-missing checkpoint fails loudly on load, a corrupt one might not. Jobs that
-must keep the previous checkpoint until the next is proven good write each
-checkpoint under a new name (as Lightning does) rather than over the old one.
+Integrity: every request that carries the checkpoint's bytes declares their
+CRC32C, so GCS refuses damaged bytes before anything becomes visible (a simple
+upload's metadata, each multipart part's ``x-goog-hash``, a resumable upload's
+finalizing request). What GCS does not check is the object a multipart
+completion assembles from checked parts; so on GCS a multipart save is
+assembled under a hidden staging name next to the checkpoint, its size and
+CRC32C are compared with everything written, and only then is it copied onto
+the checkpoint (:mod:`._staging`). A mismatch raises
+:class:`~torchbucket.errors.IntegrityError` after the staged object is deleted,
+and the previous checkpoint is still the one ``load`` returns. After any failed
+save the previous checkpoint is untouched. (On the memory and local stores,
+which assemble in process, the finished object is compared with what was
+written the same way.)
 
 Uncertain outcomes: the store resolves a simple or resumable upload whose
 answers were lost by the object itself (it holds exactly what was sent, or the
@@ -44,6 +48,15 @@ from torchbucket import runtime
 from torchbucket.checkpoint._cleanup import abort_uploads
 from torchbucket.checkpoint._config import CheckpointConfig, MiB
 from torchbucket.checkpoint._crc import Crc32c
+from torchbucket.checkpoint._staging import (
+    drop,
+    promote,
+    register_staging,
+    renamed,
+    stages_multipart,
+    staging_key,
+    staging_prefix,
+)
 from torchbucket.checkpoint._upload import (
     CONTENT_TYPE,
     MultipartSession,
@@ -137,7 +150,17 @@ class CheckpointWriter(io.BufferedIOBase):
         self._config = config
         self.uri = store.uri(key)
         self.info: ObjectInfo | None = None
-        self._session: UploadSession = open_session(store, key, config.upload_method)
+        #: Where a multipart save is assembled first, on a store that does not
+        #: check what it assembles (see _staging); ``None``: at ``key`` itself.
+        self._staging: str | None = (
+            staging_key(key)
+            if config.upload_method == "multipart" and stages_multipart(store)
+            else None
+        )
+        self._staging_held = False
+        self._session: UploadSession = open_session(
+            store, self._staging or key, config.upload_method
+        )
         self._slots = threading.Semaphore(config.max_parts_in_flight)
         self._pool = _BufferPool()
         self._base_part_size = first_part_size(config, size_hint)
@@ -210,7 +233,9 @@ class CheckpointWriter(io.BufferedIOBase):
             StorageError: The upload failed; it was aborted and nothing became
                 visible.
             IntegrityError: The finished object's CRC32C differs from what was
-                written; that object was deleted.
+                written. The checkpoint was not replaced where the upload was
+                staged (multipart on GCS); otherwise that object was deleted.
+                Raised after the writer's own clean-up.
         """
         if self._state != "open":
             super().close()
@@ -219,18 +244,24 @@ class CheckpointWriter(io.BufferedIOBase):
         # Listed while the last parts upload and the upload completes, rather
         # than after: a save costs no extra round trip for it.
         listing = (
-            runtime.submit(list_stale_candidates(self._store, self._key))
+            runtime.submit(list_stale_candidates(self._store, self._stale_prefix))
             if self._config.stale_upload_age is not None
             and isinstance(self._session, MultipartSession)
             else None
         )
         finished = False
         try:
-            info = self._finish()
+            try:
+                info = self._finish()
+            except StorageError as exc:
+                if self._staging is None:
+                    raise
+                error = renamed(exc, self._store.uri(self._staging), self.uri)
+                if error is exc:
+                    raise
+                raise error from exc
             finished = True
-            if self._config.verify_crc32c:
-                info = self._verify(info)
-            self.info = info
+            self.info = self._commit(info)
         finally:
             if finished:
                 self._state = "committed"
@@ -239,6 +270,9 @@ class CheckpointWriter(io.BufferedIOBase):
                 if listing is not None:
                     listing.cancel()
                 self._abort_after_failure()
+                if self._staging_held:
+                    # A completion without an answer may have made the staged object.
+                    runtime.run(drop(self._store, self._upload_key))
             self._release_buffers()
             super().close()
         if listing is not None and self._config.stale_upload_age is not None:
@@ -349,6 +383,10 @@ class CheckpointWriter(io.BufferedIOBase):
         if self._fill:
             self._hand_over()
             self._raise_part_error()  # the last part may be one too many
+        if self._staging is not None and not self._staging_held:
+            # From before the completion: it may take effect unanswered.
+            register_staging(self._store, self._staging)
+            self._staging_held = True
         try:
             return runtime.run(self._session.finish())
         except (RetryableError, DeadlineExceededError) as exc:
@@ -367,7 +405,7 @@ class CheckpointWriter(io.BufferedIOBase):
     def _saved_anyway(self) -> ObjectInfo | None:
         """The object, if it holds exactly what was written (size and CRC32C)."""
         try:
-            info = runtime.run(self._store.head(self._key))
+            info = runtime.run(self._store.head(self._upload_key))
         except NotFoundError:
             return None
         except StorageError:
@@ -378,6 +416,30 @@ class CheckpointWriter(io.BufferedIOBase):
         if info.size == self._written and info.crc32c == self._crc.b64():
             return info
         return None
+
+    @property
+    def _upload_key(self) -> str:
+        """Where the upload goes: the staging name, or the checkpoint's own."""
+        return self._staging or self._key
+
+    @property
+    def _stale_prefix(self) -> str:
+        """What the uploads that earlier saves of this checkpoint left start with."""
+        return self._key if self._staging is None else staging_prefix(self._key)
+
+    def _commit(self, info: ObjectInfo) -> ObjectInfo:
+        """Check the finished upload and, where it was staged, put it in place."""
+        if self._staging is not None and info.name == self._staging:
+            expected = self._crc.b64() if self._config.verify_crc32c else None
+            try:
+                return runtime.run(
+                    promote(self._store, info, self._key, size=self._written, crc32c=expected)
+                )
+            finally:
+                self._staging_held = False  # dropped by promote, or left to exit cleanup
+        if self._config.verify_crc32c:
+            return self._verify(info)
+        return info
 
     def _verify(self, info: ObjectInfo) -> ObjectInfo:
         if info.crc32c is None:
@@ -404,7 +466,12 @@ class CheckpointWriter(io.BufferedIOBase):
             listed = listing.result()
             aborted = runtime.run(
                 abort_uploads(
-                    self._store, self._key, older_than=age, exact=True, listed=listed, keep=own
+                    self._store,
+                    self._stale_prefix,
+                    older_than=age,
+                    exact=self._staging is None,
+                    listed=listed,
+                    keep=own,
                 )
             )
         except StorageError:

@@ -36,6 +36,8 @@ from torchbucket.compose._registry import (
     drain_deletes,
     in_flight,
     install_sigterm_handler,
+    register,
+    unregister,
 )
 from torchbucket.errors import NotFoundError
 from torchbucket.storage.base import ObjectStore
@@ -53,6 +55,8 @@ __all__ = [
     "install_sigterm_handler",
     "plan_groups",
     "read_verified",
+    "register",
+    "unregister",
 ]
 
 _CLEANUP_CONCURRENCY = 32

@@ -453,8 +453,10 @@ class Emulator(AuthAdmin):
                 status; ``"501"`` on ``mpu_*`` models an endpoint without the XML
                 multipart API), ``"reset"`` (connection reset before an answer),
                 ``"truncate"`` (the body stops halfway, its full length announced),
-                ``"corrupt"`` (one body byte flipped, headers intact) or ``"stall"``
-                (no answer for ``stall_seconds``, then the connection closes).
+                ``"corrupt"`` (one body byte flipped, headers intact),
+                ``"corrupt_request"`` (one byte of the request's body flipped
+                before the store sees it) or ``"stall"`` (no answer for
+                ``stall_seconds``, then the connection closes).
             nth: The first matching request (1-based, counted from now) that
                 fails. Default ``None``: the next one.
             count: How many matching requests fail from there, ``None`` for all.

@@ -29,6 +29,7 @@ from aiohttp import web
 from yarl import URL
 
 from torchbucket.emulator._fake_shims import PreconditionShim, check_generation
+from torchbucket.emulator._hashes import check_declared, declared_in_metadata
 from torchbucket.emulator._http import (
     ApiError,
     Call,
@@ -194,6 +195,8 @@ class FakeGcsBackend:
                 return await self._resumable.start(call)
             if kind == "resumable_chunk":
                 return await self._resumable.chunk(call)
+            if kind == "upload_multipart":
+                _check_declared_hashes(call)  # fake-gcs-server stores any bytes it gets
             await self._shim.check(call)
         except ApiError as exc:
             return api_error_response(exc, xml=call.route.xml)
@@ -317,6 +320,14 @@ class FakeGcsBackend:
             token = page.get("nextPageToken") or ""
             if not token:
                 return names
+
+
+def _check_declared_hashes(call: Call) -> None:
+    """GCS's 400 for a multipart upload whose declared crc32c / md5Hash is wrong."""
+    from torchbucket.emulator._model_api import parse_multipart_related
+
+    meta, data, _ = parse_multipart_related(call)
+    check_declared(declared_in_metadata(meta), data)
 
 
 def _cap_page(path_qs: str, query: Any) -> str:

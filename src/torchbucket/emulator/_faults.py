@@ -15,14 +15,24 @@ from typing import Any
 
 from torchbucket.errors import ConfigError
 
-__all__ = ["FAULT_KINDS", "OPERATIONS", "STATUS_KINDS", "FaultRule", "FaultTable"]
+__all__ = [
+    "FAULT_KINDS",
+    "OPERATIONS",
+    "STATUS_KINDS",
+    "FaultRule",
+    "FaultTable",
+    "flip_byte",
+]
 
 #: A kind that is a number is an error answer with that HTTP status (GCS's JSON
 #: or XML error document, as the route speaks): 501 says "no such API here".
 STATUS_KINDS = frozenset({"403", "404", "405", "408", "429", "500", "501", "502", "503", "504"})
 
-#: The kinds of fault a rule can inject.
-FAULT_KINDS = STATUS_KINDS | {"reset", "truncate", "corrupt", "stall"}
+#: The kinds of fault a rule can inject. ``"corrupt"`` flips a byte of the
+#: answer's body; ``"corrupt_request"`` flips a byte of the request's body before
+#: the store sees it (damage in transit on the way up, which a checksum the
+#: client declares lets the store refuse); a request without a body passes.
+FAULT_KINDS = STATUS_KINDS | {"reset", "truncate", "corrupt", "corrupt_request", "stall"}
 
 #: Operation names, as rules, counters and the latency model use them.
 OPERATIONS = frozenset(
@@ -174,3 +184,16 @@ class FaultTable:
                 hit = rule
                 rule.fired += 1
         return hit
+
+
+def flip_byte(body: bytes) -> bytes:
+    """``body`` with its middle byte inverted (an empty body stays empty).
+
+    Inverting makes any ASCII byte a non-ASCII one, so a JSON or XML document
+    hit this way no longer parses, and media bytes change.
+    """
+    if not body:
+        return body
+    flipped = bytearray(body)
+    flipped[len(flipped) // 2] ^= 0xFF
+    return bytes(flipped)

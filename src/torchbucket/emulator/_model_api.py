@@ -11,12 +11,12 @@ from typing import Any
 from aiohttp import web
 
 from torchbucket.emulator._fields import parse_fields
+from torchbucket.emulator._hashes import check_declared, declared_in_metadata
 from torchbucket.emulator._http import (
     ASSEMBLED_HEADER,
     ApiError,
     Call,
     api_error_response,
-    checksums,
     json_response,
     parse_range,
 )
@@ -190,17 +190,9 @@ class ModelBackend:
 
     @staticmethod
     def _check_hashes(meta: dict[str, Any], data: bytes) -> None:
-        want_crc, want_md5 = meta.get("crc32c"), meta.get("md5Hash")
-        if want_crc is None and want_md5 is None:
-            return
-        crc, md5 = checksums(data)
-        if want_crc is not None and want_crc != crc:
-            raise ApiError(
-                400,
-                f"Provided CRC32C {want_crc!r} doesn't match calculated CRC32C {crc!r}.",
-            )
-        if want_md5 is not None and want_md5 != md5:
-            raise ApiError(400, f"Provided MD5 hash {want_md5!r} doesn't match {md5!r}.")
+        # GCS refuses an upload whose declared crc32c / md5Hash does not match
+        # what it received (see _hashes).
+        check_declared(declared_in_metadata(meta), data)
 
     async def _upload_media(self, call: Call) -> web.Response:
         # A completed XML multipart upload: no MD5, as on GCS.
@@ -275,6 +267,10 @@ class ModelBackend:
             metadata=meta.get("metadata", src.metadata),
             pre=Preconditions.from_query(q),
             content_encoding=meta.get("contentEncoding", src.content_encoding),
+            # A rewrite within a bucket moves no data (one call, metadata only:
+            # https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite),
+            # so the copy shares the bytes and their checksums, costing no CPU.
+            hashes=(src.crc32c, src.md5),
         )
 
     async def _rewrite(self, call: Call) -> web.Response:

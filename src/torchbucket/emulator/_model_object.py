@@ -53,6 +53,7 @@ class ModelObject:
         component_count: int | None = None,
         md5: bool = True,
         content_encoding: str | None = None,
+        hashes: tuple[str, str | None] | None = None,
     ) -> None:
         self.bucket = bucket
         self.name = name
@@ -64,9 +65,12 @@ class ModelObject:
         self.metadata = metadata
         self.component_count = component_count
         self.created = created
-        if component_count is None and md5:
+        self.md5: str | None
+        if hashes is not None:  # a copy: GCS does not read the bytes again
+            self.crc32c, self.md5 = hashes
+        elif component_count is None and md5:
             self.crc32c, md5_b64 = checksums(data)
-            self.md5: str | None = md5_b64
+            self.md5 = md5_b64
         else:  # composite objects and XML multipart uploads: a CRC32C but no MD5
             self.crc32c = crc32c_b64(data)
             self.md5 = None

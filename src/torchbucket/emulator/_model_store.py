@@ -201,6 +201,7 @@ class ModelStore:
         pre: Preconditions | None = None,
         component_count: int | None = None,
         md5: bool = True,
+        hashes: tuple[str, str | None] | None = None,
         content_encoding: str | None = None,
     ) -> ModelObject:
         """Write an object (a new generation), checking ``pre`` first.
@@ -224,6 +225,7 @@ class ModelStore:
             metadata=metadata,
             component_count=component_count,
             md5=md5,
+            hashes=hashes,
             content_encoding=content_encoding,
         )
         found.objects[name] = obj

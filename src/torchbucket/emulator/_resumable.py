@@ -6,7 +6,9 @@ with a ``Location`` built from the request's ``Host``), fed with ``PUT``s whose
 so far) and finished by one whose total is known (``bytes a-b/N`` or
 ``bytes */N``). fake-gcs-server's own sessions finish early on a status query
 and mis-report ``Range``, so the front server keeps the bytes and hands the
-finished object to the store in one write.
+finished object to the store in one write. The finalizing request's
+``x-goog-hash`` and the session's ``crc32c`` / ``md5Hash`` are checked against
+the whole object first, as GCS checks them (see :mod:`._hashes`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
+from torchbucket.emulator._hashes import check_declared, declared_in_headers, declared_in_metadata
 from torchbucket.emulator._http import ApiError, Call
 
 __all__ = ["ResumableSessions", "Session"]
@@ -128,6 +131,11 @@ class ResumableSessions:
             if len(buf) > total:
                 raise ApiError(400, f"Received {len(buf)} bytes, more than the total {total}.")
             try:
+                # The whole object's checksums: declared in the session's metadata,
+                # or on this, the finalizing request (x-goog-hash). A mismatch
+                # ends the upload; nothing becomes visible.
+                check_declared(declared_in_metadata(session.meta), buf)
+                check_declared(declared_in_headers(call.headers, xml=False), buf)
                 resp = await self.finalize(session, bytes(buf))
             except ApiError:
                 del self.sessions[upload_id]

@@ -23,7 +23,7 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 from torchbucket.emulator._admin import handle_admin
-from torchbucket.emulator._faults import STATUS_KINDS, FaultRule, FaultTable
+from torchbucket.emulator._faults import STATUS_KINDS, FaultRule, FaultTable, flip_byte
 from torchbucket.emulator._http import Call, error_response, json_call, json_response
 from torchbucket.emulator._latency import LatencyModel, RateCap
 from torchbucket.emulator._routes import parse_route
@@ -203,6 +203,8 @@ class FrontServer:
             early = await self._early_fault(request, rule, route.xml, op, len(body))
             if early is not None:
                 return early
+            if rule.kind == "corrupt_request":
+                body = flip_byte(body)  # damaged on the way up; the answer is left alone
         call = Call(
             request.method, route, raw, query, request.headers, body, request.host, request.scheme
         )
@@ -228,7 +230,7 @@ class FrontServer:
                 await asyncio.sleep(latency.delay(op, len(body), 0))
                 return await _stream(request, resp, bandwidth)
             await asyncio.sleep(latency.delay(op, len(body), out_len))
-        if rule is not None:
+        if rule is not None and rule.kind != "corrupt_request":
             return await self._mangle(request, resp, rule.kind)
         return resp
 

@@ -3,7 +3,9 @@
 Served by the front server for both stores (fake-gcs-server has no multipart
 upload API). Object calls are translated into JSON API calls on the backend;
 a completed multipart upload is assembled here and written through the
-backend's JSON media upload.
+backend's JSON media upload. An object or part PUT is checked against the
+``x-goog-hash`` / ``Content-MD5`` sent with it, and refused on a mismatch, as
+GCS does (see :mod:`._hashes`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from urllib.parse import quote
 import google_crc32c
 from aiohttp import web
 
+from torchbucket.emulator._hashes import check_declared, declared_in_headers
 from torchbucket.emulator._http import (
     ASSEMBLED_HEADER,
     XML_TYPE,
@@ -158,6 +161,7 @@ class XmlApi:
         return _as_xml_error(resp)
 
     async def _put(self, call: Call) -> web.Response:
+        check_declared(declared_in_headers(call.headers, xml=True), call.body, xml=True)
         headers = {}
         ctype = call.headers.get("Content-Type")
         if ctype:
@@ -228,6 +232,9 @@ class XmlApi:
                 f"partNumber must be in [1, {MAX_PARTS}], got {number}",
                 xml_code="InvalidArgument",
             )
+        # GCS checks a part against the x-goog-hash / Content-MD5 sent with it
+        # and refuses a mismatch: the part is not stored (see _hashes).
+        check_declared(declared_in_headers(call.headers, xml=True), call.body, xml=True)
         # GCS's part ETag is the part's MD5 and clients treat it as opaque. MD5
         # costs ~1.8 ms of server CPU per MiB (CRC32C ~0.1), the largest share of
         # the emulator's cost per uploaded byte, so the model tags a part with

@@ -88,6 +88,21 @@ def uncertain(exc: BaseException) -> bool:
     return isinstance(exc, (RetryableError, DeadlineExceededError, asyncio.CancelledError))
 
 
+#: What GCS answers when the bytes it received do not match the checksum the
+#: client declared: a 400 whose XML code is one of these
+#: (googleapis/python-storage#1529), or, on the JSON API, reason ``invalid``
+#: with ``Provided CRC32C "..." doesn't match calculated CRC32C "..."`` (or the
+#: same for ``MD5 hash``), as quoted in googleapis/python-storage#1541 and
+#: googleapis/google-cloud-java#267. The JSON API gives no other sign of it.
+_DIGEST_CODES = frozenset({"BadDigest", "InvalidDigest", "CrcMismatch"})
+_DIGEST_MESSAGES = ("Provided CRC32C ", "Provided MD5 hash ")
+
+
+def refused_checksum(reason: str, message: str) -> bool:
+    """Whether a 400's error document says the received bytes failed their checksum."""
+    return reason in _DIGEST_CODES or (reason == "invalid" and message.startswith(_DIGEST_MESSAGES))
+
+
 def holds(info: ObjectInfo | None, size: int, crc32c: str | None) -> bool:
     """Whether the object ``info`` describes holds exactly ``size`` bytes with ``crc32c``.
 
@@ -374,6 +389,50 @@ class GCSTransport:
         if status == 404:
             return None
         return _http.parse_info(body, operation=operation, uri=uri)
+
+    async def upload_request(
+        self,
+        method: str,
+        url: yarl.URL,
+        *,
+        operation: str,
+        uri: str,
+        headers: Mapping[str, str] | None = None,
+        data: Any = None,
+        allow: tuple[int, ...] = (),
+    ) -> _Response:
+        """:meth:`request` for a request whose bytes carry a declared checksum.
+
+        The store refuses such a request when what it received does not match
+        (https://cloud.google.com/storage/docs/data-validation): nothing was
+        written, so the refusal is an :class:`IntegrityError`, which a retry
+        may cure (the damage was in transit) and which says what happened when
+        it persists.
+
+        Raises:
+            IntegrityError: The store refused the bytes it received.
+            StorageError: As :meth:`request`.
+        """
+        status, resp_headers, body = await self.request(
+            method,
+            url,
+            operation=operation,
+            uri=uri,
+            headers=headers,
+            data=data,
+            allow=(*allow, 400),
+        )
+        if status == 400 and 400 not in allow:
+            reason, message = _http.error_code(body)
+            if refused_checksum(reason, message):
+                raise IntegrityError(
+                    f"the server refused what it received: {message or reason}",
+                    operation=operation,
+                    uri=uri,
+                    status=400,
+                )
+            raise _http.error_for_response(status, resp_headers, body, operation=operation, uri=uri)
+        return status, resp_headers, body
 
     # ------------------------------------------------------------ uncertain writes
 

@@ -103,7 +103,18 @@ def _answered_info(
 
 
 class GCSMultipart(GCSUploads):
-    """The XML multipart upload API on top of :class:`GCSUploads`."""
+    """The XML multipart upload API on top of :class:`GCSUploads`.
+
+    Attributes:
+        unchecked_multipart_assembly: Always true: GCS checks each part against
+            its ``x-goog-hash`` but nothing checks the object a completion
+            assembles (its request carries no hash:
+            https://cloud.google.com/storage/docs/xml-api/post-object-complete),
+            so a checkpoint writer assembles under a staging name and checks
+            before the object takes the checkpoint's name.
+    """
+
+    unchecked_multipart_assembly = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -194,17 +205,29 @@ class GCSMultipart(GCSUploads):
         url = self._xml_url(key, f"partNumber={number}&uploadId={quote_name(upload_id)}")
         uri = self.uri(key)
         crc = extend_crc(0, data)
-        headers = {"x-goog-hash": f"crc32c={crc_b64(crc)}"}
+        sent_crc = crc_b64(crc)
+        headers = {"x-goog-hash": f"crc32c={sent_crc}"}
         body = _PartBody(data)
 
         async def attempt() -> Part:
-            _, resp_headers, _ = await self.request(
+            # GCS checks the part against its x-goog-hash and refuses damaged
+            # bytes (https://cloud.google.com/storage/docs/xml-api/put-object-multipart).
+            _, resp_headers, _ = await self.upload_request(
                 "PUT", url, operation="multipart upload part", uri=uri, headers=headers, data=body
             )
             etag = resp_headers.get("ETag")
             if not etag:
                 raise StorageError(
                     f"part {number} answered no ETag", operation="multipart upload part", uri=uri
+                )
+            answered = hash_header_crc32c(resp_headers)
+            if answered is not None and answered != sent_crc:
+                # The store holds other bytes than were sent: sent again, the
+                # part replaces them.
+                raise IntegrityError(
+                    f"part {number} was stored with CRC32C {answered}, sent with {sent_crc}",
+                    operation="multipart upload part",
+                    uri=uri,
                 )
             return Part(number, etag)
 

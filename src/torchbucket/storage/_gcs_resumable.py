@@ -7,6 +7,12 @@ never duplicates or skips bytes, and a final chunk that had in fact completed
 the upload is recognised by the object the session returns. A final chunk whose
 answers were lost until the retry deadline is resolved by the object itself
 (:meth:`~torchbucket.storage._gcs_io.GCSTransport.written_anyway`).
+
+Integrity: the request that finalizes an upload carries the whole object's
+CRC32C (``x-goog-hash``), also when it is only known at the end of a stream, so
+GCS refuses an object whose bytes were damaged on the way and nothing becomes
+visible. Such a refusal ends the session; it is raised as
+:class:`~torchbucket.errors.IntegrityError`.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 import yarl
 
-from torchbucket.errors import RetryableError, StorageError
+from torchbucket.errors import IntegrityError, RetryableError, StorageError
 from torchbucket.storage import _gcs_http as _http
 from torchbucket.storage._gcs_io import GCSTransport
 from torchbucket.storage._gcs_wire import (
@@ -86,17 +92,30 @@ class GCSUploads(GCSTransport):
         offset: int,
         total: int | None,
         uri: str,
+        crc32c: str | None = None,
     ) -> tuple[ObjectInfo | None, int]:
         """Send ``chunk`` at ``offset``; ``total`` is set on the last one.
 
+        The last one also carries ``crc32c``, the whole object's, in
+        ``x-goog-hash``: GCS checks it against everything the session received
+        and refuses to create the object on a mismatch (as the Google client
+        libraries finalize: googleapis/java-storage#3450,
+        googleapis/google-cloud-rust#5655).
+
         Returns the object when the upload is complete, and the number of bytes
         the session holds. A retry first asks the session how much it holds.
+
+        Raises:
+            IntegrityError: The store refused the object's bytes; the session is
+                over, so this is not retried here.
         """
         size = "*" if total is None else str(total)
         lost = False
+        refused: IntegrityError | None = None
+        hash_header = {} if total is None or crc32c is None else {"x-goog-hash": f"crc32c={crc32c}"}
 
         async def attempt() -> tuple[ObjectInfo | None, int]:
-            nonlocal lost
+            nonlocal lost, refused
             begin = offset
             try:
                 if lost:
@@ -124,15 +143,18 @@ class GCSUploads(GCSTransport):
                     crange = f"bytes {begin}-{begin + len(piece) - 1}/{size}"
                 else:
                     crange = f"bytes */{size}"
-                status, headers, body = await self.request(
+                status, headers, body = await self.upload_request(
                     "PUT",
                     session_url,
                     operation="put",
                     uri=uri,
-                    headers={"Content-Range": crange},
+                    headers={"Content-Range": crange, **hash_header},
                     data=piece,
                     allow=(308,),
                 )
+            except IntegrityError as exc:
+                refused = exc
+                return None, -1
             except RetryableError:
                 lost = True
                 raise
@@ -140,7 +162,10 @@ class GCSUploads(GCSTransport):
                 return None, persisted(headers)
             return _http.parse_info(body, operation="put", uri=uri), offset + len(chunk)
 
-        return await self.call(attempt, "put", uri)
+        result = await self.call(attempt, "put", uri)
+        if refused is not None:
+            raise refused
+        return result
 
     async def _resumable_cancel(self, session_url: yarl.URL, uri: str) -> None:
         try:
@@ -170,7 +195,12 @@ class GCSUploads(GCSTransport):
             stop = min(offset + chunk_size, total)
             try:
                 info, offset = await self._resumable_send(
-                    session_url, view[offset:stop], offset, total if stop == total else None, uri
+                    session_url,
+                    view[offset:stop],
+                    offset,
+                    total if stop == total else None,
+                    uri,
+                    crc,
                 )
             except StorageError as exc:
                 if stop < total:
@@ -207,7 +237,7 @@ class GCSUploads(GCSTransport):
                 piece = bytes(buf)
                 try:
                     info, held = await self._resumable_send(
-                        session_url, piece, offset, offset + len(piece), uri
+                        session_url, piece, offset, offset + len(piece), uri, crc_b64(crc)
                     )
                 except StorageError as exc:
                     size = offset + len(piece)

@@ -19,6 +19,8 @@ whose answer was lost aborts the empty uploads it may have left.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -27,16 +29,19 @@ from typing import Any
 import yarl
 
 from torchbucket.errors import (
+    IntegrityError,
     NotFoundError,
     StorageError,
 )
 from torchbucket.storage import _gcs_http as _http
 from torchbucket.storage._common import check_compose_sources
+from torchbucket.storage._crc32c import combine
 from torchbucket.storage._gcs_config import DEFAULT_ENDPOINT, GCSConfig
 from torchbucket.storage._gcs_multipart import GCSMultipart
 from torchbucket.storage._gcs_wire import (
     INFO_FIELDS,
     crc32c_of,
+    crc_b64,
     object_info,
     object_infos,
     quote_name,
@@ -49,6 +54,20 @@ logger = logging.getLogger(__name__)
 
 _LIST_FIELDS = f"items({INFO_FIELDS}),nextPageToken"
 _FOLDER_FIELDS = f"items({INFO_FIELDS}),prefixes,nextPageToken"
+
+
+def combined_crc32c(sources: Sequence[ObjectInfo]) -> str | None:
+    """The CRC32C of the sources' bytes in order, or ``None`` if one lacks its own."""
+    crc = 0
+    for source in sources:
+        if source.crc32c is None:
+            return None
+        try:
+            value = int.from_bytes(base64.b64decode(source.crc32c, validate=True), "big")
+        except (binascii.Error, ValueError):
+            return None
+        crc = combine(crc, value, source.size)
+    return crc_b64(crc)
 
 
 def _list_page(body: bytes) -> ListPage:
@@ -258,7 +277,8 @@ class GCSStore(GCSMultipart):
         async def send(precondition: int | None) -> ObjectInfo:
             q = query if precondition is None else f"{query}&ifGenerationMatch={precondition}"
             url = yarl.URL(f"{self._upload_base}?{q}", encoded=True)
-            _, _, resp = await self.request(
+            # The crc32c in the metadata makes GCS refuse damaged bytes.
+            _, _, resp = await self.upload_request(
                 "POST", url, operation="put", uri=uri, headers=headers, data=body
             )
             info = _http.parse_info(resp, operation="put", uri=uri)
@@ -312,11 +332,25 @@ class GCSStore(GCSMultipart):
         headers = {"Content-Type": "application/json"}
         uri = self.uri(destination)
 
+        # GCS checks that the sources are correctly assembled itself and
+        # documents no checksum of the result to send with a compose (an MD5 is
+        # ignored: https://cloud.google.com/storage/docs/composite-objects,
+        # "Integrity checking composite objects"); the composite's CRC32C is
+        # compared here with the combination of its sources'.
+        expected = combined_crc32c(sources)
+
         async def attempt() -> ObjectInfo:
             _, _, resp = await self.request(
                 "POST", url, operation="compose", uri=uri, headers=headers, data=body
             )
-            return _http.parse_info(resp, operation="compose", uri=uri)
+            info = _http.parse_info(resp, operation="compose", uri=uri)
+            if expected is not None and info.crc32c is not None and info.crc32c != expected:
+                raise IntegrityError(
+                    f"the composite's CRC32C is {info.crc32c}, its sources' combine to {expected}",
+                    operation="compose",
+                    uri=uri,
+                )
+            return info
 
         if if_generation_match is None:
             # Without a precondition a repeat could not be told from another
