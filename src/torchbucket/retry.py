@@ -67,7 +67,12 @@ def backoff_delay(attempt: int, config: RetryConfig, rng: random.Random | None =
         config: Bounds and growth.
         rng: Source of randomness (tests pass a seeded one).
     """
-    bound = min(config.max_backoff, config.initial_backoff * config.multiplier**attempt)
+    try:
+        bound = min(config.max_backoff, config.initial_backoff * config.multiplier**attempt)
+    except OverflowError:
+        # Long episodes with tiny backoffs reach ~1,000 attempts, where the
+        # float power overflows; the bound has long been max_backoff by then.
+        bound = config.max_backoff
     return (rng or random).uniform(0.0, bound)
 
 

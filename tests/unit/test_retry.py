@@ -115,6 +115,15 @@ def test_backoff_is_full_jitter_below_an_exponential_bound() -> None:
         assert max(draws) > bound * 0.8
 
 
+def test_backoff_past_float_range_stays_at_the_cap() -> None:
+    # 2.0**1100 overflows a float; a long episode of tiny backoffs gets there.
+    config = RetryConfig(initial_backoff=1e-6, multiplier=2, max_backoff=0.5)
+    rng = random.Random(0)
+    draws = [retry.backoff_delay(1100, config, rng) for _ in range(200)]
+    assert all(0 <= d <= 0.5 for d in draws)
+    assert max(draws) > 0.4
+
+
 def test_one_warning_per_episode(caplog: pytest.LogCaptureFixture) -> None:
     retry._episodes._last.clear()
     calls, fn = _flaky([TransientError("a"), TransientError("b"), TransientError("c")])
