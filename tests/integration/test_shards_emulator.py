@@ -186,3 +186,30 @@ def test_reads_webdataset_shard_writer_output(
     samples = list(ds)
     assert [_key(s) for s in samples] == [f"{i:05d}" for i in range(N)]
     assert all(s["bin"] == payload(int(_key(s))) for s in samples)
+
+
+def test_large_reads_land_in_place_and_survive_corrupt_and_cut_bodies(
+    emulator: Emulator, bucket: str
+) -> None:
+    # Reads of 1 MiB and more take the in-place receive path (RawGetter), which
+    # the small reads above do not; members straddle the reads' boundaries.
+    big = {f"big/{i:05d}.bin": payload(i) * 100 for i in range(N)}
+    emulator.seed(bucket, big)
+    pack(
+        f"gs://{bucket}/big/",
+        f"gs://{bucket}/bigpacked/",
+        config=PackConfig(shard_size=3 << 20),
+        gcs_config=_gcs(emulator),
+        progress=False,
+    )
+    emulator.add_fault("get", "corrupt", match="bigpacked/shard-000000.tar", count=1)
+    emulator.add_fault("get", "truncate", match="bigpacked/shard-000001.tar", count=1)
+    ds = BucketShardDataset.from_prefix(
+        f"gs://{bucket}/bigpacked/",
+        gcs_config=_gcs(emulator),
+        read=ShardReadConfig(first_read_size=1 << 20, read_size=2 << 20, bytes_in_flight=4 << 20),
+    )
+    samples = list(ds)
+    assert [_key(s) for s in samples] == [f"{i:05d}" for i in range(N)]
+    assert all(s["bin"] == big[f"big/{_key(s)}.bin"] for s in samples)
+    assert all(r["fired"] == 1 for r in emulator.faults())

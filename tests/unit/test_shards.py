@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import tarfile
 import uuid
@@ -387,3 +388,44 @@ def test_map_dataset_fetches_a_batch_with_few_requests(bucket: str) -> None:
     assert sorted(k for b in loader for k in b) == [f"{i:04d}" for i in range(KEYS)]
     with pytest.raises(IndexError):
         m[KEYS]
+
+
+class _Watched(MemoryStore):
+    """Records the reads of shards: in flight when each starts, bytes in flight at most."""
+
+    starts: list[tuple[int, int]] = []  # (size, reads in flight before it)
+    in_flight = 0
+    bytes_in_flight = 0
+    peak_bytes = 0
+
+    async def get_into(self, key: str, buffer: memoryview, **kw: Any) -> int:
+        cls = type(self)
+        cls.starts.append((len(buffer), cls.in_flight))
+        cls.in_flight += 1
+        cls.bytes_in_flight += len(buffer)
+        cls.peak_bytes = max(cls.peak_bytes, cls.bytes_in_flight)
+        try:
+            await asyncio.sleep(0.003)
+            return await super().get_into(key, buffer, **kw)
+        finally:
+            cls.in_flight -= 1
+            cls.bytes_in_flight -= len(buffer)
+
+
+def test_reads_start_with_one_small_read_and_stay_within_bytes_in_flight(bucket: str) -> None:
+    _pack(bucket, shard_size=1 << 20)
+    _Watched.starts, _Watched.peak_bytes = [], 0
+    ds = BucketShardDataset.from_prefix(
+        f"memory://{bucket}/packed/",
+        read=ShardReadConfig(first_read_size=512, read_size=4096, bytes_in_flight=8192),
+    )
+    object.__setattr__(ds._shards, "store", _Watched(bucket, create=False))
+    samples = list(ds)
+    assert sorted(map(_key, samples)) == [f"{i:04d}" for i in range(KEYS)]
+    assert all(s["jpg"] == image(int(_key(s))) for s in samples)
+    # The first read goes alone and small, so the first samples wait for it only.
+    assert _Watched.starts[0] == (512, 0) and _Watched.starts[1][1] == 0
+    assert [size for size, _ in _Watched.starts[:4]] == [512, 1024, 2048, 4096]
+    # Later reads overlap, within the bytes allowed.
+    assert max(n for _, n in _Watched.starts) >= 1
+    assert _Watched.peak_bytes <= 8192

@@ -2,9 +2,10 @@
 
 The byte ranges a worker needs (a piece of an indexed shard: from its first
 sample's data to its last one's; a shard without an index: all of it) are cut
-into reads of ``first_read_size`` doubling up to ``read_size``, and
-``reads_in_flight`` of them are kept going on the runtime's loop, across
-shard boundaries. The consumer (a DataLoader worker's thread) takes them in
+into reads of ``first_read_size`` doubling up to ``read_size``, kept going
+on the runtime's loop across shard boundaries (at most ``reads_in_flight``
+and ``bytes_in_flight``, starting with one read and one more per read
+taken), each into a buffer of its own (``get_into``). The consumer (a DataLoader worker's thread) takes them in
 order and cuts samples out: with an index by the members' offsets, each
 member checked against its CRC32C (re-read once on a mismatch, then an
 error naming the shard and the member); without one by parsing the tar
@@ -39,7 +40,16 @@ class _Short(Exception):
 
 
 class _Chunks:
-    """Ordered ranged reads over pieces, ``reads_in_flight`` ahead of the consumer."""
+    """Ordered ranged reads over pieces, in flight ahead of the consumer.
+
+    Each read lands in a buffer of its own (``get_into``: on GCS the body is
+    received in place, no copy on the way). The reads in flight are bounded by
+    ``reads_in_flight`` and by ``bytes_in_flight`` (bytes asked for and not
+    yet taken; one read always goes), and start slowly: one read at first,
+    one more allowed per read taken, so that the first, small reads are not
+    slowed down by large ones competing for the same connection, CPU and
+    bandwidth, and the first samples come as soon as the first bytes do.
+    """
 
     def __init__(
         self,
@@ -51,10 +61,14 @@ class _Chunks:
         self._shards = shards
         self._piece_shard = piece_shard
         self._plan = self._cut(ranges, config)
-        self._ahead = config.reads_in_flight
-        self._futures: collections.deque[tuple[int, int, int, concurrent.futures.Future[bytes]]] = (
-            collections.deque()
-        )
+        self._next = next(self._plan, None)
+        self._max_reads = config.reads_in_flight
+        self._max_bytes = config.bytes_in_flight
+        self._taken = 0
+        self._asked = 0
+        self._futures: collections.deque[
+            tuple[int, int, int, concurrent.futures.Future[memoryview]]
+        ] = collections.deque()
         self._fill()
 
     @staticmethod
@@ -71,62 +85,88 @@ class _Chunks:
                 size = min(config.read_size, size * 2)
 
     def _fill(self) -> None:
-        while len(self._futures) < self._ahead:
-            nxt = next(self._plan, None)
-            if nxt is None:
+        allowed = min(self._max_reads, 1 + self._taken)
+        while self._next is not None and len(self._futures) < allowed:
+            piece, start, end = self._next
+            if self._futures and self._asked + (end - start) > self._max_bytes:
                 return
-            piece, start, end = nxt
             info = self._shards.shards[self._piece_shard[piece]]
             future = runtime.submit(
-                self._shards.store.get(info.name, start=start, end=end, generation=info.generation)
+                _read_into(self._shards, info.name, start, end, info.generation)
             )
             self._futures.append((piece, start, end, future))
+            self._asked += end - start
+            self._next = next(self._plan, None)
 
-    def take(self, piece: int) -> tuple[int, int, bytes] | None:
+    def take(self, piece: int) -> tuple[int, int, memoryview] | None:
         """The next read of ``piece``: ``(start, end asked, bytes)``; ``None`` when it has none."""
         if not self._futures or self._futures[0][0] != piece:
             return None
         _, start, end, future = self._futures.popleft()
+        data = future.result()
+        self._asked -= end - start
+        self._taken += 1
         self._fill()
-        return start, end, future.result()
+        return start, end, data
 
     def close(self) -> None:
         for *_, future in self._futures:
             future.cancel()
         self._futures.clear()
+        self._next = None
         self._plan = iter(())
 
 
-class _Cursor:
-    """The bytes of one piece, by absolute offset, read forward."""
+async def _read_into(
+    shards: ShardSet, name: str, start: int, end: int, generation: int | None
+) -> memoryview:
+    """``[start, end)`` of a shard (less at its end), in a buffer of its own."""
+    buffer = bytearray(end - start)
+    got = await shards.store.get_into(name, memoryview(buffer), start=start, generation=generation)
+    return memoryview(buffer)[:got]
 
-    def __init__(self, chunks: _Chunks, piece: int) -> None:
+
+class _Cursor:
+    """The bytes of one piece, by absolute offset, read forward.
+
+    With ``whole_crc`` (a shard without an index) the CRC32C of everything
+    taken is kept in ``crc``; with an index each member is checked instead.
+    """
+
+    def __init__(self, chunks: _Chunks, piece: int, *, whole_crc: bool = False) -> None:
         self._chunks = chunks
         self._piece = piece
-        self._held: collections.deque[tuple[int, bytes]] = collections.deque()
+        self._held: collections.deque[tuple[int, memoryview]] = collections.deque()
         self._short = False
+        self._whole_crc = whole_crc
         self.crc = 0
         self.end = 0
+
+    def _take(self) -> bool:
+        if self._short:
+            return False
+        chunk = self._chunks.take(self._piece)
+        if chunk is None:
+            return False
+        c_start, c_end, data = chunk
+        if self._whole_crc:
+            self.crc = extend(self.crc, data)
+        self.end = c_start + len(data)
+        if len(data) < c_end - c_start:
+            self._short = True
+        self._held.append((c_start, data))
+        return True
 
     def read(self, start: int, end: int) -> bytes:
         held = self._held
         while held and held[0][0] + len(held[0][1]) <= start:
             held.popleft()
         while not held or held[-1][0] + len(held[-1][1]) < end:
-            if self._short:
+            if not self._take():
                 raise _Short
-            chunk = self._chunks.take(self._piece)
-            if chunk is None:
-                raise _Short
-            c_start, c_end, data = chunk
-            self.crc = extend(self.crc, data)
-            self.end = c_start + len(data)
-            if len(data) < c_end - c_start:
-                self._short = True
-            held.append((c_start, data))
         first_start, first = held[0]
         if first_start + len(first) >= end:
-            return first[start - first_start : end - first_start]
+            return first[start - first_start : end - first_start].tobytes()
         parts = [first[start - first_start :]]
         for c_start, data in list(held)[1:]:
             parts.append(data[: end - c_start])
@@ -137,12 +177,8 @@ class _Cursor:
     def drain(self) -> None:
         """Take the piece's remaining reads (the trailing padding of a tar)."""
         self._held.clear()
-        while not self._short:
-            chunk = self._chunks.take(self._piece)
-            if chunk is None:
-                return
-            self.crc = extend(self.crc, chunk[2])
-            self.end = chunk[0] + len(chunk[2])
+        while self._take():
+            self._held.clear()
 
 
 def member_sample(members: Sequence[tuple[str, bytes]], group_by: str, url: str) -> Any:
@@ -176,24 +212,32 @@ def _indexed(
     index = shards.index(shard)
     cursor = _Cursor(chunks, p)
     url = shards.uri(shard)
-    for s in range(first + skip, stop):
+    # The piece's index entries as Python values once, not numpy scalars per member.
+    bounds = index.sample_bounds[first + skip : stop + 1].tolist()
+    if not bounds:
+        return
+    lo, hi = bounds[0], bounds[-1]
+    offsets = index.offsets[lo:hi].tolist()
+    sizes = index.sizes[lo:hi].tolist()
+    crcs = index.crc32c[lo:hi].tolist()
+    for i in range(len(bounds) - 1):
         members = []
-        for m in index.members_of(s):
-            off, size = int(index.offsets[m]), int(index.sizes[m])
+        for m in range(bounds[i] - lo, bounds[i + 1] - lo):
+            off, size = offsets[m], sizes[m]
             try:
                 data = cursor.read(off, off + size)
             except _Short:
                 raise _error(
                     shards,
                     shard,
-                    index.name(m),
+                    index.name(lo + m),
                     f"the shard ends at byte {cursor.end}, the member's data is at "
                     f"[{off}, {off + size}) (truncated shard)",
                 ) from None
-            if extend(0, data) != int(index.crc32c[m]):
-                data = _reread(shards, shard, index.name(m), off, size, int(index.crc32c[m]))
-            members.append((index.name(m), data))
-        yield s - first, member_sample(members, shards.group_by, url)
+            if extend(0, data) != crcs[m]:
+                data = _reread(shards, shard, index.name(lo + m), off, size, crcs[m])
+            members.append((index.name(lo + m), data))
+        yield skip + i, member_sample(members, shards.group_by, url)
 
 
 def _reread(shards: ShardSet, shard: int, name: str, off: int, size: int, crc: int) -> bytes:
@@ -213,7 +257,7 @@ def _headers(
     shards: ShardSet, chunks: _Chunks, p: int, shard: int, skip: int
 ) -> Iterator[tuple[int, Any]]:
     """Samples of a shard without an index, by its tar headers."""
-    cursor = _Cursor(chunks, p)
+    cursor = _Cursor(chunks, p, whole_crc=True)
     url = shards.uri(shard)
     pos = 0
     long_name: str | None = None

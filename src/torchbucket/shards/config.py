@@ -58,24 +58,38 @@ class ShardReadConfig:
 
     Attributes:
         reads_in_flight: Ranged GETs in flight per iterator (so per DataLoader
-            worker), across shard boundaries. Default 8.
+            worker), across shard boundaries, at most. Default 8.
+        bytes_in_flight: Bytes asked for by the reads in flight and not yet
+            taken by the consumer, at most (one read always goes). Default
+            64 MiB: two reads of ``read_size``; at 200 MB/s per body and
+            20 ms to the first byte each takes about 0.2 s, longer than a
+            worker needs to cut the samples out of the one before. Memory per
+            iterator is about this plus the read being consumed.
         read_size: Bytes per ranged GET once a stream is under way. Default
-            8 MiB: at 200 MB/s per body and 20 ms to the first byte, 8 reads
-            of 8 MiB keep about 1 GB/s coming per worker.
+            32 MiB: a 100 KiB sample then costs about 1/320 of a request.
         first_read_size: Bytes of the first GET of an iterator; later reads
-            double up to ``read_size``, so the first batch waits for a small
-            read. Default 1 MiB.
+            double up to ``read_size``, and the reads in flight start at one
+            and grow by one per read taken, so the first batch waits for one
+            small read, not for large ones sharing the bandwidth. Default
+            1 MiB.
         shuffle_buffer: Samples held to shuffle within, when shuffling.
             Default 1000 (memory: that many samples).
     """
 
     reads_in_flight: int = 8
-    read_size: int = 8 * _MIB
+    bytes_in_flight: int = 64 * _MIB
+    read_size: int = 32 * _MIB
     first_read_size: int = 1 * _MIB
     shuffle_buffer: int = 1000
 
     def __post_init__(self) -> None:
-        for name in ("reads_in_flight", "read_size", "first_read_size", "shuffle_buffer"):
+        for name in (
+            "reads_in_flight",
+            "bytes_in_flight",
+            "read_size",
+            "first_read_size",
+            "shuffle_buffer",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(
                     f"ShardReadConfig.{name} must be >= 1, got {getattr(self, name)!r}"
