@@ -12,6 +12,7 @@ light.
 import importlib as _importlib
 import typing as _typing
 
+from torchbucket._version import __version__
 from torchbucket.config import ConcurrencyConfig, RetryConfig
 from torchbucket.errors import (
     BucketNotFoundError,
@@ -47,8 +48,6 @@ if _typing.TYPE_CHECKING:
         ShardReadConfig,
     )
     from torchbucket.storage.gcs import GCSConfig
-
-__version__ = "0.1.0"
 
 _LAZY = {
     "BucketCheckpoint": "torchbucket.checkpoint",

@@ -11,7 +11,9 @@ from torchbucket.storage.base import COMPOSE_MAX_SOURCES, MULTIPART_MAX_PARTS, O
 
 __all__ = [
     "check_compose_sources",
+    "check_page_size",
     "check_part_number",
+    "check_range",
     "crc32c_b64",
     "crc32c_combine_bytes",
     "resolve_range",
@@ -33,8 +35,8 @@ def crc32c_combine_bytes(chunks: Sequence[bytes | bytearray | memoryview]) -> st
     return base64.b64encode(crc.to_bytes(4, "big")).decode("ascii")
 
 
-def resolve_range(size: int, start: int, end: int | None) -> tuple[int, int]:
-    """Clamp ``[start, end)`` to an object of ``size`` bytes.
+def check_range(start: int, end: int | None) -> None:
+    """Reject a byte range ``[start, end)`` no object has: the one check of every backend.
 
     Raises:
         ValueError: A negative start, or an end before the start.
@@ -43,6 +45,25 @@ def resolve_range(size: int, start: int, end: int | None) -> tuple[int, int]:
         raise ValueError(f"range start must be >= 0, got {start}")
     if end is not None and end < start:
         raise ValueError(f"range end {end} is before start {start}")
+
+
+def check_page_size(page_size: int) -> None:
+    """Reject a list page size below 1: the one check of every backend.
+
+    Raises:
+        ValueError: ``page_size`` is below 1.
+    """
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {page_size}")
+
+
+def resolve_range(size: int, start: int, end: int | None) -> tuple[int, int]:
+    """Clamp ``[start, end)`` to an object of ``size`` bytes (checked first).
+
+    Raises:
+        ValueError: A negative start, or an end before the start.
+    """
+    check_range(start, end)
     stop = size if end is None else min(end, size)
     return min(start, size), max(min(start, size), stop)
 

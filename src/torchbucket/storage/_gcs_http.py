@@ -36,7 +36,8 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from torchbucket import __version__, runtime
+from torchbucket import runtime
+from torchbucket._version import __version__
 from torchbucket.errors import (
     BucketNotFoundError,
     ConfigError,

@@ -39,7 +39,9 @@ from torchbucket.errors import (
 )
 from torchbucket.storage._common import (
     check_compose_sources,
+    check_page_size,
     check_part_number,
+    check_range,
     crc32c_b64,
     crc32c_combine_bytes,
     resolve_range,
@@ -174,8 +176,7 @@ class LocalStore:
         page_token: str | None = None,
         page_size: int = 1000,
     ) -> ListPage:
-        if page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        check_page_size(page_size)
         accounting.count("list")
         cached = self._listings.get(prefix)
         if page_token is not None and cached and time.monotonic() - cached[0] < _LISTING_CACHE_S:
@@ -219,7 +220,7 @@ class LocalStore:
     async def get(
         self, key: str, *, start: int = 0, end: int | None = None, generation: int | None = None
     ) -> bytes:
-        resolve_range(0, start, end)  # argument checks
+        check_range(start, end)
         accounting.count("get")
         size = (end - start) if end is not None else self._stat(key, "get").st_size - start
         data = await self._io(size, lambda: self._read(key, start, end, generation))
@@ -244,8 +245,7 @@ class LocalStore:
     async def get_into(
         self, key: str, buffer: memoryview, *, start: int = 0, generation: int | None = None
     ) -> int:
-        if start < 0:
-            raise ValueError(f"range start must be >= 0, got {start}")
+        check_range(start, None)
         accounting.count("get")
         n = await self._io(len(buffer), lambda: self._read_into(key, buffer, start, generation))
         accounting.received(n)
@@ -255,7 +255,7 @@ class LocalStore:
         self, key: str, *, start: int = 0, end: int | None = None, chunk_size: int = 1 << 20
     ) -> AsyncIterator[bytes]:
         uri = self.uri(key)
-        resolve_range(0, start, end)
+        check_range(start, end)
         accounting.count("get")
         try:
             f = open(self._path(key), "rb")  # noqa: SIM115 - closed in finally

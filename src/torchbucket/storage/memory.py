@@ -27,6 +27,7 @@ from torchbucket.errors import (
 )
 from torchbucket.storage._common import (
     check_compose_sources,
+    check_page_size,
     check_part_number,
     crc32c_b64,
     resolve_range,
@@ -147,8 +148,7 @@ class MemoryStore:
         page_token: str | None = None,
         page_size: int = 1000,
     ) -> ListPage:
-        if page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        check_page_size(page_size)
         accounting.count("list")
         bucket = self._data("list")
         names = bucket.names
@@ -174,8 +174,7 @@ class MemoryStore:
     async def list_folder(
         self, prefix: str, *, page_token: str | None = None, page_size: int = 1000
     ) -> ListPage:
-        if page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        check_page_size(page_size)
         accounting.count("list")
         bucket = self._data("list")
         names = bucket.names
