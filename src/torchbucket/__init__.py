@@ -35,6 +35,7 @@ if _typing.TYPE_CHECKING:
     from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
     from torchbucket.compose import ComposeConfig
     from torchbucket.datasets import (
+        BucketBatchSampler,
         BucketIterableDataset,
         BucketMapDataset,
         FetchConfig,
@@ -50,6 +51,7 @@ if _typing.TYPE_CHECKING:
     from torchbucket.storage.gcs import GCSConfig
 
 _LAZY = {
+    "BucketBatchSampler": "torchbucket.datasets",
     "BucketCheckpoint": "torchbucket.checkpoint",
     "BucketIterableDataset": "torchbucket.datasets",
     "BucketMapDataset": "torchbucket.datasets",
@@ -67,6 +69,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "BucketBatchSampler",
     "BucketCheckpoint",
     "BucketIterableDataset",
     "BucketMapDataset",

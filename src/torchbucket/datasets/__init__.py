@@ -13,6 +13,17 @@
         for batch in loader:
             ...
 
+A map-style dataset reads ahead across batches when the DataLoader's batches
+come from a ``BucketBatchSampler`` made for it::
+
+    train = BucketMapDataset.from_prefix("gs://my-bucket/train/", data_format_fn=decode)
+    sampler = BucketBatchSampler(train, batch_size=64, seed=17)
+    loader = DataLoader(train, batch_sampler=sampler, num_workers=4)
+    for epoch in range(10):
+        sampler.set_epoch(epoch)
+        for batch in loader:
+            ...
+
 An empty prefix raises ``NotFoundError`` (a ``FileNotFoundError``) naming the
 URI; an empty list of objects raises ``ConfigError`` (a ``ValueError``).
 """
@@ -21,6 +32,13 @@ from __future__ import annotations
 
 from torchbucket.datasets._iterable import BucketIterableDataset
 from torchbucket.datasets._map import BucketMapDataset
+from torchbucket.datasets._sampler import BucketBatchSampler
 from torchbucket.datasets.config import FetchConfig, ShardingConfig
 
-__all__ = ["BucketIterableDataset", "BucketMapDataset", "FetchConfig", "ShardingConfig"]
+__all__ = [
+    "BucketBatchSampler",
+    "BucketIterableDataset",
+    "BucketMapDataset",
+    "FetchConfig",
+    "ShardingConfig",
+]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import Dataset
 
 from torchbucket import runtime
+from torchbucket.accounting import RequestStats
 from torchbucket.compose import ComposeConfig, drain_deletes, read_verified
 from torchbucket.datasets._catalog import Catalog
 from torchbucket.datasets._common import (
@@ -18,7 +20,11 @@ from torchbucket.datasets._common import (
     prepare_compose,
     raise_item,
 )
-from torchbucket.datasets._fetch import fetch_batch
+from torchbucket.datasets._fetch import Item, fetch_batch
+from torchbucket.datasets._readahead import ReadAhead
+from torchbucket.datasets._sampler import BatchPlan
+from torchbucket.datasets._stats import EpochBoard
+from torchbucket.datasets.config import FetchConfig
 
 if TYPE_CHECKING:
     from torchbucket.listing import ListingConfig
@@ -44,15 +50,29 @@ class BucketMapDataset(Dataset[Any]):
     small objects. Any sampler works, ``DistributedSampler`` included. The
     dataset pickles as its listing and configuration, for spawned workers.
 
+    The fast path, in one line: give the DataLoader a
+    :class:`~torchbucket.datasets.BucketBatchSampler` made for this dataset::
+
+        loader = DataLoader(ds, batch_sampler=BucketBatchSampler(ds, batch_size=64),
+                            num_workers=4)
+
+    The dataset then knows how each epoch is cut into batches, and each
+    DataLoader worker keeps the batches it will be asked for next in flight
+    (requests across batch boundaries, and while a batch is collated and
+    handed over), as :class:`BucketIterableDataset` does. Memory: per worker
+    (or in the main process without workers), at most ``2 x fetch.prefetch``
+    objects and ``fetch.prefetch_bytes`` bytes held ahead, in flight or
+    arrived (with compose on, up to ``prefetch // 8`` composed groups of up
+    to 32 objects); by default 256 objects and 256 MiB, whichever is smaller
+    (25 MiB of 100 KiB objects). With any other sampler, or a batch out of the
+    expected turn, a batch is fetched when asked for, as before.
+
     Compose is off by default here, by measurement: it saves requests and
-    client CPU, but adds a compose round trip to every batch, which a
-    map-style dataset cannot hide (each worker fetches one batch at a time and
-    cannot know the next one's indices). On the emulator's same-region model
-    it cut the objects/s to about half (see
-    :class:`~torchbucket.compose.ComposeConfig`).
-    Pass ``compose=ComposeConfig()`` to trade throughput for fewer requests
-    and less client CPU; for both, use :class:`BucketIterableDataset`, whose
-    prefetch window hides the compose round trip.
+    client CPU, but batch at a time it adds a compose round trip to every
+    batch. On the emulator's same-region model it cut the objects/s to about
+    a third (see :class:`~torchbucket.compose.ComposeConfig`). Pass
+    ``compose=ComposeConfig()`` to trade throughput for fewer requests and
+    less client CPU.
 
     Args:
         catalog: The objects (use the classmethods instead).
@@ -64,6 +84,8 @@ class BucketMapDataset(Dataset[Any]):
             DataLoader re-raises a worker's error with).
         compose: Small-object coalescing; default ``ComposeConfig(disable=True)``
             (off; see above).
+        fetch: Bounds of the read-ahead with a ``BucketBatchSampler``;
+            default ``FetchConfig()`` (128 requests in flight, 256 MiB).
     """
 
     def __init__(
@@ -72,11 +94,19 @@ class BucketMapDataset(Dataset[Any]):
         *,
         data_format_fn: DataFormatFn | None = None,
         compose: ComposeConfig | None = None,
+        fetch: FetchConfig | None = None,
     ) -> None:
-        check_dataset_arguments(self, catalog, data_format_fn, compose)
+        check_dataset_arguments(self, catalog, data_format_fn, compose, fetch=(fetch, FetchConfig))
         self._catalog = catalog
         self._format = data_format_fn
         self._compose = compose if compose is not None else _DEFAULT_COMPOSE
+        self._fetch = fetch if fetch is not None else FetchConfig()
+        # The order of the last BucketBatchSampler made for this dataset, and
+        # this process's read-ahead over it (never pickled or inherited).
+        self._plan: BatchPlan | None = None
+        self._reader: ReadAhead | None = None
+        self._reader_pid = 0
+        self._board = EpochBoard()
 
     @classmethod
     def from_prefix(
@@ -87,6 +117,7 @@ class BucketMapDataset(Dataset[Any]):
         gcs_config: GCSConfig | None = None,
         listing: ListingConfig | None = None,
         compose: ComposeConfig | None = None,
+        fetch: FetchConfig | None = None,
     ) -> BucketMapDataset:
         """Every object under a prefix, in name order.
 
@@ -97,16 +128,21 @@ class BucketMapDataset(Dataset[Any]):
             gcs_config: How to reach GCS, for ``gs://`` URIs. Default ``None``.
             listing: A ``torchbucket.listing.ListingConfig``. Default ``None``.
             compose: See the class.
+            fetch: See the class.
 
         Raises:
             NotFoundError: Nothing is under the prefix.
             InvalidURIError: The URI is malformed.
         """
         check_source_arguments(
-            f"{cls.__name__}.from_prefix", gcs_config, listing, compose=(compose, ComposeConfig)
+            f"{cls.__name__}.from_prefix",
+            gcs_config,
+            listing,
+            compose=(compose, ComposeConfig),
+            fetch=(fetch, FetchConfig),
         )
         catalog = Catalog.from_prefix(uri, gcs_config=gcs_config, listing_config=listing)
-        return cls(catalog, data_format_fn=data_format_fn, compose=compose)
+        return cls(catalog, data_format_fn=data_format_fn, compose=compose, fetch=fetch)
 
     @classmethod
     def from_objects(
@@ -116,6 +152,7 @@ class BucketMapDataset(Dataset[Any]):
         data_format_fn: DataFormatFn | None = None,
         gcs_config: GCSConfig | None = None,
         compose: ComposeConfig | None = None,
+        fetch: FetchConfig | None = None,
     ) -> BucketMapDataset:
         """The objects named by ``uris``, in that order (looked up concurrently).
 
@@ -124,10 +161,14 @@ class BucketMapDataset(Dataset[Any]):
             ConfigError: ``uris`` is empty.
         """
         check_source_arguments(
-            f"{cls.__name__}.from_objects", gcs_config, None, compose=(compose, ComposeConfig)
+            f"{cls.__name__}.from_objects",
+            gcs_config,
+            None,
+            compose=(compose, ComposeConfig),
+            fetch=(fetch, FetchConfig),
         )
         catalog = Catalog.from_objects(uris, gcs_config=gcs_config)
-        return cls(catalog, data_format_fn=data_format_fn, compose=compose)
+        return cls(catalog, data_format_fn=data_format_fn, compose=compose, fetch=fetch)
 
     def __len__(self) -> int:
         return len(self._catalog)
@@ -154,7 +195,11 @@ class BucketMapDataset(Dataset[Any]):
         """
         i = self._check(index)
         store = self._catalog.store(i)
-        data = runtime.run(read_verified(store, self._catalog.info(i)))
+        self._count_begin()
+        try:
+            data = runtime.run(read_verified(store, self._catalog.info(i)))
+        finally:
+            self._board.flush()
         return apply_format(self._format, data, self._catalog, i)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
@@ -167,7 +212,9 @@ class BucketMapDataset(Dataset[Any]):
         """
         checked = [self._check(i) for i in indices]
         prepare_compose(self._compose)
-        items = runtime.run(fetch_batch(self._catalog, checked, self._compose))
+        self._count_begin()
+        ahead = self._read_ahead(checked)
+        items = ahead if ahead is not None else self._fetch_now(checked)
         try:
             # The batch's composites are being deleted meanwhile.
             return [
@@ -175,8 +222,63 @@ class BucketMapDataset(Dataset[Any]):
                 for i, item in zip(checked, items, strict=True)
             ]
         finally:
-            if self._compose.enabled:
+            if ahead is None and self._compose.enabled:
                 runtime.run(drain_deletes())
+            self._board.flush()
+
+    @property
+    def last_epoch_stats(self) -> RequestStats:
+        """The requests and bytes of the last (or current) epoch's reads.
+
+        Summed over the DataLoader's workers (fork or spawn; each writes its
+        counts to shared memory after every batch). An epoch here begins in
+        each new worker process, so with the default non-persistent workers
+        one DataLoader pass is one epoch; with persistent workers, or without
+        workers, counting goes on until :meth:`reset_epoch_stats`. Per rank:
+        sum ranks with ``torchbucket.accounting.all_ranks``. The listing (made
+        by the constructor) is not included.
+        """
+        return self._board.last()
+
+    def reset_epoch_stats(self) -> None:
+        """Start a new epoch of :attr:`last_epoch_stats`: every process's next read counts from zero."""
+        self._board.new_mark()
+
+    def _count_begin(self) -> None:
+        board = self._board
+        mark = board.mark
+        if not board.begun(mark):
+            board.begin(mark)
+
+    def _fetch_now(self, indices: list[int]) -> list[Item]:
+        return runtime.run(fetch_batch(self._catalog, indices, self._compose))
+
+    def _read_ahead(self, indices: list[int]) -> list[Item] | None:
+        """The batch from this process's read-ahead, or ``None`` (not the plan's order)."""
+        plan = self._plan
+        if plan is None:
+            return None
+        reader = self._reader
+        pid = os.getpid()
+        if reader is None or self._reader_pid != pid or reader.catalog is not self._catalog:
+            if reader is not None and self._reader_pid == pid:
+                reader.close()
+            reader = ReadAhead(self._catalog, plan, self._fetch, self._compose)
+            self._reader, self._reader_pid = reader, pid
+        return reader.get(indices)
+
+    def _follow(self, plan: BatchPlan) -> None:
+        """Read ahead in ``plan``'s order (called by ``BucketBatchSampler``)."""
+        if self._reader is not None and self._reader_pid == os.getpid():
+            self._reader.close()
+        self._plan = plan
+        self._reader = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_reader"] = None
+        state["_reader_pid"] = 0
+        return state
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({len(self)} objects)"

@@ -1,0 +1,139 @@
+"""The map-style fast path over HTTP against the emulator: ``BucketMapDataset`` with
+a ``BucketBatchSampler`` through a DataLoader (fork and spawn), reading ahead without
+reading anything twice, resumable through ``StatefulDataLoader``."""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig
+from torchbucket.config import RetryConfig
+from torchbucket.datasets import BucketBatchSampler, BucketMapDataset, FetchConfig
+from torchbucket.emulator import Emulator
+from torchbucket.storage.gcs import GCSConfig
+
+# The shared resume check lives with the unit tests.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "unit"))
+from resume_helper import check_resumable
+
+pytestmark = pytest.mark.emulator
+
+N = 200
+RETRY = RetryConfig(
+    initial_backoff=0.01, max_backoff=0.05, deadline=20.0, attempt_timeout=10.0, read_timeout=5.0
+)
+
+
+def payload(i: int) -> bytes:
+    return f"gcs-object-{i:05d};".encode() * (1 + i % 11)
+
+
+def _as_list(batch: list[bytes]) -> list[bytes]:
+    return list(batch)
+
+
+@pytest.fixture
+def bucket(emulator: Emulator) -> str:
+    name = f"bs-{uuid.uuid4().hex[:16]}"
+    emulator.create_bucket(name)
+    emulator.seed(name, {f"train/{i:05d}": payload(i) for i in range(N)})
+    return name
+
+
+def _dataset(emulator: Emulator, bucket: str, **kwargs: Any) -> BucketMapDataset:
+    return BucketMapDataset.from_prefix(
+        f"gs://{bucket}/train/",
+        gcs_config=GCSConfig(endpoint=emulator.endpoint, anonymous=True, retry=RETRY),
+        **kwargs,
+    )
+
+
+def _gets(emulator: Emulator) -> int:
+    return int(emulator.stats()["by_op"].get("get", 0))
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize(
+    ("context", "compose", "persistent"),
+    [("fork", False, True), ("fork", True, False), ("spawn", False, False), ("spawn", True, True)],
+)
+def test_epochs_through_workers_in_the_samplers_order_each_object_read_once(
+    emulator: Emulator, bucket: str, context: str, compose: bool, persistent: bool
+) -> None:
+    ds = _dataset(
+        emulator,
+        bucket,
+        compose=ComposeConfig(disable=not compose, max_composite_object_size=2000),
+        fetch=FetchConfig(prefetch=24),
+    )
+    sampler = BucketBatchSampler(ds, batch_size=16, seed=21)
+    loader = DataLoader(
+        ds,
+        batch_sampler=sampler,
+        num_workers=2,
+        multiprocessing_context=context,
+        persistent_workers=persistent,
+        collate_fn=_as_list,
+    )
+    epochs = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        before = _gets(emulator)
+        seen = [sample for batch in loader for sample in batch]
+        assert seen == [payload(i) for batch in sampler for i in batch]
+        assert sorted(seen) == sorted(payload(i) for i in range(N))
+        if not compose:
+            # Each worker followed its own batches: nothing read twice, or in vain.
+            assert _gets(emulator) - before == N
+        epochs.append(seen)
+    assert epochs[0] != epochs[1]
+    assert emulator.object_names(bucket, COMPOSITE_PREFIX) == []
+
+
+def test_reads_ahead_of_the_batch_asked_for_over_http(emulator: Emulator, bucket: str) -> None:
+    ds = _dataset(emulator, bucket, fetch=FetchConfig(prefetch=16))
+    batches = list(BucketBatchSampler(ds, batch_size=8, seed=2))
+    before = _gets(emulator)
+    assert ds.__getitems__(batches[0]) == [payload(i) for i in batches[0]]
+    # Nothing else asked for: the next batches are read anyway, up to the bound.
+    assert _wait_for(lambda: _gets(emulator) - before > 8 + 8)
+    time.sleep(0.3)
+    assert _gets(emulator) - before <= 8 + 2 * 16
+    rest = [sample for batch in batches[1:] for sample in ds.__getitems__(batch)]
+    assert rest == [payload(i) for batch in batches[1:] for i in batch]
+    assert _gets(emulator) - before == N
+
+
+# torchdata 0.11 calls torch.set_vital, which torch 2.13 deprecates.
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+def test_resumes_through_stateful_dataloader_over_http(emulator: Emulator, bucket: str) -> None:
+    def make() -> StatefulDataLoader:
+        ds = _dataset(emulator, bucket, fetch=FetchConfig(prefetch=12))
+        return StatefulDataLoader(
+            ds,
+            batch_sampler=BucketBatchSampler(ds, batch_size=16, seed=4),
+            num_workers=2,
+            multiprocessing_context="fork",
+        )
+
+    def set_epoch(loader: StatefulDataLoader, epoch: int) -> None:
+        loader.batch_sampler.set_epoch(epoch)
+
+    check_resumable(make, epochs=2, set_epoch=set_epoch, key=tuple)
