@@ -98,6 +98,25 @@ def test_a_load_needs_the_checkpoint_once_not_twice(bucket: str, how: str) -> No
     assert extra / len(data) < 1.4
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_a_dcp_load_holds_little_beside_the_state_dict_it_loads_into(bucket: str) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    from torchbucket.dcp import BucketStorageReader, BucketStorageWriter
+
+    original = state_dict(240 * MiB)
+    uri = f"memory://{bucket}/dcp"
+    dcp.save(original, storage_writer=BucketStorageWriter(uri), no_dist=True)
+    target = {name: torch.zeros_like(t) for name, t in original.items()}
+    size = sum(t.nbytes for t in target.values())
+    _, extra = extra_rss(
+        lambda: dcp.load(target, storage_reader=BucketStorageReader(uri), no_dist=True)
+    )
+    assert_equal(target, original)
+    # Unbounded, the download ran ahead of the loading and held nearly all of it.
+    assert extra / size < 0.4
+
+
 def test_bytes_read_again_after_torch_load_are_the_checkpoints(bucket: str) -> None:
     original = state_dict(80 * MiB)
     uri, data = save(bucket, original)

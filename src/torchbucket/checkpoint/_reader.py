@@ -15,7 +15,7 @@ import io
 import logging
 import mmap
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -69,13 +69,16 @@ async def fetch_ranges(
     chunk_size: int,
     parallelism: int,
     on_job_done: Callable[[int], None] | None = None,
+    admit: Callable[[int], Awaitable[None]] | None = None,
 ) -> None:
     """Fill each ``(key, buffer, start)`` job's buffer from ``key`` at ``start``.
 
     Buffers larger than ``chunk_size`` are split into ranges; at most
     ``parallelism`` ranges are in flight across all jobs, started in job order.
     ``on_job_done(index)`` (called on the loop) says when a job's buffer is full,
-    so a caller can use it while later jobs still download.
+    so a caller can use it while later jobs still download. ``await
+    admit(index)``, if given, comes before each of a job's ranges starts: a
+    caller that frees buffers as it uses them bounds the bytes held that way.
 
     Raises:
         NotFoundError: An object is gone, or (with ``generation``) was rewritten.
@@ -86,6 +89,8 @@ async def fetch_ranges(
     left = [len(r) for r in ranges]
 
     async def one(index: int, key: str, view: memoryview, start: int) -> None:
+        if admit is not None:
+            await admit(index)
         async with semaphore:
             got = await store.get_into(key, view, start=start, generation=generation)
         if got != len(view):
