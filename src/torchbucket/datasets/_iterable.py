@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from torchbucket import runtime
+from torchbucket.accounting import RequestStats
 from torchbucket.compose import ComposeConfig, drain_deletes
 from torchbucket.datasets._catalog import Catalog
 from torchbucket.datasets._common import (
@@ -23,6 +25,7 @@ from torchbucket.datasets._common import (
 )
 from torchbucket.datasets._fetch import Item, PrefetchWindow
 from torchbucket.datasets._sharding import IndexArray, epoch_order, shard_of
+from torchbucket.datasets._stats import EpochBoard
 from torchbucket.datasets.config import FetchConfig, ShardingConfig
 from torchbucket.errors import ConfigError
 
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["BucketIterableDataset"]
 
 _STATE_VERSION = 1
+_FLUSH_S = 0.5  # how often a worker publishes its counts mid-epoch
 Layout = tuple[int, int, int, int]  # rank, world size, worker, workers
 
 
@@ -65,6 +69,9 @@ class BucketIterableDataset(IterableDataset[Any]):
 
     Reads are pinned to the listed generations: an object rewritten or deleted
     since listing raises ``NotFoundError`` when its turn comes.
+
+    :attr:`last_epoch_stats` is what the last (or current) epoch asked of the
+    store, summed over the DataLoader's workers (fork or spawn).
 
     Args:
         catalog: The objects (use the classmethods instead).
@@ -114,6 +121,7 @@ class BucketIterableDataset(IterableDataset[Any]):
         # (until set_epoch moves to another epoch).
         self._last: _EpochIterator | None = None
         self._last_current = False
+        self._board = EpochBoard()
 
     @classmethod
     def from_prefix(
@@ -215,6 +223,19 @@ class BucketIterableDataset(IterableDataset[Any]):
             return int(self._pending["epoch"])
         return int(self._epoch_cell[0])
 
+    @property
+    def last_epoch_stats(self) -> RequestStats:
+        """The requests and bytes of the last (or current) epoch's reading.
+
+        Summed over this process's DataLoader workers (each writes its counts
+        to shared memory every half second and when its shard ends) or, without
+        workers, this process's counts since the epoch's iterator began. Per
+        rank: sum ranks with ``torchbucket.accounting.all_ranks``. Compose's
+        bucket policy read, the composes and the composites' deletes are
+        included; the listing (made by the constructor) is not.
+        """
+        return self._board.last()
+
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch (and so the shuffled order) of the next iterator.
 
@@ -258,6 +279,7 @@ class BucketIterableDataset(IterableDataset[Any]):
         self._last = iterator
         self._last_current = True
         prepare_compose(self._compose)
+        self._board.begin(iterator.epoch)
         return iterator
 
     def _fresh_state(self) -> dict[str, Any]:
@@ -336,6 +358,7 @@ class _EpochIterator(Iterator[Any]):
         # Results taken from the window and not yet returned.
         self._ready: collections.deque[Item] = collections.deque()
         self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._flush_at = 0.0
 
     def __iter__(self) -> _EpochIterator:
         return self
@@ -365,6 +388,7 @@ class _EpochIterator(Iterator[Any]):
             if self._dataset._compose.enabled:
                 # The epoch leaves no composite behind.
                 runtime.run(drain_deletes())
+            self._dataset._board.flush()
             raise StopIteration
         if self._window is None:
             ds = self._dataset
@@ -377,6 +401,10 @@ class _EpochIterator(Iterator[Any]):
         item = ready.popleft()
         self._position = pos + 1
         ds = self._dataset
+        now = time.monotonic()
+        if now >= self._flush_at:
+            self._flush_at = now + _FLUSH_S
+            ds._board.flush()
         if ds._format is None and not isinstance(item, BaseException):
             return item
         return apply_format(ds._format, raise_item(item), ds._catalog, int(order[pos]))
@@ -386,6 +414,7 @@ class _EpochIterator(Iterator[Any]):
         if self._finalizer is not None:
             self._finalizer()
             self._finalizer = None
+            self._dataset._board.flush()
         self._window = None
         self._ready.clear()
 

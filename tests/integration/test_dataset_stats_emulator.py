@@ -1,0 +1,142 @@
+"""A dataset's ``last_epoch_stats`` equal what the emulator counted for that epoch,
+summed over two DataLoader workers (fork and spawn), epoch after epoch."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from torch.utils.data import DataLoader
+
+from torchbucket.accounting import RequestStats
+from torchbucket.compose import ComposeConfig
+from torchbucket.config import RetryConfig
+from torchbucket.datasets import BucketIterableDataset, BucketMapDataset, FetchConfig
+from torchbucket.emulator import Emulator
+from torchbucket.storage.gcs import GCSConfig
+
+pytestmark = pytest.mark.emulator
+
+N = 120
+RETRY = RetryConfig(
+    initial_backoff=0.01, max_backoff=0.05, deadline=20.0, attempt_timeout=10.0, read_timeout=5.0
+)
+
+
+def payload(i: int) -> bytes:
+    return f"stats-object-{i:05d};".encode() * (1 + i % 7)
+
+
+def _as_list(batch: list[bytes]) -> list[bytes]:
+    return list(batch)
+
+
+@pytest.fixture
+def uri(emulator: Emulator) -> str:
+    name = f"dstats-{uuid.uuid4().hex[:16]}"
+    emulator.create_bucket(name)
+    emulator.seed(name, {f"train/{i:05d}": payload(i) for i in range(N)})
+    return f"gs://{name}/train/"
+
+
+def _gcs(emulator: Emulator) -> GCSConfig:
+    return GCSConfig(endpoint=emulator.endpoint, anonymous=True, retry=RETRY)
+
+
+def _assert_equal_to_server(mine: RequestStats, emulator: Emulator) -> None:
+    server = emulator.stats()
+    assert dict(mine.by_op) == {op: n for op, n in server["by_op"].items() if n}
+    assert (mine.class_a, mine.class_b, mine.free) == (
+        server["by_class"]["A"],
+        server["by_class"]["B"],
+        server["by_class"]["free"],
+    )
+    assert mine.bytes_in == server["bytes_out"]
+    assert mine.bytes_out == server["bytes_in"]
+
+
+def _epoch(loader: DataLoader[Any]) -> list[bytes]:
+    return [sample for batch in loader for sample in batch]
+
+
+@pytest.mark.parametrize(
+    ("context", "compose", "persistent"),
+    [("fork", True, False), ("spawn", False, False), ("fork", False, True)],
+)
+def test_iterable_last_epoch_stats_equal_the_servers(
+    emulator: Emulator, uri: str, context: str, compose: bool, persistent: bool
+) -> None:
+    ds = BucketIterableDataset.from_prefix(
+        uri,
+        gcs_config=_gcs(emulator),
+        compose=ComposeConfig(disable=not compose, max_composite_object_size=1500),
+        shuffle=True,
+        fetch=FetchConfig(prefetch=16),
+    )
+    assert ds.last_epoch_stats == RequestStats()  # the listing is not an epoch's
+    loader = DataLoader(
+        ds,
+        batch_size=16,
+        num_workers=2,
+        multiprocessing_context=context,
+        persistent_workers=persistent,
+        collate_fn=_as_list,
+    )
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        emulator.reset_stats()
+        assert sorted(_epoch(loader)) == sorted(payload(i) for i in range(N))
+        stats = ds.last_epoch_stats
+        _assert_equal_to_server(stats, emulator)
+        # Every object read once: as itself, or inside a composite.
+        if compose:
+            assert stats.by_op["compose"] > 0
+            assert stats.by_op["delete"] == stats.by_op["compose"]
+        else:
+            assert stats.by_op == {"get": N}
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_map_last_epoch_stats_equal_the_servers(emulator: Emulator, uri: str, context: str) -> None:
+    ds = BucketMapDataset.from_prefix(uri, gcs_config=_gcs(emulator))
+    loader = DataLoader(
+        ds,
+        batch_size=16,
+        shuffle=True,
+        num_workers=2,
+        multiprocessing_context=context,
+        collate_fn=_as_list,
+    )
+    for _ in range(2):
+        emulator.reset_stats()
+        assert sorted(_epoch(loader)) == sorted(payload(i) for i in range(N))
+        _assert_equal_to_server(ds.last_epoch_stats, emulator)
+        assert ds.last_epoch_stats.by_op == {"get": N}
+
+
+def test_map_persistent_workers_count_from_reset(emulator: Emulator, uri: str) -> None:
+    ds = BucketMapDataset.from_prefix(uri, gcs_config=_gcs(emulator))
+    loader = DataLoader(
+        ds,
+        batch_size=16,
+        num_workers=2,
+        multiprocessing_context="fork",
+        persistent_workers=True,
+        collate_fn=_as_list,
+    )
+    emulator.reset_stats()
+    _epoch(loader)
+    _assert_equal_to_server(ds.last_epoch_stats, emulator)
+    ds.reset_epoch_stats()
+    emulator.reset_stats()
+    _epoch(loader)
+    _assert_equal_to_server(ds.last_epoch_stats, emulator)
+    assert ds.last_epoch_stats.by_op == {"get": N}
+
+
+def test_without_workers_the_main_process_counts(emulator: Emulator, uri: str) -> None:
+    ds = BucketMapDataset.from_prefix(uri, gcs_config=_gcs(emulator))
+    emulator.reset_stats()
+    _epoch(DataLoader(ds, batch_size=16, collate_fn=_as_list))
+    _assert_equal_to_server(ds.last_epoch_stats, emulator)
