@@ -58,3 +58,39 @@ def test_stats_prints_the_requests_the_command_made(
     assert int(found.group(2)) == server["by_class"]["A"]
     assert int(found.group(3)) == server["by_class"]["B"]
     assert "at list prices" in err
+
+
+def test_cost_reads_the_listing_cache_instead_of_listing(
+    emulator: Emulator, capsys: pytest.CaptureFixture[str], tmp_path: object
+) -> None:
+    bucket = _bucket(emulator)
+    cache = f"{tmp_path}/train.json.gz"
+    argv = ["--endpoint", emulator.endpoint, "cost", f"gs://{bucket}/train/", "--cache", cache]
+    emulator.reset_stats()
+    assert main([*argv, "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert emulator.stats()["by_op"].get("list", 0) >= 3  # 2,500 objects: listed
+    emulator.reset_stats()
+    assert main([*argv, "--json"]) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert emulator.stats()["by_op"].get("list", 0) == 0  # read from the manifest
+    assert second["objects"] == first["objects"] == 2500
+    by = {s["strategy"]: s for s in second["strategies"]}
+    assert by["direct"]["once"]["by_class"]["A"] == 0  # the job's listing is cached too
+    assert main(argv) == 0
+    assert f"listing read from the cache {cache}" in capsys.readouterr().out
+
+
+def test_bench_prints_its_requests_by_class_and_their_cost(
+    emulator: Emulator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bucket = _bucket(emulator)
+    emulator.reset_stats()
+    argv = ["--endpoint", emulator.endpoint, "bench", f"gs://{bucket}/scratch/"]
+    assert main([*argv, "--small-count", "20", "--large-size", "1MiB"]) == 0
+    out = capsys.readouterr().out
+    server = emulator.stats()["by_class"]
+    found = re.search(r"^requests: (\d+) class A, (\d+) class B, (\d+) free", out, re.M)
+    assert found is not None, out
+    assert [int(g) for g in found.groups()] == [server["A"], server["B"], server["free"]]
+    assert re.search(r"^cost: +\$\d+\.\d{4} at list prices", out, re.M), out

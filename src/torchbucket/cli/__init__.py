@@ -1,7 +1,7 @@
 """The ``torchbucket`` command line.
 
-``torchbucket ls|du|cp|pack|cleanup|bench|emulator|demo ...``, also ``python -m
-torchbucket``. :func:`main` takes the arguments and returns the exit code; it
+``torchbucket ls|du|cp|pack|cleanup|bench|cost|emulator|demo ...``, also
+``python -m torchbucket``. :func:`main` takes the arguments and returns the exit code; it
 never raises (but for ``KeyboardInterrupt`` inside ``emulator``, which owns its
 own terminal) and never prints a traceback unless ``-v`` asked for details.
 """

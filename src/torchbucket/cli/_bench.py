@@ -2,8 +2,9 @@
 
 Writes small objects and one large one under a fresh temporary prefix, lists
 them, reads them back (the large one in parallel ranges), checks every byte,
-deletes what it wrote, and prints one row per step. Everything it wrote is
-deleted even when a step fails.
+deletes what it wrote, and prints one row per step, then the requests it made
+by GCS class and their cost at list prices. Everything it wrote is deleted even
+when a step fails.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 
-from torchbucket import runtime
+from torchbucket import accounting, runtime
 from torchbucket._uri import join_key
 from torchbucket.cli._common import (
     CommandError,
@@ -267,8 +268,21 @@ def add_bench(
     parser.set_defaults(func=_bench)
 
 
+def format_cost(stats: accounting.RequestStats) -> str:
+    """Two lines: the requests by class, and their cost at list prices."""
+    from torchbucket.cost import estimate
+
+    retries = f", {stats.retries} retried" if stats.retries else ""
+    return (
+        f"requests: {stats.class_a:,} class A, {stats.class_b:,} class B, "
+        f"{stats.free:,} free{retries}\n"
+        f"cost:     {estimate(stats).summary()} (US region, Standard)"
+    )
+
+
 def _bench(args: argparse.Namespace) -> int:
     target = open_target(args.uri, args.endpoint)
+    spent = accounting.Measurement()
     try:
         rows = runtime.run(
             run_bench(
@@ -284,4 +298,5 @@ def _bench(args: argparse.Namespace) -> int:
         runtime.run(target.store.close())
     print(f"bench of {target.uri}")
     print(format_rows(rows))
+    print(format_cost(spent.stats))
     return 0

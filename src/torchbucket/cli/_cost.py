@@ -43,10 +43,25 @@ def _soft_delete(args: argparse.Namespace) -> tuple[int | None, str]:
     return seconds, "read from the bucket" if seconds is not None else "unknown (HTTP 403)"
 
 
+def _list(args: argparse.Namespace, target: Any) -> list[Any]:
+    """The objects: from the listing cache when it holds this listing, else listed."""
+    if args.cache is None:
+        return list_target(target)[0]
+    from torchbucket.listing import ListingConfig, alist_objects
+
+    # As the training job would: a manifest of this prefix is read instead of
+    # listing; a missing or other one is listed and (re)written there.
+    config = ListingConfig(cache=args.cache, cache_max_age=args.cache_max_age, progress=False)
+    try:
+        return runtime.run(alist_objects(target.store, target.key, config=config))
+    finally:
+        runtime.run(target.store.close())
+
+
 def _run(args: argparse.Namespace) -> int:
     target = open_target(args.uri, args.endpoint)
     with accounting.measure() as listing:
-        objects, _ = list_target(target)
+        objects = _list(args, target)
     if not objects:
         raise CommandError(f"no objects match {target.uri}", exit_code=EXIT_NOT_FOUND)
     retention, how = _soft_delete(args)
@@ -61,7 +76,8 @@ def _run(args: argparse.Namespace) -> int:
         soft_delete_seconds=retention,
         max_composite_object_size=args.compose_cap,
         shards_available=_shards_available(),
-        listing_requests=listing.stats.by_op.get("list"),
+        # 0 when the listing came from the cache: so will the job's.
+        listing_requests=listing.stats.by_op.get("list", 0),
     )
     if args.json:
         print(json.dumps(_as_json(args, sizes, retention, plans), indent=2))
@@ -72,6 +88,9 @@ def _run(args: argparse.Namespace) -> int:
         f"{args.epochs} epoch(s) x {args.ranks} rank(s) x {max(args.workers, 1)} worker(s); "
         f"{args.location_type} {args.storage_class}; soft delete {days} ({how})"
     )
+    if args.cache is not None:
+        cached = "list" not in listing.stats.by_op
+        print(f"listing {'read from' if cached else 'written to'} the cache {args.cache}")
     print(f"list prices of {cost.PRICES_DATE} from {cost.PRICES_SOURCE} (USD)")
     print(
         f"{'strategy':<9} {'A/epoch':>10} {'B/epoch':>10} {'$/epoch':>10} "
@@ -173,6 +192,20 @@ def add_cost(
         default=4 << 20,
         metavar="SIZE",
         help="ComposeConfig.max_composite_object_size (default: 4MiB)",
+    )
+    parser.add_argument(
+        "--cache",
+        metavar="LOCATION",
+        default=None,
+        help="the job's listing cache (ListingConfig.cache: a path or an object URI): read "
+        "instead of listing when it holds this prefix's listing, else listed and written there",
+    )
+    parser.add_argument(
+        "--cache-max-age",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="ListingConfig.cache_max_age: list again when the cache is older (default: no limit)",
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.set_defaults(func=_run)
