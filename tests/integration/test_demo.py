@@ -39,6 +39,11 @@ def test_quick_demo_trains_resumes_and_leaves_the_bucket_clean(tmp_path: Path) -
     assert summary["requests"]["upload"]["A"] >= 1200
     assert summary["requests"]["training"]["B"] > 0
     assert summary["requests"]["training"]["A"] > 0  # the composes
+    # Counted by the library (the DataLoader workers' reads included), priced.
+    totals = summary["request_totals"]["by_class"]
+    assert totals["B"] == sum(p["B"] for p in summary["requests"].values())
+    assert summary["cost_usd"] > 0
+    assert f"estimated cost  ${summary['cost_usd']:.4f} at list prices" in done.stdout
     # Six classes: chance is 1/6. Even the quick run learns something.
     assert summary["final_accuracy"] > 0.25
 

@@ -17,13 +17,14 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from torchbucket import runtime
+from torchbucket import accounting, runtime
 from torchbucket._uri import parse_uri
 from torchbucket.checkpoint import BucketCheckpoint
 from torchbucket.cli._cleanup import find_leftovers
 from torchbucket.cli._common import human_bytes, open_target, plural
 from torchbucket.cli._cp import copy
 from torchbucket.compose import ComposeConfig
+from torchbucket.cost import estimate
 from torchbucket.datasets import BucketMapDataset
 from torchbucket.demo._data import CLASSES, decode, generate
 from torchbucket.demo._model import SmallCNN
@@ -132,6 +133,9 @@ class DemoResult:
     final_accuracy: float = 0.0
     per_class_accuracy: dict[str, float] = field(default_factory=dict)
     requests: dict[str, dict[str, int]] = field(default_factory=dict)
+    request_totals: dict[str, Any] = field(default_factory=dict)
+    cost_usd: float = 0.0
+    cost_summary: str = ""
     server_cpu_s: float | None = None
     composites_left: int = 0
     uploads_left: int = 0
@@ -143,27 +147,36 @@ def _say(message: str) -> None:
 
 
 class _Requests:
-    """Requests by class per phase, from the emulator's counters."""
+    """Requests by class per phase, as the library counts them (on GCS as on the emulator).
+
+    The main process's own requests, plus, for a phase that reads a dataset
+    through DataLoader workers, the dataset's ``last_epoch_stats`` (the
+    workers' requests, which the main process does not see).
+    """
 
     def __init__(self, emulator: Any) -> None:
         self.emulator = emulator
         self.phases: dict[str, dict[str, int]] = {}
+        self.total = accounting.RequestStats()
         self.cpu = 0.0
 
     @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        if self.emulator is None:
-            yield
-            return
-        before = self.emulator.stats()
+    def phase(self, name: str, read: BucketMapDataset | None = None) -> Iterator[None]:
+        before = self.emulator.stats() if self.emulator is not None else None
+        m = accounting.Measurement()
         try:
             yield
         finally:
-            after = self.emulator.stats()
+            spent = m.stats
+            if read is not None:
+                spent += read.last_epoch_stats
+            self.total += spent
             got = self.phases.setdefault(name, {"A": 0, "B": 0})
-            for cls in ("A", "B"):
-                got[cls] += int(after["by_class"].get(cls, 0)) - int(before["by_class"].get(cls, 0))
-            self.cpu += float(after["cpu_seconds_total"]) - float(before["cpu_seconds_total"])
+            got["A"] += spent.class_a
+            got["B"] += spent.class_b
+            if before is not None:
+                after = self.emulator.stats()
+                self.cpu += float(after["cpu_seconds_total"]) - float(before["cpu_seconds_total"])
 
 
 def _write_dataset(folder: str, config: DemoConfig, n_train: int, n_val: int) -> tuple[int, int]:
@@ -232,12 +245,13 @@ def _train_epochs(
             shuffle=True,
             seed=config.seed * 1000 + epoch,
         )
-        with requests.phase("training"):
+        workers = config.workers > 0
+        with requests.phase("training", train.images if workers else None):
             loss, train_acc, seconds, batch_losses = train_epoch(
                 model, optimizer, loader, f"job {job} epoch {epoch}/{config.epochs}"
             )
         val_loader = make_loader(val, batch_size=256, workers=config.workers, shuffle=False, seed=0)
-        with requests.phase("evaluation"):
+        with requests.phase("evaluation", val.images if workers else None):
             val_acc, per_class = evaluate(model, val_loader, f"job {job} validating")
         record = EpochRecord(
             epoch=epoch,
@@ -418,6 +432,9 @@ def run_demo(config: DemoConfig) -> DemoResult:
             )
         result.uploads_left = len(uploads)
         result.requests = requests.phases
+        result.request_totals = requests.total.to_dict()
+        spent = estimate(requests.total)
+        result.cost_usd, result.cost_summary = spent.total_usd, spent.summary()
         result.server_cpu_s = requests.cpu if emulator is not None else None
     result.total_s = time.perf_counter() - wall
     return result

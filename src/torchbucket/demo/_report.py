@@ -63,6 +63,8 @@ def format_summary(result: DemoResult, figure: str | None) -> str:
     if result.requests:
         out.append("requests (class A: writes, lists, compose; class B: reads)")
         out.extend(_requests_line(result.requests))
+        if result.cost_summary:
+            out.append(f"  estimated cost  {result.cost_summary}")
         if result.server_cpu_s is not None:
             out.append(f"  emulator CPU    {result.server_cpu_s:.1f} s")
     chance = 1 / len(CLASSES)
