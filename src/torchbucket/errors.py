@@ -23,7 +23,7 @@ working::
 
 Any other status (400, 405, 409, 501, ...) is a plain :class:`StorageError`,
 never retried; the GCS backend's one status table is
-``torchbucket.storage._gcs_http.STATUS_ERRORS`` (Google's retry strategy,
+``torchbucket.storage.gcs._errors.STATUS_ERRORS`` (Google's retry strategy,
 https://cloud.google.com/storage/docs/retry-strategy).
 
 Backends translate vendor errors (HTTP statuses, ``OSError``) into this tree in one

@@ -125,7 +125,7 @@ def test_get_into_fills_the_buffer(s: SyncStore) -> None:
 
 
 def test_a_large_range_lands_in_the_buffer(s: SyncStore) -> None:
-    # Over 1 MiB: on GCS the in-place ranged reader (_gcs_rawget) receives it,
+    # Over 1 MiB: on GCS the in-place ranged reader (gcs/_rawget) receives it,
     # over HTTPS too on gcs-model-https.
     data = os.urandom(3 << 20)
     s.put("big", data)
@@ -133,7 +133,7 @@ def test_a_large_range_lands_in_the_buffer(s: SyncStore) -> None:
     assert s.get_into("big", memoryview(buffer), start=1 << 20) == len(buffer)
     assert bytes(buffer) == data[1 << 20 :]
     if s.backend.startswith("gcs"):
-        raw = s.store._raw  # type: ignore[attr-defined]
+        raw = s.store._transport._raw  # type: ignore[attr-defined]
         assert raw is not None and raw.endpoint == s.store.endpoint  # type: ignore[attr-defined]
 
 

@@ -31,7 +31,7 @@ LIFETIME = 2
 CHILD = r"""
 import json, os, sys, time
 from torchbucket import runtime
-from torchbucket.storage import _gcs_http
+from torchbucket.storage.gcs import _credentials
 from torchbucket.storage.gcs import GCSStore
 
 store = GCSStore(sys.argv[1])
@@ -43,7 +43,7 @@ for i in range(16):  # about 4 s: two token lifetimes and more
     time.sleep(0.25)
 names = [info.name for info in runtime.run(store.list_page("m/")).objects]
 assert len(names) == 16, names
-creds = _gcs_http._shared_credentials[(False, None)]._credentials
+creds = _credentials._shared_credentials[(False, None)]._credentials
 runtime.run(store.close())
 print(json.dumps({
     "pid": os.getpid(),

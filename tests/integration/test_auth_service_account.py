@@ -28,8 +28,7 @@ from torchbucket.config import RetryConfig
 from torchbucket.datasets import BucketMapDataset
 from torchbucket.emulator import Emulator, LatencyModel
 from torchbucket.errors import PermissionDeniedError
-from torchbucket.storage import _gcs_http
-from torchbucket.storage.gcs import GCSConfig, GCSStore
+from torchbucket.storage.gcs import GCSConfig, GCSStore, _credentials
 
 pytestmark = pytest.mark.emulator
 
@@ -71,7 +70,7 @@ def _use_key(emu: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     key = emu.service_account_key(tmp_path / "key.json")
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", key["path"])
     monkeypatch.delenv("TORCHBUCKET_GCS_ANONYMOUS", raising=False)
-    monkeypatch.setattr(_gcs_http, "_shared_credentials", {})
+    monkeypatch.setattr(_credentials, "_shared_credentials", {})
     emu.reset_auth_stats()
     return key
 
@@ -122,7 +121,7 @@ def test_a_revoked_key_fails_at_once_naming_the_uri_never_the_token(
     store = GCSStore(bucket, config=_config(emu))
     try:
         assert runtime.run(store.get("k")) == b"payload"
-        token = _gcs_http._shared_credentials[(False, None)]._state[0]["Authorization"]
+        token = _credentials._shared_credentials[(False, None)]._state[0]["Authorization"]
         assert emu.revoke_key(key["private_key_id"]) == 1
         with pytest.raises(PermissionDeniedError) as info:
             runtime.run(store.get("k"))

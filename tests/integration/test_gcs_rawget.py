@@ -1,5 +1,5 @@
 """Large ranged reads (``GCSStore.get_into`` of at least 1 MiB) over the in-place
-HTTP client of ``storage/_gcs_rawget.py``: against both emulators, with faults,
+HTTP client of ``storage/gcs/_rawget.py``: against both emulators, with faults,
 and against a scripted server for the answers it hands over to aiohttp."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import pytest
 from torchbucket import runtime
 from torchbucket.config import RetryConfig
 from torchbucket.errors import DeadlineExceededError, IntegrityError, NotFoundError
-from torchbucket.storage import _gcs_rawget
 from torchbucket.storage.gcs import GCSConfig, GCSStore
+from torchbucket.storage.gcs import _rawget as _gcs_rawget
 
 pytestmark = pytest.mark.emulator
 

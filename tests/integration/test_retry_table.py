@@ -24,7 +24,7 @@ from torchbucket.errors import (
     ThrottledError,
     TransientError,
 )
-from torchbucket.storage._gcs_http import STATUS_ERRORS
+from torchbucket.storage.gcs._errors import STATUS_ERRORS
 
 pytestmark = pytest.mark.emulator
 

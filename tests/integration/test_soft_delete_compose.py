@@ -14,6 +14,7 @@ from torchbucket.datasets import BucketIterableDataset
 from torchbucket.emulator import Emulator
 from torchbucket.storage import gcs as gcs_module
 from torchbucket.storage.gcs import GCSConfig
+from torchbucket.storage.gcs import _bucket as gcs_bucket
 
 pytestmark = pytest.mark.emulator
 
@@ -25,7 +26,7 @@ def _fresh_policy_cache() -> None:
     # Each test makes new buckets; these caches are per process by design.
     _softdelete._retention.clear()
     _softdelete._told.clear()
-    gcs_module._soft_delete_cache.clear()
+    gcs_bucket._soft_delete_cache.clear()
 
 
 def _bucket(emu: Emulator, soft_delete_seconds: int) -> str:

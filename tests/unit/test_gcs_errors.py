@@ -20,16 +20,16 @@ from torchbucket.errors import (
     ThrottledError,
     TransientError,
 )
-from torchbucket.storage._gcs_http import (
+from torchbucket.storage.gcs import GCSConfig, GCSStore
+from torchbucket.storage.gcs._errors import (
     error_for_exception,
     error_for_response,
     parse_body,
     parse_info,
     parse_json,
-    user_agent,
 )
-from torchbucket.storage._gcs_xml import parse_upload_id
-from torchbucket.storage.gcs import GCSConfig, GCSStore
+from torchbucket.storage.gcs._session import user_agent
+from torchbucket.storage.gcs._xml import parse_upload_id
 
 URI = "gs://bkt/some/key"
 

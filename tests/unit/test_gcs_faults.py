@@ -212,14 +212,15 @@ def test_a_repeat_does_not_overwrite_another_writers_object(
     store = gcs_bucket_factory(emulator, prefix="fault")
     runtime.run(store.put("obj", b"old"))
     emulator.add_fault("put", "503")
-    original = type(store)._head_once
+    transport = type(store._transport)
+    original = transport.head_once
 
     async def head_then_someone_writes(self: Any, key: str, operation: str) -> Any:
         info = await original(self, key, operation)
         emulator.seed(store.bucket, {"obj": b"another writer"})
         return info
 
-    monkeypatch.setattr(type(store), "_head_once", head_then_someone_writes)
+    monkeypatch.setattr(transport, "head_once", head_then_someone_writes)
     with pytest.raises(PreconditionFailedError):
         runtime.run(store.put("obj", DATA))
     assert runtime.run(store.get("obj")) == b"another writer"
@@ -265,7 +266,7 @@ def test_forked_and_spawned_children_read_and_every_process_exits_cleanly(
 def test_a_part_sent_in_slices_is_sent_whole_again_after_a_fault(
     emulator: Any, gcs_bucket_factory: Any, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
-    from torchbucket.storage import _gcs_multipart
+    from torchbucket.storage.gcs import _multipart as _gcs_multipart
 
     # Parts of several slices, one of them not full, each from a writable view
     # as a checkpoint writer hands them over.

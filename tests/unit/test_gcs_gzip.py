@@ -8,9 +8,9 @@ import pytest
 
 from torchbucket._manifest import decode_objects, encode_objects
 from torchbucket.errors import IntegrityError, StorageError
-from torchbucket.storage._gcs_gzip import GzipDecoder, gunzip
-from torchbucket.storage._gcs_wire import object_info, verify_crc32c
 from torchbucket.storage.base import ObjectInfo
+from torchbucket.storage.gcs._gzip import GzipDecoder, gunzip
+from torchbucket.storage.gcs._wire import object_info, verify_crc32c
 
 URI = "gs://b/o.gz"
 

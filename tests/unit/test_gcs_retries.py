@@ -26,10 +26,9 @@ from torchbucket.errors import (
     PermissionDeniedError,
     PreconditionFailedError,
 )
-from torchbucket.storage import _gcs_http
 from torchbucket.storage._common import crc32c_b64
 from torchbucket.storage.base import Part
-from torchbucket.storage.gcs import GCSConfig, GCSStore
+from torchbucket.storage.gcs import GCSConfig, GCSStore, _credentials, _session
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 DATA = b"0123456789" * 100
@@ -328,7 +327,7 @@ def test_credentials_are_sent_but_never_shown(
     import google.auth
 
     monkeypatch.setattr(google.auth, "default", lambda scopes: (FakeCredentials(), "proj"))
-    monkeypatch.setattr(_gcs_http, "_shared_credentials", {})
+    monkeypatch.setattr(_credentials, "_shared_credentials", {})
     endpoint = store.endpoint
     authed = GCSStore(
         "bkt",
@@ -375,13 +374,13 @@ def test_close_releases_the_pool_and_the_store_opens_it_again(
         await other.close()
         return data
 
-    pools = len(_gcs_http._sessions)
+    pools = len(_session._sessions)
     caplog.set_level(logging.ERROR, logger="asyncio")
     scripted.handlers += [media(DATA)] * 2
     # Two loops one after the other: the store never reuses a dead loop's pool.
     assert asyncio.run(own_loop()) == DATA
     assert asyncio.run(own_loop()) == DATA
-    assert len(_gcs_http._sessions) == pools  # each loop's pool was closed with it
+    assert len(_session._sessions) == pools  # each loop's pool was closed with it
     assert "Unclosed" not in caplog.text
 
 
@@ -398,7 +397,7 @@ def test_missing_credentials_say_where_to_look_and_name_the_uri(
         )
 
     monkeypatch.setattr(google.auth, "default", no_credentials)
-    monkeypatch.setattr(_gcs_http, "_shared_credentials", {})
+    monkeypatch.setattr(_credentials, "_shared_credentials", {})
     authed = GCSStore("bkt", config=GCSConfig(endpoint=store.endpoint, anonymous=False))
     with pytest.raises(PermissionDeniedError) as info:
         runtime.run(authed.get("k"))

@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
-from torchbucket.storage._gcs_wire import (
+from torchbucket.storage.base import ObjectInfo
+from torchbucket.storage.gcs._wire import (
     content_range,
     crc32c_of,
     hash_header_crc32c,
@@ -19,7 +20,6 @@ from torchbucket.storage._gcs_wire import (
     range_header,
     stream_end,
 )
-from torchbucket.storage.base import ObjectInfo
 
 
 @given(st.text())

@@ -1,6 +1,6 @@
 """One keep-alive HTTP/1.1 connection that receives a ranged GET into a buffer.
 
-The protocol half of :mod:`torchbucket.storage._gcs_rawget` (which says why
+The protocol half of :mod:`torchbucket.storage.gcs._rawget` (which says why
 these reads do not go through aiohttp): an :class:`asyncio.BufferedProtocol`
 whose ``get_buffer`` hands asyncio the destination slice itself, so the body of
 a 206 lands where it belongs with one copy. It parses the header block, and
@@ -156,7 +156,7 @@ class Connection(asyncio.BufferedProtocol):
             length is None
             or "Transfer-Encoding" in headers
             # A gzip object's stored bytes: a range of them is no range of the
-            # object, and they must be decoded (see _gcs_gzip).
+            # object, and they must be decoded (see _gzip).
             or headers.get("Content-Encoding", "identity").lower() != "identity"
             or (status != 206 and (status < 300 or status == 304))
             or (status >= 300 and length > _ERROR_BODY_LIMIT)

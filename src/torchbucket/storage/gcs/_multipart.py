@@ -1,4 +1,4 @@
-"""Multipart uploads through GCS's XML API, on the JSON API's host.
+"""The XML multipart upload protocol of the GCS store, on the JSON API's host.
 
 Path-style requests: ``POST /{bucket}/{key}?uploads`` starts an upload,
 ``PUT ?partNumber=N&uploadId=X`` sends a part, ``POST ?uploadId=X`` assembles
@@ -23,22 +23,20 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import aiohttp
 import yarl
 from aiohttp.abc import AbstractStreamWriter
 
 from torchbucket.errors import IntegrityError, NotFoundError, RetryableError, StorageError
-from torchbucket.storage import _gcs_http as _http
-from torchbucket.storage import _gcs_xml as _xml
 from torchbucket.storage._common import check_part_number
 from torchbucket.storage._crc32c import combine
-from torchbucket.storage._gcs_resumable import GCSUploads
-from torchbucket.storage._gcs_wire import crc_b64, extend_crc, hash_header_crc32c, quote_name
 from torchbucket.storage.base import MultipartUpload, ObjectInfo, Part
+from torchbucket.storage.gcs import _errors, _xml
+from torchbucket.storage.gcs._transport import GCSTransport
+from torchbucket.storage.gcs._wire import crc_b64, extend_crc, hash_header_crc32c, quote_name
 
-__all__ = ["GCSMultipart"]
+__all__ = ["XMLMultipart"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,32 +100,28 @@ def _answered_info(
     return ObjectInfo(key, expected[0], int(generation), crc32c)
 
 
-class GCSMultipart(GCSUploads):
-    """The XML multipart upload API on top of :class:`GCSUploads`.
+class XMLMultipart:
+    """Multipart uploads of one store, sent through its transport.
 
-    Attributes:
-        unchecked_multipart_assembly: Always true: GCS checks each part against
-            its ``x-goog-hash`` but nothing checks the object a completion
-            assembles (its request carries no hash:
-            https://cloud.google.com/storage/docs/xml-api/post-object-complete),
-            so a checkpoint writer assembles under a staging name and checks
-            before the object takes the checkpoint's name.
+    It remembers the size and CRC32C of each part it sent, so that a
+    completion's answer can vouch for the object it assembled.
+
+    Args:
+        transport: The store's transport.
     """
 
-    unchecked_multipart_assembly = True
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, transport: GCSTransport) -> None:
+        self._transport = transport
         # Size and CRC32C of the parts sent from this process, by upload id and
         # part number, to check what complete built.
         self._sent: dict[str, dict[int, tuple[int, int]]] = {}
 
     def _xml_url(self, key: str, query: str) -> yarl.URL:
-        return yarl.URL(f"{self._xml_base}/{quote_name(key)}?{query}", encoded=True)
+        return yarl.URL(f"{self._transport.xml_base}/{quote_name(key)}?{query}", encoded=True)
 
-    async def multipart_initiate(self, key: str, *, content_type: str | None = None) -> str:
+    async def initiate(self, key: str, *, content_type: str | None = None) -> str:
         url = self._xml_url(key, "uploads")
-        uri = self.uri(key)
+        uri = self._transport.uri(key)
         headers = {"Content-Type": content_type or "application/octet-stream"}
 
         started = time.time()
@@ -136,10 +130,10 @@ class GCSMultipart(GCSUploads):
         async def attempt() -> str:
             nonlocal unsure
             try:
-                _, _, body = await self.request(
+                _, _, body = await self._transport.request(
                     "POST", url, operation="multipart initiate", uri=uri, headers=headers, data=b""
                 )
-                upload_id = _http.parse_body(
+                upload_id = _errors.parse_body(
                     _xml.parse_upload_id, body, operation="multipart initiate", uri=uri
                 )
             except (RetryableError, asyncio.CancelledError):
@@ -152,7 +146,7 @@ class GCSMultipart(GCSUploads):
             return upload_id
 
         try:
-            upload_id = await self.call(attempt, "multipart initiate", uri)
+            upload_id = await self._transport.call(attempt, "multipart initiate", uri)
         except StorageError:
             if unsure:
                 await self._abort_strays(key, started, keep=None)
@@ -173,7 +167,7 @@ class GCSMultipart(GCSUploads):
         in a network queue) still leaves its upload behind.
         """
         try:
-            uploads = await self.multipart_list(key)
+            uploads = await self.list_uploads(key)
             strays = [
                 u
                 for u in uploads
@@ -184,26 +178,26 @@ class GCSMultipart(GCSUploads):
             ]
             for upload in strays:
                 try:
-                    await self.multipart_abort(key, upload.upload_id)
+                    await self.abort(key, upload.upload_id)
                 except NotFoundError:
                     pass  # completed or aborted meanwhile
         except StorageError:
             logger.warning(
                 "could not abort the uploads that lost initiate answers left at %s; "
                 "`torchbucket cleanup` removes them",
-                self.uri(key),
+                self._transport.uri(key),
                 exc_info=True,
             )
             return
         if strays:
             logger.info("aborted %d upload(s) whose initiate answer was lost", len(strays))
 
-    async def multipart_upload_part(
+    async def upload_part(
         self, key: str, upload_id: str, number: int, data: bytes | bytearray | memoryview
     ) -> Part:
         check_part_number(number)
         url = self._xml_url(key, f"partNumber={number}&uploadId={quote_name(upload_id)}")
-        uri = self.uri(key)
+        uri = self._transport.uri(key)
         crc = extend_crc(0, data)
         sent_crc = crc_b64(crc)
         headers = {"x-goog-hash": f"crc32c={sent_crc}"}
@@ -212,7 +206,7 @@ class GCSMultipart(GCSUploads):
         async def attempt() -> Part:
             # GCS checks the part against its x-goog-hash and refuses damaged
             # bytes (https://cloud.google.com/storage/docs/xml-api/put-object-multipart).
-            _, resp_headers, _ = await self.upload_request(
+            _, resp_headers, _ = await self._transport.upload_request(
                 "PUT", url, operation="multipart upload part", uri=uri, headers=headers, data=body
             )
             etag = resp_headers.get("ETag")
@@ -231,17 +225,15 @@ class GCSMultipart(GCSUploads):
                 )
             return Part(number, etag)
 
-        part = await self.call(attempt, "multipart upload part", uri)
+        part = await self._transport.call(attempt, "multipart upload part", uri)
         self._sent.setdefault(upload_id, {})[number] = (len(body), crc)
         return part
 
-    async def multipart_complete(
-        self, key: str, upload_id: str, parts: Sequence[Part]
-    ) -> ObjectInfo:
+    async def complete(self, key: str, upload_id: str, parts: Sequence[Part]) -> ObjectInfo:
         if not parts:
             raise ValueError("multipart complete needs at least one part")
         url = self._xml_url(key, f"uploadId={quote_name(upload_id)}")
-        uri = self.uri(key)
+        uri = self._transport.uri(key)
         body = _xml.complete_body(parts)
         headers = {"Content-Type": "application/xml"}
         sent = self._sent.get(upload_id, {})
@@ -257,29 +249,29 @@ class GCSMultipart(GCSUploads):
         async def attempt() -> Mapping[str, str] | None:
             nonlocal ambiguous
             try:
-                _, resp_headers, resp = await self.request(
+                _, resp_headers, resp = await self._transport.request(
                     "POST", url, operation="multipart complete", uri=uri, headers=headers, data=body
                 )
             except NotFoundError:
                 # NoSuchUpload on a retry: the lost first attempt completed it.
-                if ambiguous and await self._head_or_none(key) is not None:
+                if ambiguous and await self._transport.head_or_none(key) is not None:
                     return None
                 raise
             except RetryableError:
                 ambiguous = True
                 raise
-            code, _ = _http.error_code(resp)
+            code, _ = _errors.error_code(resp)
             if code:  # an error document inside a 200
-                raise _http.error_for_response(
+                raise _errors.error_for_response(
                     500, {}, resp, operation="multipart complete", uri=uri
                 )
             return resp_headers
 
-        answer = await self.call(attempt, "multipart complete", uri)
+        answer = await self._transport.call(attempt, "multipart complete", uri)
         self._sent.pop(upload_id, None)
         info = _answered_info(key, answer, expected)
         if info is None:
-            info = await self.head(key)
+            info = await self._transport.head(key)
         if expected is not None and info.size != expected[0]:
             raise IntegrityError(
                 f"completed object has {info.size} bytes, the parts held {expected[0]}",
@@ -288,13 +280,13 @@ class GCSMultipart(GCSUploads):
             )
         return info
 
-    async def multipart_abort(self, key: str, upload_id: str) -> None:
+    async def abort(self, key: str, upload_id: str) -> None:
         url = self._xml_url(key, f"uploadId={quote_name(upload_id)}")
-        await self.delete_request(url, "multipart abort", self.uri(key))
+        await self._transport.delete_request(url, "multipart abort", self._transport.uri(key))
         self._sent.pop(upload_id, None)
 
-    async def multipart_list(self, prefix: str = "") -> list[MultipartUpload]:
-        uri = self.uri(prefix)
+    async def list_uploads(self, prefix: str = "") -> list[MultipartUpload]:
+        uri = self._transport.uri(prefix)
         uploads: list[MultipartUpload] = []
         key_marker: str | None = None
         upload_marker: str | None = None
@@ -306,18 +298,20 @@ class GCSMultipart(GCSUploads):
                 query += "&key-marker=" + quote_name(key_marker)
             if upload_marker:
                 query += "&upload-id-marker=" + quote_name(upload_marker)
-            url = yarl.URL(f"{self._xml_base}?{query}", encoded=True)
+            url = yarl.URL(f"{self._transport.xml_base}?{query}", encoded=True)
 
             async def attempt(url: yarl.URL = url) -> _xml.ListUploadsPage:
                 # Not a bucket_op: a 404 here is a missing bucket only when its
                 # code says NoSuchBucket; a bare 404 is an endpoint without the
                 # XML multipart API (torchbucket cleanup then skips uploads).
-                _, _, body = await self.request("GET", url, operation="multipart list", uri=uri)
-                return _http.parse_body(
+                _, _, body = await self._transport.request(
+                    "GET", url, operation="multipart list", uri=uri
+                )
+                return _errors.parse_body(
                     _xml.parse_list_uploads, body, operation="multipart list", uri=uri
                 )
 
-            page = await self.call(attempt, "multipart list", uri)
+            page = await self._transport.call(attempt, "multipart list", uri)
             uploads.extend(page.uploads)
             if page.next_key_marker is None:
                 break

@@ -36,7 +36,7 @@ import aiohttp
 import yarl
 
 from torchbucket.errors import IntegrityError, StorageError
-from torchbucket.storage._gcs_wire import (
+from torchbucket.storage.gcs._wire import (
     content_range,
     crc_b64,
     extend_crc,
@@ -45,7 +45,7 @@ from torchbucket.storage._gcs_wire import (
 )
 
 if TYPE_CHECKING:
-    from torchbucket.storage._gcs_io import GCSTransport
+    from torchbucket.storage.gcs._transport import GCSTransport
 
 __all__ = ["GzipDecoder", "gunzip", "read_decoded", "served_gzip", "stream_decoded"]
 
@@ -165,7 +165,7 @@ async def stream_decoded(
     while True:
         headers = None if raw == 0 else {"Range": f"bytes={raw}-"}
         resp = await transport.call(
-            functools.partial(transport.open_media, url_for(generation), headers, uri),
+            functools.partial(transport.open_stream, url_for(generation), headers, uri),
             "stream",
             uri,
         )

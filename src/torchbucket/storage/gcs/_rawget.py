@@ -4,7 +4,7 @@ Why not aiohttp for these: it receives every chunk into a new ``bytes`` (the
 socket's ``recv``), its parser slices the body out of it, and
 ``read_object_into`` then copied the slice into the buffer, with Python work per
 chunk in between. Here an :class:`asyncio.BufferedProtocol`
-(:mod:`torchbucket.storage._gcs_rawconn`) hands the kernel the
+(:mod:`torchbucket.storage.gcs._rawconn`) hands the kernel the
 destination slice itself: ``recv_into`` writes the body where it belongs, one
 copy, and the only Python per chunk is a counter. Measured on a 2-core VM
 against the emulator with the same-region latency model, 512 MiB in 64 ranges of
@@ -24,7 +24,7 @@ return ``None`` and the caller repeats the request through aiohttp, which
 handles everything. Like the aiohttp session (``trust_env`` off), it uses no
 proxy from the environment. HTTPS needs Python 3.11, whose SSL transport
 decrypts into a buffered protocol's buffer; it trusts what the aiohttp session
-trusts (``_gcs_http.ssl_context``: the system's CAs, ``SSL_CERT_FILE``,
+trusts (``_session.ssl_context``: the system's CAs, ``SSL_CERT_FILE``,
 ``SSL_CERT_DIR``, ``REQUESTS_CA_BUNDLE``).
 
 Connections are kept alive in a pool per event loop and origin, shared by the
@@ -50,9 +50,9 @@ import yarl
 
 from torchbucket import _watchdog, accounting, runtime
 from torchbucket.errors import IntegrityError, TransientError
-from torchbucket.storage import _gcs_http as _http
-from torchbucket.storage._gcs_rawconn import FALLBACK, TOO_LONG, Connection, content_length
-from torchbucket.storage._gcs_wire import (
+from torchbucket.storage.gcs import _errors, _session
+from torchbucket.storage.gcs._rawconn import FALLBACK, TOO_LONG, Connection, content_length
+from torchbucket.storage.gcs._wire import (
     check_span,
     content_range,
     crc_b64,
@@ -69,7 +69,7 @@ logger = logging.getLogger(__name__)
 #: little and stay on aiohttp.
 MIN_BYTES = 1 << 20
 
-_IDLE_SECONDS = 30.0  # aiohttp's keepalive_timeout in _gcs_http
+_IDLE_SECONDS = 30.0  # aiohttp's keepalive_timeout in _session
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -87,7 +87,7 @@ class RawGetter:
     Args:
         endpoint: ``http://host[:port]`` or ``https://...`` (see :func:`supported`).
         limit: Idle connections kept at most.
-        ssl_context: For HTTPS; default ``_gcs_http.ssl_context()``.
+        ssl_context: For HTTPS; default ``_session.ssl_context()``.
 
     Raises:
         ValueError: An endpoint it cannot reach.
@@ -108,7 +108,7 @@ class RawGetter:
             host = f"[{host}]"
         if self._port != _DEFAULT_PORTS[url.scheme]:
             host = f"{host}:{self._port}"
-        self._ssl = (ssl_context or _http.ssl_context()) if url.scheme == "https" else None
+        self._ssl = (ssl_context or _session.ssl_context()) if url.scheme == "https" else None
         self._loop = asyncio.get_running_loop()
         self._idle: list[Connection] = []
         self._sweep: asyncio.TimerHandle | None = None
@@ -116,7 +116,7 @@ class RawGetter:
         self.trust: tuple[str | None, ...] = ()  # set by acquire_getter
         # What aiohttp's session sends with every request.
         self._prefix = (
-            f"Host: {host}\r\nUser-Agent: {_http.user_agent()}\r\n"
+            f"Host: {host}\r\nUser-Agent: {_session.user_agent()}\r\n"
             "Accept: */*\r\nAccept-Encoding: gzip, deflate\r\n"
         )
 
@@ -185,7 +185,7 @@ class RawGetter:
         if status == 416:
             return 0
         if status >= 300:
-            raise _http.error_for_response(status, resp_headers, body, operation="get", uri=uri)
+            raise _errors.error_for_response(status, resp_headers, body, operation="get", uri=uri)
         received = content_length(resp_headers) or 0
         accounting.received(received)
         span = content_range(resp_headers)
@@ -331,7 +331,7 @@ class _Entry:
 
 
 _getters: dict[tuple[int, str, tuple[str | None, ...]], _Entry] = {}
-# Inherited over fork: kept referenced and never closed (see _gcs_http).
+# Inherited over fork: kept referenced and never closed (see _session).
 _abandoned: list[RawGetter] = []
 
 
@@ -343,11 +343,11 @@ def acquire_getter(
     ``trust``: the TLS trust of the store's session (``SessionKey.trust``).
     """
     loop = asyncio.get_running_loop()
-    trust = _http.ca_environment() if trust is None else trust
+    trust = _session.ca_environment() if trust is None else trust
     key = (id(loop), endpoint, trust)
     entry = _getters.get(key)
     if entry is None or entry.loop is not loop or entry.getter.closed:
-        context = _http.ssl_context(trust) if endpoint.startswith("https:") else None
+        context = _session.ssl_context(trust) if endpoint.startswith("https:") else None
         getter = RawGetter(endpoint, limit, context)
         getter.trust = trust
         entry = _getters[key] = _Entry(loop, getter)

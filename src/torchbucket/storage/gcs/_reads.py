@@ -1,0 +1,269 @@
+"""Verified reads of GCS objects: into bytes, into a caller's buffer, as a stream.
+
+Each read takes the store's :class:`~torchbucket.storage.gcs._transport.GCSTransport`.
+A whole object's CRC32C is checked against the ``x-goog-hash`` it was served
+with; a range is checked against what was asked for (its ``Content-Range``).
+Large ranges into a buffer go through the transport's in-place reader
+(:mod:`._rawget`); a stream that breaks resumes where it stopped, pinned to the
+generation it started on. Objects stored gzip-encoded are read as stored and
+decoded here (:mod:`._gzip`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import yarl
+
+from torchbucket import accounting
+from torchbucket.errors import IntegrityError, StorageError
+from torchbucket.storage.gcs import _errors, _gzip, _rawget
+from torchbucket.storage.gcs._transport import TRANSPORT_ERRORS, GCSTransport
+from torchbucket.storage.gcs._wire import (
+    check_span,
+    content_range,
+    crc_b64,
+    extend_crc,
+    range_header,
+    stream_end,
+    verify_crc32c,
+)
+
+__all__ = ["read", "read_into", "stream"]
+
+logger = logging.getLogger(__name__)
+
+_MAX_STREAM_RESUMES = 10
+
+
+async def read(
+    transport: GCSTransport, url: yarl.URL, key: str, start: int, end: int | None
+) -> bytes:
+    """GET ``url`` (``alt=media``), the range ``[start, end)``, verified."""
+    uri = transport.uri(key)
+    headers = range_header(start, end)
+
+    async def attempt() -> bytes:
+        status, resp_headers, body = await transport.request(
+            "GET", url, operation="get", uri=uri, headers=headers, allow=(416,)
+        )
+        if status == 416:
+            if start and await _transcoded(transport, key):
+                return (await _gzip.read_decoded(transport, url, uri))[start:end]
+            return b""
+        if _gzip.served_gzip(resp_headers):
+            # The stored gzip bytes (see _gzip): decoded offsets need all of them.
+            span = content_range(resp_headers)
+            if status == 206 and not (span and span[0] == 0 and span[2] == len(body)):
+                return (await _gzip.read_decoded(transport, url, uri))[start:end]
+            decoded = _gzip.decode_answer(resp_headers, body, uri)
+            return decoded if headers is None else decoded[start:end]
+        if status == 206:
+            span = content_range(resp_headers)
+            if span is not None:
+                first, last, total = span
+                if len(body) != last - first + 1 or first != start:
+                    raise IntegrityError(
+                        f"asked for bytes from {start}, got {len(body)} bytes for {first}-{last}",
+                        operation="get",
+                        uri=uri,
+                    )
+                if first == 0 and total == len(body):
+                    verify_crc32c(resp_headers, crc_b64(extend_crc(0, body)), uri)
+            return body
+        verify_crc32c(resp_headers, crc_b64(extend_crc(0, body)), uri)
+        if headers is not None:  # the server ignored the Range header
+            return body[start:end]
+        return body
+
+    return await transport.call(attempt, "get", uri)
+
+
+async def read_into(
+    transport: GCSTransport, url: yarl.URL, key: str, start: int, buffer: memoryview
+) -> int:
+    """GET ``[start, start + len(buffer))`` of ``url`` straight into ``buffer``.
+
+    Ranges of at least :data:`~torchbucket.storage.gcs._rawget.MIN_BYTES`
+    go through :class:`~torchbucket.storage.gcs._rawget.RawGetter`, which
+    receives the body in place; an answer it does not read is asked for
+    again through aiohttp.
+    """
+    uri = transport.uri(key)
+    size = len(buffer)
+    headers = {"Range": f"bytes={start}-{start + size - 1}"}
+    raw = transport.raw_ok and size >= _rawget.MIN_BYTES
+
+    async def attempt() -> int:
+        session = transport.loop_state()[1]
+        hdrs = await transport.headers(headers, "get", uri)
+        if raw:
+            got = await transport.raw_getter().read_into(
+                url,
+                hdrs or headers,
+                buffer,
+                start,
+                uri=uri,
+                connect_timeout=transport.connect_timeout,
+                read_timeout=transport.read_timeout,
+            )
+            if got is not None:
+                return got
+        accounting.count("get")
+        try:
+            async with session.get(url, headers=hdrs, **transport.streaming_kw) as resp:
+                if resp.status == 416:
+                    if start and await _transcoded(transport, key):
+                        return await _decoded_into(transport, url, uri, start, buffer)
+                    return 0
+                if resp.status < 300 and _gzip.served_gzip(resp.headers):
+                    # Stored gzip bytes (see _gzip): decoded offsets need all of them.
+                    resp.release()
+                    return await _decoded_into(transport, url, uri, start, buffer)
+                if resp.status >= 300:
+                    body = await resp.read()
+                    raise _errors.error_for_response(
+                        resp.status, resp.headers, body, operation="get", uri=uri
+                    )
+                if resp.status == 200:  # Range ignored: take our slice of the whole
+                    whole = await resp.read()
+                    accounting.received(len(whole))
+                    verify_crc32c(resp.headers, crc_b64(extend_crc(0, whole)), uri)
+                    piece = whole[start : start + size]
+                    buffer[: len(piece)] = piece
+                    return len(piece)
+                span = content_range(resp.headers)
+                # Only a range that is the whole object can be checked against
+                # the object's CRC32C; the CRC of any other range is wasted work
+                # (callers such as checkpoint loads check the whole object once).
+                whole_object = span is not None and span[0] == 0 and span[2] == span[1] + 1
+                crc = 0
+                pos = 0
+                async for chunk in resp.content.iter_any():
+                    n = len(chunk)
+                    if pos + n > size:
+                        raise IntegrityError(
+                            f"server sent more than the {size} bytes asked for",
+                            operation="get",
+                            uri=uri,
+                        )
+                    buffer[pos : pos + n] = chunk
+                    if whole_object:
+                        crc = extend_crc(crc, chunk)
+                    pos += n
+                accounting.received(pos)
+                if span is not None and check_span(span, start, pos, uri):
+                    verify_crc32c(resp.headers, crc_b64(crc), uri)
+                return pos
+        except StorageError:
+            raise  # NotFoundError is an OSError too: keep it as it is
+        except TRANSPORT_ERRORS as exc:
+            raise transport.transport_error(exc, "get", uri) from exc
+
+    return await transport.call(attempt, "get", uri)
+
+
+async def _transcoded(transport: GCSTransport, key: str) -> bool:
+    """Whether ``key`` is served decoded (after a 416: its decoded bytes may go on)."""
+    info = await transport.head_once(key, "get")
+    return info is not None and info.transcoded
+
+
+async def _decoded_into(
+    transport: GCSTransport, url: yarl.URL, uri: str, start: int, buffer: memoryview
+) -> int:
+    piece = (await _gzip.read_decoded(transport, url, uri))[start : start + len(buffer)]
+    buffer[: len(piece)] = piece
+    return len(piece)
+
+
+async def stream(
+    transport: GCSTransport,
+    url_for: Callable[[int | None], yarl.URL],
+    key: str,
+    start: int,
+    end: int | None,
+    chunk_size: int,
+) -> AsyncIterator[bytes]:
+    """Yield ``[start, end)`` of an object; a broken read resumes where it stopped.
+
+    A resumed read is pinned to the generation the first response named, so
+    the chunks never mix two versions of the object.
+    """
+    uri = transport.uri(key)
+    pos = start
+    generation: int | None = None
+    total: int | None = None
+    crc: int | None = 0 if start == 0 and end is None else None
+    resumes = 0
+    while True:
+        url = url_for(generation)
+        headers = range_header(pos, end)
+
+        resp = await transport.call(
+            functools.partial(transport.open_stream, url, headers, uri, allow=(416,)),
+            "stream",
+            uri,
+        )
+        if pos == start and _gzip.served_gzip(resp.headers):
+            # Stored gzip bytes: streamed decoded, from the stored offset 0 (_gzip).
+            first = resp.headers.get("x-goog-generation")
+            resp.release()
+            async for piece in _gzip.stream_decoded(
+                transport, url_for, key, start, end, chunk_size, int(first) if first else None
+            ):
+                yield piece
+            return
+        broken: BaseException | None = None
+        try:
+            if resp.status == 416:
+                return
+            if generation is None and resp.headers.get("x-goog-generation"):
+                generation = int(resp.headers["x-goog-generation"])
+            span = content_range(resp.headers)
+            if span is not None and span[2] is not None:
+                total = span[2]
+            elif resp.status == 200 and resp.content_length is not None:
+                total = resp.content_length
+            if resp.status == 206 and span is not None and span[0] != pos:
+                raise IntegrityError(
+                    f"asked for bytes from {pos}, got them from {span[0]}",
+                    operation="stream",
+                    uri=uri,
+                )
+            skip = pos if resp.status == 200 else 0  # the server ignored Range
+            try:
+                async for chunk in resp.content.iter_chunked(chunk_size):
+                    if skip:
+                        cut = min(skip, len(chunk))
+                        chunk, skip = chunk[cut:], skip - cut
+                    if end is not None and pos + len(chunk) > end:
+                        chunk = chunk[: end - pos]
+                    if not chunk:
+                        continue
+                    pos += len(chunk)
+                    accounting.received(len(chunk))
+                    if crc is not None:
+                        crc = extend_crc(crc, chunk)
+                    yield chunk
+                    if end is not None and pos >= end:
+                        break
+            except TRANSPORT_ERRORS as exc:
+                broken = exc
+        finally:
+            resp.release()
+        stop = stream_end(end, total)
+        if broken is None and (stop is None or pos >= stop):
+            break
+        resumes += 1
+        if resumes > _MAX_STREAM_RESUMES:
+            if broken is not None:
+                raise transport.transport_error(broken, "stream", uri) from broken
+            raise IntegrityError(
+                f"stream ended at byte {pos}, expected {stop}", operation="stream", uri=uri
+            )
+        logger.debug("stream of %s broke at byte %d; resuming", uri, pos)
+    if crc is not None:
+        verify_crc32c(resp.headers, crc_b64(crc), uri)

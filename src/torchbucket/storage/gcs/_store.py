@@ -1,0 +1,286 @@
+"""Google Cloud Storage over ``aiohttp``: ``gs://bucket/key``.
+
+The JSON API serves listing, reads, simple and resumable uploads, compose,
+delete, head and copy (rewrite); the XML API on the same host serves multipart
+uploads. Credentials are Google application default credentials; with
+``STORAGE_EMULATOR_HOST`` set (or an emulator endpoint given) requests go there,
+anonymously.
+
+:class:`GCSStore` owns one :class:`~._transport.GCSTransport` (how a request is
+sent: session, credentials, limiter, retries, error mapping, the in-place
+reader) and hands it to the module of each operation: :mod:`._reads`,
+:mod:`._simple`, :mod:`._resumable`, :mod:`._multipart`, :mod:`._objects`,
+:mod:`._bucket`. The store itself only checks arguments and picks the protocol.
+
+Every request runs through :func:`torchbucket.retry.call` under the process's
+adaptive limiter for the endpoint. A write is retried only where a repeat is
+safe: by the protocol (resumable chunks, multipart parts), or with a generation
+precondition. A write whose outcome is uncertain (no definite answer: a server
+error, a reset, a timeout, a garbled answer) may have taken effect, so it is
+resolved by the object itself: if the object holds exactly what was sent (size
+and CRC32C), the write is accepted; otherwise a simple upload is repeated pinned
+to the generation just seen (see :func:`._uncertain.write`). A multipart initiate
+whose answer was lost aborts the empty uploads it may have left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from torchbucket.errors import NotFoundError
+from torchbucket.storage._common import check_range
+from torchbucket.storage.base import ListPage, MultipartUpload, ObjectInfo, Part
+from torchbucket.storage.gcs import _bucket, _objects, _reads, _resumable, _simple
+from torchbucket.storage.gcs._config import GCSConfig
+from torchbucket.storage.gcs._multipart import XMLMultipart
+from torchbucket.storage.gcs._transport import GCSTransport
+
+__all__ = ["GCSStore"]
+
+
+def _media_query(generation: int | None) -> str:
+    return "alt=media" if generation is None else f"alt=media&generation={generation}"
+
+
+class GCSStore:
+    """An :class:`~torchbucket.storage.base.ObjectStore` on one GCS bucket.
+
+    Pickles as its bucket and config (spawn-safe); a forked child opens its own
+    sessions and connections on first use (fork-safe).
+
+    Args:
+        bucket: The bucket name.
+        config: Endpoint, credentials, retries and concurrency. Default
+            ``GCSConfig()``.
+
+    Attributes:
+        unchecked_multipart_assembly: Always true: GCS checks each part against
+            its ``x-goog-hash`` but nothing checks the object a completion
+            assembles (its request carries no hash:
+            https://cloud.google.com/storage/docs/xml-api/post-object-complete),
+            so a checkpoint writer assembles under a staging name and checks
+            before the object takes the checkpoint's name.
+    """
+
+    unchecked_multipart_assembly = True
+
+    def __init__(self, bucket: str, *, config: GCSConfig | None = None) -> None:
+        self._config = config or GCSConfig()
+        self._transport = GCSTransport(bucket, self._config)
+        self._multipart = XMLMultipart(self._transport)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (GCSStore, (self.bucket,), self._config)
+
+    def __setstate__(self, state: GCSConfig) -> None:
+        self.__init__(self.bucket, config=state)  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"GCSStore({self.bucket!r}, endpoint={self.endpoint!r})"
+
+    @property
+    def config(self) -> GCSConfig:
+        """The store's configuration."""
+        return self._config
+
+    @property
+    def bucket(self) -> str:
+        """The bucket name."""
+        return self._transport.bucket
+
+    @property
+    def endpoint(self) -> str:
+        """The base URL requests go to."""
+        return self._transport.endpoint
+
+    def uri(self, key: str = "") -> str:
+        """``gs://bucket/key``."""
+        return self._transport.uri(key)
+
+    # ------------------------------------------------------------ reads
+
+    async def list_page(
+        self,
+        prefix: str = "",
+        *,
+        start_offset: str | None = None,
+        end_offset: str | None = None,
+        page_token: str | None = None,
+        page_size: int = 1000,
+    ) -> ListPage:
+        return await _bucket.list_page(
+            self._transport,
+            prefix,
+            _bucket.LIST_FIELDS,
+            page_token,
+            page_size,
+            startOffset=start_offset,
+            endOffset=end_offset,
+        )
+
+    async def list_folder(
+        self, prefix: str, *, page_token: str | None = None, page_size: int = 1000
+    ) -> ListPage:
+        return await _bucket.list_page(
+            self._transport, prefix, _bucket.FOLDER_FIELDS, page_token, page_size, delimiter="/"
+        )
+
+    async def head(self, key: str) -> ObjectInfo:
+        return await self._transport.head(key)
+
+    async def get(
+        self,
+        key: str,
+        *,
+        start: int = 0,
+        end: int | None = None,
+        generation: int | None = None,
+    ) -> bytes:
+        check_range(start, end)
+        if end == start:
+            await self._check_exists(key, generation, "get")
+            return b""
+        transport = self._transport
+        return await _reads.read(
+            transport, transport.object_url(key, _media_query(generation)), key, start, end
+        )
+
+    async def get_into(
+        self, key: str, buffer: memoryview, *, start: int = 0, generation: int | None = None
+    ) -> int:
+        check_range(start, None)
+        if len(buffer) == 0:
+            await self._check_exists(key, generation, "get")
+            return 0
+        transport = self._transport
+        return await _reads.read_into(
+            transport, transport.object_url(key, _media_query(generation)), key, start, buffer
+        )
+
+    async def stream(
+        self, key: str, *, start: int = 0, end: int | None = None, chunk_size: int = 1 << 20
+    ) -> AsyncIterator[bytes]:
+        check_range(start, end)
+        if end == start:
+            await self._check_exists(key, None, "stream")
+            return
+        transport = self._transport
+        async for chunk in _reads.stream(
+            transport,
+            lambda generation: transport.object_url(key, _media_query(generation)),
+            key,
+            start,
+            end,
+            chunk_size,
+        ):
+            yield chunk
+
+    async def _check_exists(self, key: str, generation: int | None, operation: str) -> None:
+        info = await self._transport.head(key)
+        if generation is not None and info.generation != generation:
+            raise NotFoundError(
+                f"generation {generation} is gone",
+                operation=operation,
+                uri=self.uri(key),
+                status=404,
+            )
+
+    # ------------------------------------------------------------ writes
+
+    async def put(
+        self,
+        key: str,
+        data: bytes | bytearray | memoryview,
+        *,
+        if_generation_match: int | None = None,
+        content_type: str | None = None,
+    ) -> ObjectInfo:
+        size = data.nbytes if isinstance(data, memoryview) else len(data)
+        if size > self._config.resumable_threshold:
+            return await _resumable.put(
+                self._transport,
+                key,
+                data,
+                if_generation_match,
+                content_type,
+                self._config.chunk_size,
+            )
+        return await _simple.put(
+            self._transport, key, data, size, if_generation_match, content_type
+        )
+
+    async def put_stream(
+        self, key: str, chunks: AsyncIterator[bytes], *, content_type: str | None = None
+    ) -> ObjectInfo:
+        return await _resumable.put_stream(
+            self._transport, key, chunks, content_type, self._config.chunk_size
+        )
+
+    async def compose(
+        self,
+        destination: str,
+        sources: Sequence[ObjectInfo],
+        *,
+        if_generation_match: int | None = None,
+    ) -> ObjectInfo:
+        return await _objects.compose(
+            self._transport, destination, sources, if_generation_match=if_generation_match
+        )
+
+    async def delete(self, key: str, *, generation: int | None = None) -> None:
+        await _objects.delete(self._transport, key, generation)
+
+    async def copy(self, source: str, destination: str) -> ObjectInfo:
+        return await _objects.copy(self._transport, source, destination)
+
+    # ------------------------------------------------------------ multipart (XML API)
+
+    async def multipart_initiate(self, key: str, *, content_type: str | None = None) -> str:
+        return await self._multipart.initiate(key, content_type=content_type)
+
+    async def multipart_upload_part(
+        self, key: str, upload_id: str, number: int, data: bytes | bytearray | memoryview
+    ) -> Part:
+        return await self._multipart.upload_part(key, upload_id, number, data)
+
+    async def multipart_complete(
+        self, key: str, upload_id: str, parts: Sequence[Part]
+    ) -> ObjectInfo:
+        return await self._multipart.complete(key, upload_id, parts)
+
+    async def multipart_abort(self, key: str, upload_id: str) -> None:
+        await self._multipart.abort(key, upload_id)
+
+    async def multipart_list(self, prefix: str = "") -> list[MultipartUpload]:
+        return await self._multipart.list_uploads(prefix)
+
+    # ------------------------------------------------------------ the bucket
+
+    async def bucket_exists(self) -> bool | None:
+        """Whether the bucket exists, asked of the bucket itself (``buckets.get``).
+
+        Returns:
+            ``True`` or ``False``; ``None`` when the credentials may not read the
+            bucket's metadata (403: ``storage.buckets.get`` is in none of the
+            object roles), so a bucket request cannot tell.
+        """
+        return await _bucket.bucket_exists(self._transport)
+
+    async def soft_delete_retention(self) -> int | None:
+        """Seconds the bucket keeps deleted objects (its soft-delete policy); 0 if none.
+
+        One bucket metadata request (``buckets.get``, class B) per process and
+        bucket; the answer is kept for the process's life.
+
+        Returns:
+            The retention in seconds, 0 when soft delete is off, or ``None``
+            when the credentials may not read the bucket's metadata (403).
+
+        Raises:
+            BucketNotFoundError: The bucket does not exist.
+        """
+        return await _bucket.soft_delete_retention(self._transport)
+
+    async def close(self) -> None:
+        await self._transport.close()
