@@ -46,13 +46,13 @@ def is_retryable(exc: BaseException, *, idempotent: bool) -> bool:
 
     Throttling, server errors, resets, timeouts and truncated bodies are worth
     retrying; so is a corrupted body on a read. Which HTTP statuses those are is
-    decided in one table, :data:`torchbucket.storage._gcs_http.STATUS_ERRORS`
+    decided in one table, :data:`torchbucket.storage.gcs._errors.STATUS_ERRORS`
     (Google's retry strategy: 408, 429, 500, 502, 503, 504). A request that is
     not idempotent (a write without a precondition) is retried only after a
     429: the service refused it without acting on it. Any other failure of such
     a request may have taken effect, so it is not repeated (the GCS store makes
     its writes idempotent instead, by a generation precondition: see
-    ``GCSTransport.write``).
+    ``torchbucket.storage.gcs._uncertain.write``).
     """
     if not idempotent:
         return isinstance(exc, ThrottledError) and exc.status == 429

@@ -1,9 +1,9 @@
 """Large ranged GETs received straight into the caller's buffer.
 
 Why not aiohttp for these: it receives every chunk into a new ``bytes`` (the
-socket's ``recv``), its parser slices the body out of it, and
-``read_object_into`` then copied the slice into the buffer, with Python work per
-chunk in between. Here an :class:`asyncio.BufferedProtocol`
+socket's ``recv``), its parser slices the body out of it, and the read
+(``_reads.read_into``) then copied the slice into the buffer, with Python work
+per chunk in between. Here an :class:`asyncio.BufferedProtocol`
 (:mod:`torchbucket.storage.gcs._rawconn`) hands the kernel the
 destination slice itself: ``recv_into`` writes the body where it belongs, one
 copy, and the only Python per chunk is a counter. Measured on a 2-core VM
