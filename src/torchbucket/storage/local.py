@@ -20,23 +20,21 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import errno
 import functools
 import os
 import shutil
 import stat
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TypeVar
 
 from torchbucket import accounting
 from torchbucket.errors import (
     NotFoundError,
-    PermissionDeniedError,
-    PreconditionFailedError,
     StorageError,
 )
+from torchbucket.storage import _localfs as _fs
 from torchbucket.storage._common import (
     check_compose_sources,
     check_page_size,
@@ -52,39 +50,9 @@ __all__ = ["LocalStore"]
 
 T = TypeVar("T")
 
-_UPLOAD_MARK = ".tbupload-"
-_TEMP_MARK = ".tbtmp-"
 # Below this, file I/O runs on the loop: a thread hop costs more than the read.
 _INLINE_BYTES = 256 * 1024
 _LISTING_CACHE_S = 10.0
-
-
-def _hidden(name: str) -> bool:
-    return name.startswith(".") and (_UPLOAD_MARK in name or _TEMP_MARK in name)
-
-
-def _os_error(exc: OSError, operation: str, uri: str) -> StorageError:
-    """The one translation of ``OSError`` into :mod:`torchbucket.errors`."""
-    what = exc.strerror or type(exc).__name__
-    if isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError)):
-        return NotFoundError("object does not exist", operation=operation, uri=uri)
-    if isinstance(exc, PermissionError):
-        return PermissionDeniedError(what, operation=operation, uri=uri)
-    if exc.errno == errno.ENAMETOOLONG:
-        return StorageError("name too long for the filesystem", operation=operation, uri=uri)
-    return StorageError(what, operation=operation, uri=uri)
-
-
-def _part_etag(size: int, generation: int | None) -> str:
-    # Size and write time identify a part file's contents without reading it.
-    return f"{generation or 0:x}-{size}"
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 class LocalStore:
@@ -105,11 +73,7 @@ class LocalStore:
         return "/"
 
     def uri(self, key: str = "") -> str:
-        return f"file:///{key}"
-
-    @staticmethod
-    def _path(key: str) -> str:
-        return "/" + key
+        return _fs.uri(key)
 
     async def _io(self, size: int, fn: Callable[[], T]) -> T:
         if size <= _INLINE_BYTES:
@@ -118,54 +82,20 @@ class LocalStore:
 
     # ------------------------------------------------------------ metadata
 
-    def _info(self, key: str, st: os.stat_result, crc32c: str | None = None) -> ObjectInfo:
-        return ObjectInfo(key, st.st_size, st.st_mtime_ns, crc32c, "STANDARD")
-
     def _stat(self, key: str, operation: str) -> os.stat_result:
         try:
-            st = os.stat(self._path(key))
+            st = os.stat(_fs.path_of(key))
         except OSError as exc:
-            raise _os_error(exc, operation, self.uri(key)) from exc
+            raise _fs.os_error(exc, operation, self.uri(key)) from exc
         if not stat.S_ISREG(st.st_mode):
             raise NotFoundError("object does not exist", operation=operation, uri=self.uri(key))
         return st
 
-    def _current_generation(self, path: str) -> int:
-        try:
-            return os.stat(path).st_mtime_ns
-        except FileNotFoundError:
-            return 0
-
     async def head(self, key: str) -> ObjectInfo:
         accounting.count("head")
-        return self._info(key, self._stat(key, "head"))
+        return _fs.info(key, self._stat(key, "head"))
 
     # ------------------------------------------------------------ listing
-
-    def _walk(self, prefix: str) -> dict[str, ObjectInfo]:
-        directory, _, _ = prefix.rpartition("/")
-        found: dict[str, ObjectInfo] = {}
-        stack = ["/" + directory]
-        while stack:
-            path = stack.pop()
-            try:
-                entries = list(os.scandir(path))
-            except (FileNotFoundError, NotADirectoryError, PermissionError):
-                continue
-            for entry in entries:
-                if _hidden(entry.name):
-                    continue
-                key = entry.path[1:]
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        # Descend only where names can still start with the prefix.
-                        if (key + "/").startswith(prefix) or prefix.startswith(key + "/"):
-                            stack.append(entry.path)
-                    elif key.startswith(prefix) and entry.is_file():
-                        found[key] = self._info(key, entry.stat())
-                except FileNotFoundError:  # removed while we walked
-                    continue
-        return found
 
     async def list_page(
         self,
@@ -182,7 +112,7 @@ class LocalStore:
         if page_token is not None and cached and time.monotonic() - cached[0] < _LISTING_CACHE_S:
             _, names, infos = cached
         else:
-            infos = await asyncio.to_thread(self._walk, prefix)
+            infos = await asyncio.to_thread(_fs.walk, prefix)
             names = sorted(infos)
             self._listings[prefix] = (time.monotonic(), names, infos)
         i = bisect.bisect_left(names, max(prefix, start_offset or ""))
@@ -200,22 +130,13 @@ class LocalStore:
     def _read(self, key: str, start: int, end: int | None, generation: int | None) -> bytes:
         uri = self.uri(key)
         try:
-            with open(self._path(key), "rb") as f:
+            with open(_fs.path_of(key), "rb") as f:
                 st = os.fstat(f.fileno())
-                self._check_generation(st, generation, "get", uri)
+                _fs.check_generation(st, generation, "get", uri)
                 lo, hi = resolve_range(st.st_size, start, end)
                 return os.pread(f.fileno(), hi - lo, lo) if hi > lo else b""
         except OSError as exc:
-            raise _os_error(exc, "get", uri) from exc
-
-    @staticmethod
-    def _check_generation(
-        st: os.stat_result, generation: int | None, operation: str, uri: str
-    ) -> None:
-        if not stat.S_ISREG(st.st_mode):
-            raise NotFoundError("object does not exist", operation=operation, uri=uri)
-        if generation is not None and st.st_mtime_ns != generation:
-            raise NotFoundError(f"generation {generation} is gone", operation=operation, uri=uri)
+            raise _fs.os_error(exc, "get", uri) from exc
 
     async def get(
         self, key: str, *, start: int = 0, end: int | None = None, generation: int | None = None
@@ -230,8 +151,8 @@ class LocalStore:
     def _read_into(self, key: str, buffer: memoryview, start: int, generation: int | None) -> int:
         uri = self.uri(key)
         try:
-            with open(self._path(key), "rb") as f:
-                self._check_generation(os.fstat(f.fileno()), generation, "get", uri)
+            with open(_fs.path_of(key), "rb") as f:
+                _fs.check_generation(os.fstat(f.fileno()), generation, "get", uri)
                 total = 0
                 while total < len(buffer):
                     n = os.preadv(f.fileno(), [buffer[total:]], start + total)
@@ -240,7 +161,7 @@ class LocalStore:
                     total += n
                 return total
         except OSError as exc:
-            raise _os_error(exc, "get", uri) from exc
+            raise _fs.os_error(exc, "get", uri) from exc
 
     async def get_into(
         self, key: str, buffer: memoryview, *, start: int = 0, generation: int | None = None
@@ -258,12 +179,12 @@ class LocalStore:
         check_range(start, end)
         accounting.count("get")
         try:
-            f = open(self._path(key), "rb")  # noqa: SIM115 - closed in finally
+            f = open(_fs.path_of(key), "rb")  # noqa: SIM115 - closed in finally
         except OSError as exc:
-            raise _os_error(exc, "stream", uri) from exc
+            raise _fs.os_error(exc, "stream", uri) from exc
         try:
             st = os.fstat(f.fileno())
-            self._check_generation(st, None, "stream", uri)
+            _fs.check_generation(st, None, "stream", uri)
             pos, stop = resolve_range(st.st_size, start, end)
             while pos < stop:
                 n = min(chunk_size, stop - pos)
@@ -274,74 +195,11 @@ class LocalStore:
                 accounting.received(len(chunk))
                 yield chunk
         except OSError as exc:
-            raise _os_error(exc, "stream", uri) from exc
+            raise _fs.os_error(exc, "stream", uri) from exc
         finally:
             f.close()
 
     # ------------------------------------------------------------ writes
-
-    def _target(self, key: str, operation: str) -> tuple[str, str]:
-        """The path of ``key`` and a fresh hidden temporary path beside it."""
-        if not key or key.endswith("/"):
-            raise StorageError("not an object name", operation=operation, uri=self.uri(key))
-        path = self._path(key)
-        directory, _, name = path.rpartition("/")
-        return path, f"{directory}/.{name[:150]}{_TEMP_MARK}{uuid.uuid4().hex[:12]}"
-
-    def _install(
-        self, key: str, tmp: str, operation: str, if_generation_match: int | None
-    ) -> ObjectInfo:
-        """Rename the written ``tmp`` over ``key`` (the temporary goes either way)."""
-        path = self._path(key)
-        installed = False
-        try:
-            current = self._current_generation(path)
-            if if_generation_match is not None and current != if_generation_match:
-                raise PreconditionFailedError(
-                    f"generation is {current}, expected {if_generation_match}",
-                    operation=operation,
-                    uri=self.uri(key),
-                    status=412,
-                )
-            # Generations must grow even when writes land in one clock tick.
-            generation = max(time.time_ns(), current + 1)
-            os.utime(tmp, ns=(generation, generation))
-            os.replace(tmp, path)
-            installed = True
-            return self._info(key, os.stat(path))
-        finally:
-            if not installed:
-                _unlink_quietly(tmp)
-
-    def _commit(
-        self,
-        key: str,
-        write: Callable[[int], None],
-        operation: str,
-        if_generation_match: int | None = None,
-    ) -> ObjectInfo:
-        """Write a temporary sibling with ``write(fd)``, then rename it into place."""
-        path, tmp = self._target(key, operation)
-        try:
-            os.makedirs(path.rpartition("/")[0] or "/", exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            written = False
-            try:
-                write(fd)
-                written = True
-            finally:
-                os.close(fd)
-                if not written:
-                    _unlink_quietly(tmp)
-            return self._install(key, tmp, operation, if_generation_match)
-        except OSError as exc:
-            raise _os_error(exc, operation, self.uri(key)) from exc
-
-    @staticmethod
-    def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
-        view = memoryview(data).cast("B")
-        while view:
-            view = view[os.write(fd, view) :]
 
     async def put(
         self,
@@ -354,9 +212,7 @@ class LocalStore:
         accounting.count("put", len(data))
         info = await self._io(
             len(data),
-            lambda: self._commit(
-                key, lambda fd: self._write_all(fd, data), "put", if_generation_match
-            ),
+            lambda: _fs.commit(key, lambda fd: _fs.write_all(fd, data), "put", if_generation_match),
         )
         if isinstance(data, bytes):
             crc = crc32c_b64(data)
@@ -373,12 +229,12 @@ class LocalStore:
         # Chunks go straight into the hidden temporary file, which is then renamed
         # into place: memory stays at one chunk and the bytes are written once.
         uri = self.uri(key)
-        path, tmp = self._target(key, "put")
+        path, tmp = _fs.target(key, "put")
         try:
             os.makedirs(path.rpartition("/")[0] or "/", exist_ok=True)
             spool = open(tmp, "xb")  # noqa: SIM115 - closed below on every path
         except OSError as exc:
-            raise _os_error(exc, "put", uri) from exc
+            raise _fs.os_error(exc, "put", uri) from exc
         written = False
         try:
             sent = 0
@@ -390,28 +246,11 @@ class LocalStore:
         finally:
             spool.close()
             if not written:
-                _unlink_quietly(tmp)
+                _fs.unlink_quietly(tmp)
         try:
-            return await asyncio.to_thread(self._install, key, tmp, "put", None)
+            return await asyncio.to_thread(_fs.install, key, tmp, "put", None)
         except OSError as exc:
-            raise _os_error(exc, "put", uri) from exc
-
-    @staticmethod
-    def _copier(*paths: str) -> Callable[[int], None]:
-        """A ``write(fd)`` that appends the files at ``paths`` in order."""
-
-        def write(fd: int) -> None:
-            for path in paths:
-                with open(path, "rb") as src:
-                    size = os.fstat(src.fileno()).st_size
-                    offset = 0
-                    while offset < size:
-                        sent = os.sendfile(fd, src.fileno(), offset, size - offset)
-                        if sent == 0:
-                            break
-                        offset += sent
-
-        return write
+            raise _fs.os_error(exc, "put", uri) from exc
 
     async def compose(
         self,
@@ -426,9 +265,9 @@ class LocalStore:
         def write(fd: int) -> None:
             for source in sources:
                 uri = self.uri(source.name)
-                with open(self._path(source.name), "rb") as src:
+                with open(_fs.path_of(source.name), "rb") as src:
                     st = os.fstat(src.fileno())
-                    self._check_generation(st, source.generation, "compose", uri)
+                    _fs.check_generation(st, source.generation, "compose", uri)
                     offset = 0
                     while offset < st.st_size:
                         sent = os.sendfile(fd, src.fileno(), offset, st.st_size - offset)
@@ -437,7 +276,7 @@ class LocalStore:
                         offset += sent
 
         return await asyncio.to_thread(
-            self._commit, destination, write, "compose", if_generation_match
+            _fs.commit, destination, write, "compose", if_generation_match
         )
 
     async def delete(self, key: str, *, generation: int | None = None) -> None:
@@ -445,25 +284,21 @@ class LocalStore:
         uri = self.uri(key)
         try:
             if generation is not None:
-                self._check_generation(os.stat(self._path(key)), generation, "delete", uri)
+                _fs.check_generation(os.stat(_fs.path_of(key)), generation, "delete", uri)
             else:
                 self._stat(key, "delete")
-            os.unlink(self._path(key))
+            os.unlink(_fs.path_of(key))
         except OSError as exc:
-            raise _os_error(exc, "delete", uri) from exc
+            raise _fs.os_error(exc, "delete", uri) from exc
 
     async def copy(self, source: str, destination: str) -> ObjectInfo:
         accounting.count("copy")
         self._stat(source, "copy")
         return await asyncio.to_thread(
-            self._commit, destination, self._copier(self._path(source)), "copy"
+            _fs.commit, destination, _fs.copier(_fs.path_of(source)), "copy"
         )
 
     # ------------------------------------------------------------ multipart
-
-    def _staging(self, key: str, upload_id: str) -> str:
-        directory, _, name = self._path(key).rpartition("/")
-        return f"{directory}/.{name}{_UPLOAD_MARK}{upload_id}"
 
     async def multipart_initiate(self, key: str, *, content_type: str | None = None) -> str:
         accounting.count("mpu_initiate")
@@ -473,13 +308,13 @@ class LocalStore:
             )
         upload_id = uuid.uuid4().hex[:16]
         try:
-            os.makedirs(self._staging(key, upload_id))
+            os.makedirs(_fs.staging(key, upload_id))
         except OSError as exc:
-            raise _os_error(exc, "multipart initiate", self.uri(key)) from exc
+            raise _fs.os_error(exc, "multipart initiate", self.uri(key)) from exc
         return upload_id
 
     def _existing_staging(self, key: str, upload_id: str, operation: str) -> str:
-        path = self._staging(key, upload_id)
+        path = _fs.staging(key, upload_id)
         if "/" in upload_id or not os.path.isdir(path):
             raise NotFoundError(
                 f"no multipart upload {upload_id!r}", operation=operation, uri=self.uri(key)
@@ -495,11 +330,11 @@ class LocalStore:
         part_key = f"{staging[1:]}/part-{number:05d}"
         info = await self._io(
             len(data),
-            lambda: self._commit(
-                part_key, lambda fd: self._write_all(fd, data), "multipart upload part"
+            lambda: _fs.commit(
+                part_key, lambda fd: _fs.write_all(fd, data), "multipart upload part"
             ),
         )
-        return Part(number, _part_etag(info.size, info.generation))
+        return Part(number, _fs.part_etag(info.size, info.generation))
 
     async def multipart_complete(
         self, key: str, upload_id: str, parts: Sequence[Part]
@@ -522,7 +357,7 @@ class LocalStore:
             for part, path in zip(parts, paths):
                 try:
                     st = os.stat(path)
-                    etag: str | None = _part_etag(st.st_size, st.st_mtime_ns)
+                    etag: str | None = _fs.part_etag(st.st_size, st.st_mtime_ns)
                 except FileNotFoundError:
                     etag = None
                 if etag != part.etag:
@@ -532,7 +367,7 @@ class LocalStore:
                         uri=uri,
                         status=400,
                     )
-            info = self._commit(key, self._copier(*paths), operation)
+            info = _fs.commit(key, _fs.copier(*paths), operation)
             shutil.rmtree(staging, ignore_errors=True)
             return info
 
@@ -543,31 +378,9 @@ class LocalStore:
         staging = self._existing_staging(key, upload_id, "multipart abort")
         await asyncio.to_thread(shutil.rmtree, staging)
 
-    def _walk_uploads(self, prefix: str) -> Iterator[MultipartUpload]:
-        directory, _, _ = prefix.rpartition("/")
-        stack = ["/" + directory]
-        while stack:
-            path = stack.pop()
-            try:
-                entries = list(os.scandir(path))
-            except (FileNotFoundError, NotADirectoryError, PermissionError):
-                continue
-            for entry in entries:
-                if not entry.is_dir(follow_symlinks=False):
-                    continue
-                if entry.name.startswith(".") and _UPLOAD_MARK in entry.name:
-                    name, _, upload_id = entry.name[1:].rpartition(_UPLOAD_MARK)
-                    key = f"{path[1:]}/{name}" if path != "/" else name
-                    if key.startswith(prefix):
-                        yield MultipartUpload(key, upload_id, entry.stat().st_mtime)
-                elif not _hidden(entry.name):
-                    key = entry.path[1:]
-                    if (key + "/").startswith(prefix) or prefix.startswith(key + "/"):
-                        stack.append(entry.path)
-
     async def multipart_list(self, prefix: str = "") -> list[MultipartUpload]:
         accounting.count("mpu_list")
-        uploads = await asyncio.to_thread(lambda: list(self._walk_uploads(prefix)))
+        uploads = await asyncio.to_thread(lambda: list(_fs.walk_uploads(prefix)))
         return sorted(uploads, key=lambda u: (u.key, u.upload_id))
 
     async def close(self) -> None:
