@@ -10,7 +10,11 @@ one run, each contender in its own process:
   ``max_parallelism`` N, at its default on this machine (``os.cpu_count()``,
   what its datasets pass) and at 8; in ``.venv-bench``;
 - ``sequential``: ``google-cloud-storage``'s ``list_blobs``, page after page;
-  in ``.venv-bench``.
+  in ``.venv-bench``;
+- ``gcsfs``: ``fs.find(prefix)`` (gcsfs lists a prefix page after page, 1,000
+  names a page), in ``.venv-gcsfs`` (gcsfs 2026.x needs google-cloud-storage>=3)
+  with ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` (else it first asks a gRPC API
+  what kind of bucket it is, which an HTTP-only endpoint never answers).
 
 Sizes 1,000 and 100,000 objects; names sequential (``img/000000.jpg``),
 hashed (``img/<16 hex>.jpg``), and in folders as ImageNet lays them out
@@ -26,7 +30,9 @@ against dataflux's faster setting), ``ratio_to_sequential_1k`` (torchbucket's
 time over the sequential list's, the worse distribution), and
 ``list_calls_torchbucket_100k`` / ``list_calls_sequential_100k`` (the larger
 distribution's); these are the issue's figures, over the sequential and hashed
-names. The folders get their own: ``speedup_vs_dataflux_folders_100k``,
+names. ``speedup_vs_gcsfs_100k`` is over every name shape (the worst), and
+``wall_over_cpu_torchbucket_100k`` is torchbucket's wall time over its own
+client CPU time (the worst shape; near 1, no round trip left unhidden). The folders get their own: ``speedup_vs_dataflux_folders_100k``,
 ``speedup_vs_sequential_folders_100k`` and ``list_calls_torchbucket_folders_100k``.
 
 Run with a JSON spec as its only argument, this file is the contender itself
@@ -52,6 +58,8 @@ DISTRIBUTIONS = ("sequential", "hashed", "folders")
 # What the issue's figures are taken over (the worse of them).
 ISSUE_DISTRIBUTIONS = ("sequential", "hashed")
 FOLDER_SIZE = 1_300  # ImageNet's images per class, about
+# Set for gcsfs (and said in the output): see the module docstring.
+FSSPEC_ENV = {"GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
 
 
 def object_names(distribution: str, count: int) -> list[str]:
@@ -115,6 +123,17 @@ def _contender_sequential(spec: dict[str, Any]) -> tuple[Any, list[str]]:
     return phase, names
 
 
+def _contender_gcsfs(spec: dict[str, Any]) -> tuple[Any, list[str]]:
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    import gcsfs
+
+    fs = gcsfs.GCSFileSystem(endpoint_url=spec["endpoint"], token="anon", skip_instance_cache=True)
+    with _phase(spec) as phase:
+        found = fs.find(f"{spec['bucket']}/{spec['prefix']}")
+    head = f"{spec['bucket']}/"
+    return phase, [name[len(head) :] if name.startswith(head) else name for name in found]
+
+
 def _phase(spec: dict[str, Any]) -> Any:
     from _common import Phase
 
@@ -130,6 +149,7 @@ def contender_main(spec: dict[str, Any]) -> None:
         "torchbucket": _contender_torchbucket,
         "dataflux": _contender_dataflux,
         "sequential": _contender_sequential,
+        "gcsfs": _contender_gcsfs,
     }[kind]
     phase, names = run(spec)
     expected = object_names(spec["distribution"], spec["count"])
@@ -186,6 +206,11 @@ def main() -> None:
                 )
             )
         contenders.append(("sequential", bench, {"contender": "sequential"}))
+    fsspec = h.fsspec_python()
+    if fsspec is None:
+        print("no .venv-gcsfs (benchmarks/setup_bench_env.sh): gcsfs skipped")
+    else:
+        contenders.append(("gcsfs", fsspec, {"contender": "gcsfs"}))
     if args.only:
         wanted = set(args.only.split(","))
         contenders = [c for c in contenders if c[0] in wanted]
@@ -219,7 +244,10 @@ def main() -> None:
                                 Path(__file__).resolve(),
                                 spec,
                                 python=python,
-                                env={"STORAGE_EMULATOR_HOST": emu.endpoint},
+                                env={
+                                    "STORAGE_EMULATOR_HOST": emu.endpoint,
+                                    **(FSSPEC_ENV if name == "gcsfs" else {}),
+                                },
                                 timeout=600,
                             )
                         )
@@ -288,6 +316,34 @@ def main() -> None:
             calls(f"{d}-{big}", "sequential") for d in distributions if d in ISSUE_DISTRIBUTIONS
         ),
     }
+    # gcsfs and the wall/CPU ratio over every name shape (the worst of them).
+    every = [f"{d}-{big}" for d in distributions]
+
+    def cpu(case: str, name: str) -> float:
+        return results.get(case, {}).get(name, {}).get("data.cpu_s", float("nan"))
+
+    def worst(values: list[float], *, high: bool = False) -> float:
+        known = [v for v in values if v == v]  # nan: a contender left out
+        return (max if high else min)(known) if known else float("nan")
+
+    payload[f"speedup_vs_gcsfs_{suffix}"] = worst(
+        [h.ratio(wall(c, "gcsfs"), wall(c, "torchbucket")) for c in every]
+    )
+    payload[f"wall_over_cpu_torchbucket_{suffix}"] = worst(
+        [h.ratio(wall(c, "torchbucket"), cpu(c, "torchbucket")) for c in every], high=True
+    )
+    payload[f"speedup_vs_dataflux_every_shape_{suffix}"] = worst(
+        [
+            h.ratio(worst([wall(c, n) for n in dataflux_names]), wall(c, "torchbucket"))
+            for c in every
+        ]
+    )
+    if fsspec is not None and any(n == "gcsfs" for n, _, _ in contenders):
+        payload["fsspec_versions"] = h.package_versions(fsspec, ("gcsfs", "fsspec"))
+        payload["fsspec_env"] = FSSPEC_ENV
+        print(
+            f"gcsfs {payload['fsspec_versions']} ran with GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false"
+        )
     if "folders" in distributions:
         case = f"folders-{big}"
         tb = wall(case, "torchbucket")
