@@ -66,6 +66,9 @@ PREFIX = "d/"
 COMPOSITES = "dataflux-composed-objects/"
 BATCH_SIZE = 64
 NUM_WORKERS = 2
+# Set for the gcsfs contenders (said in the output): gcsfs 2026.x otherwise first
+# asks a gRPC API what kind of bucket it is, which an HTTP-only endpoint never answers.
+FSSPEC_ENV = {"GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,8 @@ CONTENDERS = [
     Contender("compat_iter", "dataflux code on torchbucket.dataflux, iterable",
               "dataflux_compat_loader.py", False, "compat",
               {"kind": "iterable", "compose": True}),
+    Contender("gcsfs_open", "gcsfs map-style, fs.open per sample", "gcsfs_open_loader.py",
+              False, "gcsfs", {"sampled": True}),
     Contender("naive", "plain Dataset (google-cloud-storage)", "gcs_dataset_loader.py", True,
               "naive", {}),
     Contender("aiohttp", "bare aiohttp loop (limit)", "aiohttp_loop.py", False, "limit", {}),
@@ -182,19 +187,25 @@ def run_one(
         "pid_file": str(Path(tempfile.gettempdir()) / f"tb-bench-{os.getpid()}-{c.key}.pids"),
         **c.spec,
     }
-    if c.family == "naive":
+    if c.family == "naive" or c.spec.get("sampled"):
         spec["sample"] = min(ds.naive_sample, ds.count)
     if c.family == "limit":
         spec.update(concurrency=limit_concurrency(), verify="inline")
     if c.family == "reference":
         spec.update(prefetch=limit_concurrency() // NUM_WORKERS)
     before = len(emu.object_names(ds.bucket, COMPOSITES))
+    env = {"STORAGE_EMULATOR_HOST": emu.endpoint}
+    python = bench_py if c.bench_env else None
+    if c.family == "gcsfs":
+        # gcsfs 2026.x needs google-cloud-storage>=3: its own venv (h.fsspec_python).
+        python = h.fsspec_python()
+        env.update(FSSPEC_ENV)
     run = h.run_contender(
         f"dl-{ds.key}-{c.key}-{rep}",
         c.script,
         spec,
-        python=bench_py if c.bench_env else None,
-        env={"STORAGE_EMULATOR_HOST": emu.endpoint},
+        python=python,
+        env=env,
         timeout=timeout,
     )
     left = len(emu.object_names(ds.bucket, COMPOSITES)) - before
@@ -259,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     if bench_py is None:
         print("dataflux and google-cloud-storage skipped: run benchmarks/setup_bench_env.sh")
         selected = [c for c in selected if not c.bench_env]
+    if h.fsspec_python() is None:
+        print("gcsfs skipped: no .venv-gcsfs (run benchmarks/setup_bench_env.sh)")
+        selected = [c for c in selected if c.family != "gcsfs"]
     sets = datasets_for(args)
     print(
         f"dataloading ({mode}): one epoch, DataLoader(num_workers={NUM_WORKERS}, "
@@ -278,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
             runs: dict[str, list[dict[str, Any]]] = {c.key: [] for c in selected}
             for rep in range(args.repeats):
                 for c in selected:
-                    if c.family in ("dataflux", "naive") and rep >= args.slow_repeats:
+                    slow = c.family in ("dataflux", "naive") or c.spec.get("sampled")
+                    if slow and rep >= args.slow_repeats:
                         continue
                     print(
                         f"  {ds.key} {c.key} run {rep + 1} ...", end="", file=sys.stderr, flush=True
@@ -300,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
         _, proto_rate = best(summary, "reference")
         result[f"speedup_vs_dataflux_{ds.key}"] = round(h.ratio(tb_rate, df_rate), 2)
         result[f"speedup_vs_naive_{ds.key}"] = round(h.ratio(tb_rate, naive_rate), 1)
+        # torchbucket's best over gcsfs's best (per-sample fs.open, batched fs.cat).
+        gcsfs_key, gcsfs_best = best(summary, "gcsfs")
+        result[f"speedup_vs_gcsfs_{ds.key}"] = round(h.ratio(tb_rate, gcsfs_best), 2)
+        result[f"best_gcsfs_{ds.key}"] = gcsfs_key
         result[f"fraction_of_limit_{ds.key}"] = round(h.ratio(tb_rate, limit_rate), 3)
         result[f"fraction_of_prototype_{ds.key}"] = round(h.ratio(tb_rate, proto_rate), 3)
         result[f"client_cpu_ms_per_obj_{ds.key}"] = (
@@ -342,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     result["goals"] = {
         "speedup_vs_dataflux_ge_4": all(result[f"speedup_vs_dataflux_{d.key}"] >= 4 for d in sets),
         "speedup_vs_naive_ge_30": all(result[f"speedup_vs_naive_{d.key}"] >= 30 for d in sets),
+        "speedup_vs_gcsfs_ge_3": all(result[f"speedup_vs_gcsfs_{d.key}"] >= 3 for d in sets),
         "fraction_of_limit_ge_0_8": (result.get("fraction_of_limit_10kib") or 0) >= 0.8,
         "zero_composites": result["composites_left"] == 0,
         "client_cpu_le_0_3_ms": (result.get("client_cpu_ms_per_obj_10kib") or math.inf) <= 0.3,
@@ -355,6 +375,15 @@ def main(argv: list[str] | None = None) -> int:
         limit_concurrency=limit_concurrency(),
         bytes_verified=True,
     )
+    if any(c.family == "gcsfs" for c in selected):
+        result["fsspec_versions"] = h.package_versions(h.fsspec_python(), ("gcsfs", "fsspec"))
+        result["fsspec_env"] = FSSPEC_ENV
+        for d in sets:
+            print(
+                f"{d.label}: torchbucket's best is {result[f'speedup_vs_gcsfs_{d.key}']}x gcsfs's "
+                f"best ({result[f'best_gcsfs_{d.key}']}; gcsfs {result['fsspec_versions']}, "
+                "run with GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false)"
+            )
     print(
         f"\ncomposites left: torchbucket {result['composites_left']}, dataflux "
         f"{result['composites_left_dataflux']}, in the buckets now "
