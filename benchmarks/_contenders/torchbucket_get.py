@@ -9,7 +9,9 @@ loop, the session and its connections are then up, as in a long-running job);
 without, the store is made inside the phase.
 
 Spec: ``endpoint``, ``bucket``, ``prefix``, ``count``, ``size``, ``seed``,
-``concurrency``, ``verify`` (``"inline"`` or ``"after"``), ``warmup`` (0).
+``concurrency``, ``verify`` (``"inline"`` or ``"after"``), ``warmup`` (0),
+``accounting`` (default true; false replaces request counting with no-ops, to
+measure what counting costs).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Iterator
 
 from _common import Phase, Verifier, emit, generated_names, load_spec
 
-from torchbucket import runtime
+from torchbucket import accounting, runtime
 from torchbucket.config import ConcurrencyConfig
 from torchbucket.storage.gcs import GCSConfig, GCSStore
 
@@ -44,8 +46,21 @@ async def fetch(
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
+def _no_accounting() -> None:
+    """Replace the counters the stores call with no-ops (this process only)."""
+
+    def nothing(*args: object, **kwargs: object) -> None:
+        return None
+
+    for name in ("count", "received", "retried", "throttle"):
+        setattr(accounting, name, nothing)
+    accounting.classify = lambda method, path, query: "get"  # type: ignore[assignment]
+
+
 def main() -> None:
     spec = load_spec()
+    if not spec.get("accounting", True):
+        _no_accounting()
     names = generated_names(spec["prefix"], spec["count"])
     verifier = Verifier(names, spec["size"], spec.get("seed", 0))
     concurrency = int(spec["concurrency"])
