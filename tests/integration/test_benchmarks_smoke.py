@@ -47,6 +47,9 @@ def test_transport_smoke_reports_cpu_per_object(tmp_path: Path) -> None:
     assert result["cpu_us_per_obj_torchbucket"] > 0
     assert result["cpu_us_per_obj_aiohttp"] > 0
     assert "cpu_us_per_obj_gcs_client" in result  # null without .venv-bench
+    # Request accounting on vs patched out, side by side (issue 16).
+    assert result["cpu_us_per_obj_torchbucket_no_accounting"] > 0
+    assert "accounting_cpu_overhead_pct" in result
 
 
 def test_dataloading_smoke_reports_the_issue_keys(tmp_path: Path) -> None:
