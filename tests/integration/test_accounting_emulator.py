@@ -123,3 +123,33 @@ def test_memory_store_counts_the_same_operations() -> None:
         "mpu_abort": 1,
         "delete": 1,
     }
+
+
+def test_bytes_of_gzip_encoded_objects_are_counted(
+    emulator: Emulator, gcs_bucket_factory: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gzip
+
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    store = gcs_bucket_factory(emulator)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator.endpoint)
+    client = storage.Client(project="test", credentials=AnonymousCredentials())
+    blob = client.bucket(store.bucket).blob("z/encoded.txt")
+    blob.content_encoding = "gzip"
+    text = b"transcoded " * 50_000
+    blob.upload_from_string(gzip.compress(text), content_type="text/plain")
+
+    async def read() -> None:
+        assert await store.get("z/encoded.txt") == text
+        assert b"".join([c async for c in store.stream("z/encoded.txt", chunk_size=1 << 16)]) == (
+            text
+        )
+
+    emulator.reset_stats()
+    with accounting.measure() as m:
+        runtime.run(read())
+    server = emulator.stats()
+    assert dict(m.stats.by_op) == _server_ops(emulator)
+    assert m.stats.bytes_in == server["bytes_out"] > 0

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 import yarl
 
+from torchbucket import accounting
 from torchbucket.errors import IntegrityError, StorageError
 from torchbucket.storage.gcs._wire import (
     content_range,
@@ -195,6 +196,7 @@ async def stream_decoded(
             try:
                 async for chunk in resp.content.iter_chunked(chunk_size):
                     raw += len(chunk)
+                    accounting.received(len(chunk))
                     crc = extend_crc(crc, chunk)
                     piece = decoder.feed(chunk)
                     lo, hi = max(start - out, 0), len(piece)

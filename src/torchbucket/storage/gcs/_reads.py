@@ -210,6 +210,8 @@ async def stream(
         if pos == start and _gzip.served_gzip(resp.headers):
             # Stored gzip bytes: streamed decoded, from the stored offset 0 (_gzip).
             first = resp.headers.get("x-goog-generation")
+            # Dropped unread, but sent (and billed): counted as the server counts it.
+            accounting.received(resp.content_length or 0)
             resp.release()
             async for piece in _gzip.stream_decoded(
                 transport, url_for, key, start, end, chunk_size, int(first) if first else None
