@@ -9,13 +9,12 @@ mixing bytes of two checkpoints. The ranges land in one preallocated buffer
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import io
 import logging
 import mmap
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any
 
@@ -26,6 +25,7 @@ from torchbucket.checkpoint import _consumed
 from torchbucket.checkpoint._config import CheckpointConfig
 from torchbucket.checkpoint._crc import Crc32c
 from torchbucket.errors import IntegrityError, NotFoundError
+from torchbucket.storage._ranges import fetch_ranges, split_ranges
 from torchbucket.storage.base import ObjectInfo, ObjectStore
 
 logger = logging.getLogger(__name__)
@@ -52,74 +52,6 @@ __all__ = [
     "prefault",
     "split_ranges",
 ]
-
-
-def split_ranges(size: int, chunk: int) -> list[tuple[int, int]]:
-    """Cut ``[0, size)`` into consecutive half-open ranges of at most ``chunk`` bytes."""
-    if chunk < 1:
-        raise ValueError(f"chunk must be >= 1, got {chunk}")
-    return [(start, min(start + chunk, size)) for start in range(0, size, chunk)]
-
-
-async def fetch_ranges(
-    store: ObjectStore,
-    jobs: Sequence[tuple[str, memoryview, int]],
-    *,
-    generation: int | None = None,
-    chunk_size: int,
-    parallelism: int,
-    on_job_done: Callable[[int], None] | None = None,
-    admit: Callable[[int], Awaitable[None]] | None = None,
-) -> None:
-    """Fill each ``(key, buffer, start)`` job's buffer from ``key`` at ``start``.
-
-    Buffers larger than ``chunk_size`` are split into ranges; at most
-    ``parallelism`` ranges are in flight across all jobs, started in job order.
-    ``on_job_done(index)`` (called on the loop) says when a job's buffer is full,
-    so a caller can use it while later jobs still download. ``await
-    admit(index)``, if given, comes before each of a job's ranges starts: a
-    caller that frees buffers as it uses them bounds the bytes held that way.
-
-    Raises:
-        NotFoundError: An object is gone, or (with ``generation``) was rewritten.
-        IntegrityError: A range came back short.
-    """
-    semaphore = asyncio.Semaphore(parallelism)
-    ranges = [split_ranges(len(buffer), chunk_size) for _, buffer, _ in jobs]
-    left = [len(r) for r in ranges]
-
-    async def one(index: int, key: str, view: memoryview, start: int) -> None:
-        if admit is not None:
-            await admit(index)
-        async with semaphore:
-            got = await store.get_into(key, view, start=start, generation=generation)
-        if got != len(view):
-            raise IntegrityError(
-                f"range {start}-{start + len(view)} returned {got} bytes, expected {len(view)}",
-                operation="checkpoint load",
-                uri=store.uri(key),
-            )
-        left[index] -= 1
-        if not left[index] and on_job_done is not None:
-            on_job_done(index)
-
-    tasks = [
-        asyncio.ensure_future(one(index, key, buffer[lo:hi], start + lo))
-        for index, (key, buffer, start) in enumerate(jobs)
-        for lo, hi in ranges[index]
-    ]
-    if on_job_done is not None:
-        for index, count in enumerate(left):
-            if not count:  # an empty buffer is full already
-                on_job_done(index)
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        # After a failure (or a cancellation), stop the other ranges before the
-        # caller frees or reuses the buffers.
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def allocate(size: int) -> memoryview:
