@@ -24,6 +24,15 @@ come from a ``BucketBatchSampler`` made for it::
         for batch in loader:
             ...
 
+Samples of a MiB or more pass from DataLoader workers to the main process
+without a copy when received as tensors on shared memory; objects of 8 MiB or
+more are read with parallel ranged GETs::
+
+    train = BucketMapDataset.from_prefix(
+        "gs://my-bucket/clips/", fetch=FetchConfig(output="tensor")
+    )
+    loader = DataLoader(train, batch_size=16, num_workers=4, collate_fn=collate_list)
+
 An empty prefix raises ``NotFoundError`` (a ``FileNotFoundError``) naming the
 URI; an empty list of objects raises ``ConfigError`` (a ``ValueError``).
 """
@@ -32,6 +41,7 @@ from __future__ import annotations
 
 from torchbucket.datasets._iterable import BucketIterableDataset
 from torchbucket.datasets._map import BucketMapDataset
+from torchbucket.datasets._receive import collate_list
 from torchbucket.datasets._sampler import BucketBatchSampler
 from torchbucket.datasets.config import FetchConfig, ShardingConfig
 
@@ -41,4 +51,5 @@ __all__ = [
     "BucketMapDataset",
     "FetchConfig",
     "ShardingConfig",
+    "collate_list",
 ]

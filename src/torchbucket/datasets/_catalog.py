@@ -10,6 +10,7 @@ DataLoader workers do not slowly copy the parent's pages (the classic
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,19 @@ if TYPE_CHECKING:
 __all__ = ["Catalog", "open_store"]
 
 _NO_GENERATION = -1
+_NO_CRC = -1
+
+
+def _crc_value(crc32c: str | None) -> int:
+    """A listed CRC32C (base64, big-endian) as an int; ``_NO_CRC`` when unknown."""
+    if crc32c is None:
+        return _NO_CRC
+    raw = base64.b64decode(crc32c)
+    return int.from_bytes(raw, "big") if len(raw) == 4 else _NO_CRC
+
+
+def _crc_b64(value: int) -> str | None:
+    return None if value == _NO_CRC else base64.b64encode(value.to_bytes(4, "big")).decode()
 
 
 def open_store(uri: str, gcs_config: GCSConfig | None) -> tuple[ObjectStore, str]:
@@ -40,7 +54,7 @@ def open_store(uri: str, gcs_config: GCSConfig | None) -> tuple[ObjectStore, str
 
 
 class Catalog:
-    """Objects by index: store, name, size and generation as listed.
+    """Objects by index: store, name, size, generation and CRC32C as listed.
 
     Args:
         stores: The stores the objects live in.
@@ -63,6 +77,10 @@ class Catalog:
             (_NO_GENERATION if info.generation is None else info.generation for info in infos),
             dtype=np.int64,
             count=len(infos),
+        )
+        # What a large object's parallel ranges are checked against as a whole.
+        self._crcs: npt.NDArray[np.int64] = np.fromiter(
+            (_crc_value(info.crc32c) for info in infos), dtype=np.int64, count=len(infos)
         )
         self._store_ids: npt.NDArray[np.int32] | None = (
             np.asarray(store_ids, dtype=np.int32) if len(self.stores) > 1 else None
@@ -97,6 +115,7 @@ class Catalog:
             name=self.name(i),
             size=int(self.sizes[i]),
             generation=None if generation == _NO_GENERATION else generation,
+            crc32c=_crc_b64(int(self._crcs[i])),
             content_encoding="gzip" if i in self.transcoded else None,
         )
 

@@ -8,6 +8,7 @@ from typing import Any
 from torchbucket._checks import check_callable, check_gcs_config, check_instance
 from torchbucket.compose import ComposeConfig, install_sigterm_handler
 from torchbucket.datasets._catalog import Catalog
+from torchbucket.datasets._receive import Sample
 
 __all__ = [
     "DataFormatFn",
@@ -18,10 +19,12 @@ __all__ = [
     "raise_item",
 ]
 
-DataFormatFn = Callable[[bytes], Any]
+#: Receives the object's ``bytes``, or with ``FetchConfig(output="tensor")`` the
+#: 1-D ``torch.uint8`` tensor it was received into.
+DataFormatFn = Callable[[Any], Any]
 
 
-def apply_format(fn: DataFormatFn | None, data: bytes, catalog: Catalog, index: int) -> Any:
+def apply_format(fn: DataFormatFn | None, data: Sample, catalog: Catalog, index: int) -> Any:
     """``fn(data)``; an error it raises keeps its type and gains a note naming the URI.
 
     The note shows in the traceback, and so in the message a DataLoader worker's
@@ -38,8 +41,8 @@ def apply_format(fn: DataFormatFn | None, data: bytes, catalog: Catalog, index: 
         raise
 
 
-def raise_item(item: bytes | BaseException) -> bytes:
-    """The bytes, or raise the error fetching them raised."""
+def raise_item(item: Sample | BaseException) -> Sample:
+    """The sample, or raise the error fetching it raised."""
     if isinstance(item, BaseException):
         raise item
     return item

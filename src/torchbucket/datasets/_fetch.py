@@ -1,7 +1,8 @@
 """Fetching objects of a catalog: a batch at once, or an ordered prefetch window.
 
-Both run on the runtime's loop and hand back raw bytes (or the error reading
-each object raised); ``data_format_fn`` runs in the caller's thread.
+Both run on the runtime's loop and hand back each object's bytes, or the
+tensor it was received into (``FetchConfig.output``; see ``_receive``), or the
+error reading it raised; ``data_format_fn`` runs in the caller's thread.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ import numpy as np
 
 from torchbucket import runtime
 from torchbucket.compose import ComposeConfig, compose_allowed, fetch_group, plan_groups
-from torchbucket.compose import read_verified as _read_verified
 from torchbucket.datasets._catalog import Catalog
+from torchbucket.datasets._receive import Sample, read_object, to_output
 from torchbucket.datasets._sharding import IndexArray
 from torchbucket.datasets.config import FetchConfig
 
 __all__ = ["Item", "PrefetchWindow", "fetch_batch", "plan_units"]
 
-Item = bytes | BaseException
+Item = Sample | BaseException
 
 # The window plans compose groups this many positions at a time, so an epoch's
 # first object does not wait for a plan of the whole shard.
@@ -81,22 +82,23 @@ def plan_units(catalog: Catalog, indices: Sequence[int], compose: ComposeConfig)
 
 
 async def _fetch_unit(
-    catalog: Catalog, indices: Sequence[int], compose: ComposeConfig
+    catalog: Catalog, indices: Sequence[int], compose: ComposeConfig, fetch: FetchConfig
 ) -> list[Item]:
     store = catalog.store(indices[0])
     if len(indices) == 1:
         try:
-            return [await _read_verified(store, catalog.info(indices[0]))]
+            return [await read_object(store, catalog.info(indices[0]), fetch)]
         except Exception as exc:  # handed to the consumer, raised there in order
             return [exc]
     try:
-        return await fetch_group(store, [catalog.info(i) for i in indices], compose)
+        items = await fetch_group(store, [catalog.info(i) for i in indices], compose)
     except Exception as exc:  # the same: a prefetch window would otherwise wait forever
         return [exc] * len(indices)
+    return [i if isinstance(i, BaseException) else to_output(i, fetch) for i in items]
 
 
 async def fetch_batch(
-    catalog: Catalog, indices: Sequence[int], compose: ComposeConfig
+    catalog: Catalog, indices: Sequence[int], compose: ComposeConfig, fetch: FetchConfig
 ) -> list[Item]:
     """Fetch the objects at ``indices`` concurrently, composing small ones.
 
@@ -105,7 +107,7 @@ async def fetch_batch(
     """
     units = plan_units(catalog, indices, compose)
     results = await asyncio.gather(
-        *(_fetch_unit(catalog, [indices[p] for p in unit], compose) for unit in units)
+        *(_fetch_unit(catalog, [indices[p] for p in unit], compose, fetch) for unit in units)
     )
     if len(units) == len(indices):
         return [r[0] for r in results]
@@ -153,6 +155,7 @@ class PrefetchWindow:
         self._catalog = catalog
         self._order = order
         self._compose = compose
+        self._fetch = fetch
         self._fetchers = fetch.prefetch
         self._ahead = 2 * fetch.prefetch
         self._groups = 0
@@ -299,7 +302,7 @@ class PrefetchWindow:
                 if grouped:
                     await group_slots.acquire()
             try:
-                items = await _fetch_unit(self._catalog, indices, self._compose)
+                items = await _fetch_unit(self._catalog, indices, self._compose, self._fetch)
             finally:
                 if grouped:
                     group_slots.release()

@@ -75,15 +75,19 @@ class BucketIterableDataset(IterableDataset[Any]):
 
     Args:
         catalog: The objects (use the classmethods instead).
-        data_format_fn: Turns an object's bytes into a sample; default: the
-            bytes unchanged. Runs in the consuming thread (a DataLoader worker).
+        data_format_fn: Turns an object's bytes (or, with
+            ``FetchConfig(output="tensor")``, its ``uint8`` tensor) into a
+            sample; default: them unchanged. Runs in the consuming thread (a
+            DataLoader worker).
             An error it raises keeps its type and gains a note naming the
             object's URI.
         shuffle: Visit objects in a seeded random order. Default ``False``
             (listing order).
         seed: Seed of the order; must be the same on every rank. Default 0.
         sharding: Ranks and uneven counts; default ``ShardingConfig()``.
-        fetch: Prefetch window; default ``FetchConfig()``.
+        fetch: Prefetch window, output (``bytes`` or a tensor handed over
+            without a copy) and parallel ranged reads of large objects;
+            default ``FetchConfig()``.
         compose: Small-object coalescing; default ``ComposeConfig()`` (on).
     """
 

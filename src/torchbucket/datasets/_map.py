@@ -10,7 +10,7 @@ from torch.utils.data import Dataset
 
 from torchbucket import runtime
 from torchbucket.accounting import RequestStats
-from torchbucket.compose import ComposeConfig, drain_deletes, read_verified
+from torchbucket.compose import ComposeConfig, drain_deletes
 from torchbucket.datasets._catalog import Catalog
 from torchbucket.datasets._common import (
     DataFormatFn,
@@ -22,6 +22,7 @@ from torchbucket.datasets._common import (
 )
 from torchbucket.datasets._fetch import Item, fetch_batch
 from torchbucket.datasets._readahead import ReadAhead
+from torchbucket.datasets._receive import read_object
 from torchbucket.datasets._sampler import BatchPlan
 from torchbucket.datasets._stats import EpochBoard
 from torchbucket.datasets.config import FetchConfig
@@ -76,16 +77,20 @@ class BucketMapDataset(Dataset[Any]):
 
     Args:
         catalog: The objects (use the classmethods instead).
-        data_format_fn: Turns an object's bytes into a sample; default: the
-            bytes unchanged. Runs in the process and thread that asked for the
-            sample (a DataLoader worker), so it must pickle for spawn. An
+        data_format_fn: Turns an object's bytes (or, with
+            ``FetchConfig(output="tensor")``, its ``uint8`` tensor) into a
+            sample; default: them unchanged. Runs in the process and thread
+            that asked for the sample (a DataLoader worker), so it must
+            pickle for spawn. An
             error it raises keeps its type and gains a note naming the
             object's URI (shown in the traceback, and in the message the
             DataLoader re-raises a worker's error with).
         compose: Small-object coalescing; default ``ComposeConfig(disable=True)``
             (off; see above).
-        fetch: Bounds of the read-ahead with a ``BucketBatchSampler``;
-            default ``FetchConfig()`` (128 requests in flight, 256 MiB).
+        fetch: Bounds of the read-ahead with a ``BucketBatchSampler``, the
+            output (``bytes`` or a tensor handed over without a copy) and
+            parallel ranged reads of large objects; default ``FetchConfig()``
+            (128 requests in flight, 256 MiB, bytes, ranges from 8 MiB).
     """
 
     def __init__(
@@ -197,7 +202,7 @@ class BucketMapDataset(Dataset[Any]):
         store = self._catalog.store(i)
         self._count_begin()
         try:
-            data = runtime.run(read_verified(store, self._catalog.info(i)))
+            data = runtime.run(read_object(store, self._catalog.info(i), self._fetch))
         finally:
             self._board.flush()
         return apply_format(self._format, data, self._catalog, i)
@@ -251,7 +256,7 @@ class BucketMapDataset(Dataset[Any]):
             board.begin(mark)
 
     def _fetch_now(self, indices: list[int]) -> list[Item]:
-        return runtime.run(fetch_batch(self._catalog, indices, self._compose))
+        return runtime.run(fetch_batch(self._catalog, indices, self._compose, self._fetch))
 
     def _read_ahead(self, indices: list[int]) -> list[Item] | None:
         """The batch from this process's read-ahead, or ``None`` (not the plan's order)."""

@@ -35,12 +35,36 @@ class FetchConfig:
         prefetch_bytes: Bytes in the window (in flight, or arrived and not yet
             taken), per iterator; a unit larger than this is still fetched,
             alone. Default 256 MiB.
+        output: What ``data_format_fn`` receives, and a sample is without one.
+            ``"bytes"``: a ``bytes`` object (the default, as ``data_format_fn``
+            always received). ``"tensor"``: a 1-D ``torch.uint8`` tensor that
+            the object was received into; in a DataLoader worker it lies in
+            shared memory, so the DataLoader hands it (or any view of it) to
+            the main process by handle instead of pickling and copying its
+            bytes. Pick ``"tensor"`` for samples of a MiB or more (audio,
+            video, large images, ``.npy``/``.pt`` blobs, token blocks); below
+            ~100 KiB the two cost the same. See the README's "Large samples".
+        large_object_size: Objects at least this large are read with parallel
+            ranged GETs of ``range_size`` bytes into one buffer, instead of
+            one stream. Default 8 MiB.
+        range_size: Bytes per ranged GET of a large object. Default 8 MiB.
     """
 
     prefetch: int = 128
     prefetch_bytes: int = 256 * 1024 * 1024
+    output: Literal["bytes", "tensor"] = "bytes"
+    large_object_size: int = 8 * 1024 * 1024
+    range_size: int = 8 * 1024 * 1024
 
     def __post_init__(self) -> None:
+        if self.output not in ("bytes", "tensor"):
+            raise ConfigError(
+                f"FetchConfig.output must be 'bytes' or 'tensor', got {self.output!r}"
+            )
+        for name in ("large_object_size", "range_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"FetchConfig.{name} must be an int >= 1, got {value!r}")
         if self.prefetch < 1:
             raise ConfigError(f"FetchConfig.prefetch must be >= 1, got {self.prefetch!r}")
         if self.prefetch_bytes < 1:

@@ -1,0 +1,151 @@
+"""Reading one listed object for a dataset: as ``bytes``, or into a tensor.
+
+With ``FetchConfig(output="tensor")`` an object is received straight into a
+1-D ``torch.uint8`` tensor (``ObjectStore.get_into``: on GCS the socket writes
+the body where it belongs). In a DataLoader worker that tensor is allocated on
+shared memory (``UntypedStorage._new_shared``, what ``default_collate`` uses for
+a batch), so when the worker hands a batch to the main process, torch's
+multiprocessing pickler sends a handle to the memory instead of the bytes: no
+pickling, no pipe, no copy. With the default ``file_descriptor`` sharing
+strategy on Linux the segment is unlinked from ``/dev/shm`` as soon as it is
+made, so a killed worker leaves nothing behind; its memory goes when the last
+process holding the tensor drops it.
+
+Objects of at least ``FetchConfig.large_object_size`` are read with parallel
+ranged GETs (``storage._ranges.fetch_ranges``, as checkpoint loads) into one
+buffer and checked against the object's CRC32C as a whole: a range is only
+checked for its length on the way in. GCS serves ranges of an object with
+``Range`` requests (https://cloud.google.com/storage/docs/json_api/v1/objects/get,
+https://cloud.google.com/storage/docs/sliced-object-downloads).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.multiprocessing  # registers the shared-memory storages of _new_shared
+from torch.utils.data import get_worker_info
+
+from torchbucket.compose import read_verified
+from torchbucket.datasets.config import FetchConfig
+from torchbucket.errors import IntegrityError, NotFoundError
+from torchbucket.storage._crc32c import Crc32c
+from torchbucket.storage._ranges import fetch_ranges
+from torchbucket.storage.base import ObjectInfo, ObjectStore
+
+__all__ = ["Sample", "collate_list", "new_tensor", "read_object", "to_output"]
+
+logger = logging.getLogger(__name__)
+
+Sample = bytes | torch.Tensor
+
+#: Whole-object reads of a large object before a CRC32C mismatch is reported.
+_ATTEMPTS = 2
+
+
+def collate_list(batch: Sequence[Any]) -> list[Any]:
+    """A DataLoader ``collate_fn`` that keeps a batch as the list of its samples.
+
+    For samples of different sizes (``default_collate`` stacks tensors, which
+    needs one shape). Tensors in the list still pass from a worker to the main
+    process by handle.
+    """
+    return list(batch)
+
+
+def new_tensor(size: int) -> torch.Tensor:
+    """A 1-D ``torch.uint8`` tensor of ``size`` bytes, not yet written.
+
+    On shared memory in a DataLoader worker (so it is handed over by handle);
+    ordinary memory in any other process, where nothing is handed over.
+    """
+    if size == 0 or get_worker_info() is None:
+        return torch.empty(size, dtype=torch.uint8)
+    storage = torch.UntypedStorage._new_shared(size)  # type: ignore[no-untyped-call]
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+def to_output(data: bytes, fetch: FetchConfig) -> Sample:
+    """``data`` as ``fetch.output`` asks (a piece of a composite, a decoded gzip object)."""
+    if fetch.output == "bytes":
+        return data
+    tensor = new_tensor(len(data))
+    if data:
+        tensor.numpy()[:] = np.frombuffer(data, dtype=np.uint8)
+    return tensor
+
+
+async def read_object(store: ObjectStore, info: ObjectInfo, fetch: FetchConfig) -> Sample:
+    """Read one object as listed (its generation, its size), as ``fetch.output`` asks.
+
+    Raises:
+        NotFoundError: The object is gone, or was rewritten since it was listed.
+        IntegrityError: It is not the size it was listed with, or its bytes do
+            not match its CRC32C (twice).
+    """
+    ranged = info.size >= fetch.large_object_size and info.size > fetch.range_size
+    if info.transcoded or info.size == 0 or (fetch.output == "bytes" and not ranged):
+        # A gzip object's listed size and offsets are its stored bytes': read whole.
+        return to_output(await read_verified(store, info), fetch)
+    if fetch.output == "tensor":
+        tensor = new_tensor(info.size)
+        await _receive(store, info, tensor.numpy().data, fetch, ranged)
+        return tensor
+    buffer = np.empty(info.size, dtype=np.uint8)
+    await _receive(store, info, buffer.data, fetch, ranged)
+    return buffer.tobytes()
+
+
+async def _receive(
+    store: ObjectStore, info: ObjectInfo, view: memoryview, fetch: FetchConfig, ranged: bool
+) -> None:
+    uri = store.uri(info.name)
+    for attempt in range(1, _ATTEMPTS + 1):
+        try:
+            if ranged:
+                ranges = math.ceil(info.size / fetch.range_size)
+                await fetch_ranges(
+                    store,
+                    [(info.name, view, 0)],
+                    generation=info.generation,
+                    chunk_size=fetch.range_size,
+                    parallelism=ranges,
+                    operation="get",
+                )
+            else:
+                # One range that is the whole object: the store checks its CRC32C.
+                got = await store.get_into(info.name, view, generation=info.generation)
+                if got != info.size:
+                    raise IntegrityError(
+                        f"read {got} bytes, but the object was listed with {info.size}: "
+                        "it changed since it was listed",
+                        operation="get",
+                        uri=uri,
+                    )
+        except NotFoundError as exc:
+            if info.generation is None:
+                raise
+            raise NotFoundError(
+                f"object was deleted or rewritten since it was listed (listed generation "
+                f"{info.generation}); list the dataset again to read the new version",
+                operation="get",
+                uri=uri,
+                status=exc.status,
+            ) from exc
+        if not ranged or info.crc32c is None:
+            return
+        crc = Crc32c()
+        crc.update(view)
+        if crc.b64() == info.crc32c:
+            return
+        # A range is checked only for its length on the way in, so which one
+        # was damaged is unknown: read them all again.
+        message = f"crc32c of the bytes read is {crc.b64()}, the object's is {info.crc32c}"
+        if attempt == _ATTEMPTS:
+            raise IntegrityError(message, operation="get", uri=uri)
+        logger.warning("%s: %s; reading it again", uri, message)

@@ -1,0 +1,273 @@
+"""Large samples over HTTP against the emulator: tensors received on shared memory
+and handed from DataLoader workers by handle, parallel ranged reads of big objects
+(a fault on one range), memory over epochs, and ``/dev/shm`` after a killed worker."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from torchbucket.config import RetryConfig
+from torchbucket.datasets import (
+    BucketIterableDataset,
+    BucketMapDataset,
+    FetchConfig,
+    collate_list,
+)
+from torchbucket.emulator import Emulator
+from torchbucket.errors import IntegrityError
+from torchbucket.storage.gcs import GCSConfig
+
+pytestmark = pytest.mark.emulator
+
+# Fast retries: a fault costs milliseconds, a broken test fails in seconds.
+RETRY = RetryConfig(
+    initial_backoff=0.01, max_backoff=0.05, deadline=20.0, attempt_timeout=10.0, read_timeout=5.0
+)
+
+KIB = 1024
+MIB = 1024 * KIB
+# Small thresholds so that a test moves a few MiB, not hundreds.
+TENSOR = FetchConfig(output="tensor", large_object_size=1 * MIB, range_size=256 * KIB)
+
+
+def payload(i: int, size: int) -> bytes:
+    unit = f"<large-sample-{i:04d}>".encode()
+    return (unit * (size // len(unit) + 1))[:size]
+
+
+def _sizes(n: int) -> list[int]:
+    # Sizes that differ (so default_collate could not stack them), some under
+    # the ranged threshold, some over it (split into 256 KiB ranges), one odd.
+    return [(64 * KIB, 700 * KIB, 1 * MIB + 3, 2 * MIB + 4097)[i % 4] for i in range(n)]
+
+
+@pytest.fixture
+def bucket(emulator: Emulator) -> tuple[str, dict[str, bytes]]:
+    name = f"large-{uuid.uuid4().hex[:12]}"
+    emulator.create_bucket(name)
+    objects = {f"s/{i:04d}": payload(i, size) for i, size in enumerate(_sizes(16))}
+    emulator.seed(name, objects)
+    return name, objects
+
+
+def _gcs(emulator: Emulator) -> GCSConfig:
+    return GCSConfig(endpoint=emulator.endpoint, anonymous=True, retry=RETRY)
+
+
+def shared_or_fail(sample: torch.Tensor) -> torch.Tensor:
+    """A data_format_fn that keeps the zero-copy path: the tensor, as received."""
+    assert isinstance(sample, torch.Tensor) and sample.dtype == torch.uint8
+    assert sample.is_shared(), "a worker's sample must be on shared memory already"
+    return sample
+
+
+def _key_of(sample: torch.Tensor, objects: dict[str, bytes]) -> str:
+    head = bytes(sample[:19].numpy())
+    return next(k for k, v in objects.items() if v[:19] == head)
+
+
+@pytest.mark.parametrize(
+    ("kind", "context"),
+    [("map", "fork"), ("map", "spawn"), ("iterable", "fork"), ("iterable", "spawn")],
+)
+def test_tensor_output_through_workers_is_exact_and_on_shared_memory(
+    emulator: Emulator, bucket: tuple[str, dict[str, bytes]], kind: str, context: str
+) -> None:
+    name, objects = bucket
+    uri = f"gs://{name}/s/"
+    ds: Any
+    if kind == "map":
+        ds = BucketMapDataset.from_prefix(
+            uri, gcs_config=_gcs(emulator), data_format_fn=shared_or_fail, fetch=TENSOR
+        )
+    else:
+        ds = BucketIterableDataset.from_prefix(
+            uri, gcs_config=_gcs(emulator), data_format_fn=shared_or_fail, fetch=TENSOR
+        )
+    loader = DataLoader(
+        ds, batch_size=3, num_workers=2, multiprocessing_context=context, collate_fn=collate_list
+    )
+    seen: dict[str, bytes] = {}
+    for batch in loader:
+        assert isinstance(batch, list)
+        for sample in batch:
+            assert isinstance(sample, torch.Tensor) and sample.dtype == torch.uint8
+            assert sample.is_shared()
+            seen[_key_of(sample, objects)] = bytes(sample.numpy())
+    assert seen == objects
+
+
+def test_bytes_stay_the_default_and_large_ones_are_read_in_ranges(
+    emulator: Emulator, bucket: tuple[str, dict[str, bytes]]
+) -> None:
+    name, objects = bucket
+    fetch = FetchConfig(large_object_size=1 * MIB, range_size=256 * KIB)
+    ds = BucketMapDataset.from_prefix(f"gs://{name}/s/", gcs_config=_gcs(emulator), fetch=fetch)
+    emulator.reset_stats()
+    got = ds.__getitems__(list(range(len(ds))))
+    assert all(type(x) is bytes for x in got)
+    assert dict(zip(sorted(objects), got, strict=True)) == objects
+    # 4 x 1 MiB + 3 bytes (5 ranges) and 4 x 2 MiB + 4097 (9 ranges), 8 read
+    # whole (more if a slow read was hedged): one GET per object would be 16.
+    assert emulator.stats()["by_op"]["get"] >= 4 * 5 + 4 * 9 + 8
+
+
+@pytest.mark.parametrize("fault", ["503", "reset", "truncate", "corrupt"])
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+def test_a_fault_on_one_range_of_a_big_object_still_gives_its_exact_bytes(
+    emulator: Emulator, fault: str, kind: str
+) -> None:
+    name = f"big-{uuid.uuid4().hex[:12]}"
+    emulator.create_bucket(name)
+    data = payload(7, 9 * MIB + 123)
+    emulator.seed(name, {"big/0": data})
+    # 8 MiB ranges over 9 MiB: two; the second request the bucket sees fails.
+    fetch = FetchConfig(output="tensor")
+    ds: Any
+    if kind == "map":
+        ds = BucketMapDataset.from_prefix(
+            f"gs://{name}/big/", gcs_config=_gcs(emulator), fetch=fetch
+        )
+    else:
+        ds = BucketIterableDataset.from_prefix(
+            f"gs://{name}/big/", gcs_config=_gcs(emulator), fetch=fetch
+        )
+    emulator.reset_stats()
+    emulator.add_fault("get", fault, nth=2, match="big/0")
+    sample = ds[0] if kind == "map" else next(iter(ds))
+    assert isinstance(sample, torch.Tensor)
+    assert bytes(sample.numpy()) == data
+    stats = emulator.stats()
+    assert stats["faults"].get(fault) == 1
+    # Two ranges, and the failed one again (a corrupt range passes its length
+    # check: the object's CRC32C fails and both ranges are read again); more
+    # only if a slow read was hedged.
+    assert stats["by_op"]["get"] >= (4 if fault == "corrupt" else 3)
+
+
+def test_a_big_object_corrupted_on_every_read_is_an_integrity_error_naming_it(
+    emulator: Emulator,
+) -> None:
+    name = f"big-{uuid.uuid4().hex[:12]}"
+    emulator.create_bucket(name)
+    emulator.seed(name, {"big/0": payload(3, 3 * MIB)})
+    fetch = FetchConfig(output="tensor", large_object_size=1 * MIB, range_size=1 * MIB)
+    ds = BucketMapDataset.from_prefix(f"gs://{name}/big/", gcs_config=_gcs(emulator), fetch=fetch)
+    emulator.add_fault("get", "corrupt", nth=1, count=None, match="big/0")
+    with pytest.raises(IntegrityError, match=f"gs://{name}/big/0"):
+        ds[0]
+
+
+def _tree_rss() -> int:
+    me = psutil.Process()
+    return sum(p.memory_info().rss for p in [me, *me.children(recursive=True)])
+
+
+def test_memory_stays_bounded_over_five_epochs(emulator: Emulator) -> None:
+    """A leak check: an epoch hands over 48 MiB of tensors; five must not keep them."""
+    name = f"rss-{uuid.uuid4().hex[:12]}"
+    emulator.create_bucket(name)
+    emulator.seed(name, {f"r/{i:03d}": payload(i, 2 * MIB) for i in range(24)})
+    ds = BucketMapDataset.from_prefix(
+        f"gs://{name}/r/",
+        gcs_config=_gcs(emulator),
+        fetch=FetchConfig(output="tensor", large_object_size=1 * MIB, range_size=1 * MIB),
+    )
+    loader = DataLoader(
+        ds,
+        batch_size=4,
+        shuffle=True,
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context="fork",
+        collate_fn=collate_list,
+    )
+
+    def epoch() -> int:
+        total = sum(int(t.numel()) for batch in loader for t in batch)
+        gc.collect()
+        return total
+
+    assert epoch() == 24 * 2 * MIB
+    before = _tree_rss()
+    # The DataLoader's own shared memory (made by the main process) stays.
+    held = _shm_fds(os.getpid())
+    for _ in range(5):
+        assert epoch() == 24 * 2 * MIB
+    grown = _tree_rss() - before
+    # Holding what the epochs read would grow it by 48 MiB an epoch (240 MiB).
+    assert grown < 24 * MIB, f"RSS of the main process and workers grew by {grown / MIB:.1f} MiB"
+    # Every handed-over tensor's memory and descriptor went with it.
+    assert _shm_fds(os.getpid()) == held
+
+
+def _shm_fds(pid: int) -> list[str]:
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/dev/shm/"):
+            out.append(target)
+    return out
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_worker_killed_mid_epoch_leaves_nothing_in_dev_shm(emulator: Emulator) -> None:
+    assert torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
+    name = f"kill-{uuid.uuid4().hex[:12]}"
+    emulator.create_bucket(name)
+    emulator.seed(name, {f"k/{i:03d}": payload(i, 1 * MIB) for i in range(40)})
+    # The worker's first reads arrive and wait in its window; the rest hang.
+    emulator.add_fault("get", "stall", nth=9, count=None, stall_seconds=30.0)
+    ds = BucketIterableDataset.from_prefix(
+        f"gs://{name}/k/",
+        gcs_config=_gcs(emulator),
+        fetch=FetchConfig(output="tensor", prefetch=16),
+    )
+    loader = DataLoader(
+        ds, batch_size=32, num_workers=1, multiprocessing_context="fork", collate_fn=collate_list
+    )
+    iterator = iter(loader)
+
+    def consume() -> None:
+        try:
+            next(iterator)
+        except Exception:  # the DataLoader reports the killed worker here too
+            pass
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    worker_pid = iterator._workers[0].pid  # type: ignore[attr-defined]
+    # The worker holds received samples in shared memory, already unlinked.
+    assert _wait_for(lambda: len(_shm_fds(worker_pid)) >= 8)
+    held = _shm_fds(worker_pid)
+    assert all(t.endswith("(deleted)") for t in held), held
+    with pytest.raises(RuntimeError, match="killed by signal"):
+        os.kill(worker_pid, signal.SIGKILL)
+        time.sleep(30)
+    thread.join(60)
+    emulator.clear_faults()
+    left = [n for n in os.listdir("/dev/shm") if n.startswith(f"torch_{worker_pid}_")]
+    assert left == []
