@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from torchbucket import __version__
+from torchbucket._version import __version__
 from torchbucket.cli._common import (
     EXIT_CODES_HELP,
     EXIT_INTERRUPTED,
@@ -78,9 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     from torchbucket.cli._cleanup import add_cleanup
     from torchbucket.cli._cost import add_cost
     from torchbucket.cli._cp import add_cp
+    from torchbucket.cli._demo import add_demo
     from torchbucket.cli._ls import add_du, add_ls
     from torchbucket.cli._pack import add_pack
-    from torchbucket.demo._cli import add_demo
 
     parser = argparse.ArgumentParser(
         prog="torchbucket",
@@ -160,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     emulator_args = _emulator_argv(args_in)
     if emulator_args is not None:
-        from torchbucket.emulator._cli import main as emulator_main
+        from torchbucket.emulator import main as emulator_main
 
         try:
             return int(emulator_main(emulator_args) or 0)

@@ -10,4 +10,7 @@ a figure.
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from torchbucket.demo._job import DemoConfig, DemoResult, run_demo
+from torchbucket.demo._report import format_summary, write_figure, write_json
+
+__all__ = ["DemoConfig", "DemoResult", "format_summary", "run_demo", "write_figure", "write_json"]

@@ -17,20 +17,16 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from torchbucket import accounting, runtime
-from torchbucket._uri import parse_uri
+from torchbucket import accounting
 from torchbucket.checkpoint import BucketCheckpoint
-from torchbucket.cli._cleanup import find_leftovers
-from torchbucket.cli._common import human_bytes, open_target, plural
-from torchbucket.cli._cp import copy
 from torchbucket.compose import ComposeConfig
 from torchbucket.cost import estimate
 from torchbucket.datasets import BucketMapDataset
+from torchbucket.demo._bucket import find_leftovers, human_bytes, list_uris, plural, upload_folder
 from torchbucket.demo._data import CLASSES, decode, generate
 from torchbucket.demo._model import SmallCNN
 from torchbucket.demo._train import Labelled, evaluate, make_loader, train_epoch
 from torchbucket.errors import ConfigError
-from torchbucket.listing import alist_objects
 from torchbucket.storage import HIDDEN_PREFIXES
 from torchbucket.storage.gcs import GCSConfig
 
@@ -91,7 +87,7 @@ class DemoConfig:
             )
         if self.workers < 0 or self.batch_size < 1:
             raise ConfigError("DemoConfig.workers must be >= 0 and batch_size >= 1")
-        if self.bucket is not None and parse_uri(self.bucket).scheme != "gs":
+        if self.bucket is not None and not self.bucket.startswith("gs://"):
             raise ConfigError(f"--bucket must be a gs:// URI, got {self.bucket!r}")
 
     @property
@@ -210,14 +206,6 @@ def _write_dataset(folder: str, config: DemoConfig, n_train: int, n_val: int) ->
     return count, size
 
 
-def _count(uri: str, gcs: GCSConfig) -> int:
-    target = open_target(uri, gcs.endpoint)
-    try:
-        return len(runtime.run(alist_objects(target.store, target.key)))
-    finally:
-        runtime.run(target.store.close())
-
-
 def _new_model(config: DemoConfig) -> tuple[nn.Module, torch.optim.Optimizer]:
     model = SmallCNN(len(CLASSES))
     return model, torch.optim.Adam(model.parameters(), lr=config.learning_rate)
@@ -327,7 +315,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
         data_uri = f"{base}shapes-{config.objects}-seed{config.seed}/"
 
         # 1. A dataset of many small files, put in place the way a user would.
-        if emulator is None and _count(data_uri, gcs) == config.objects:
+        if emulator is None and len(list_uris(data_uri, gcs)) == config.objects:
             _say(f"Reusing the {config.objects:,} images already under {data_uri}")
             result.objects = config.objects
         else:
@@ -340,10 +328,11 @@ def run_demo(config: DemoConfig) -> DemoResult:
                 f"({human_bytes(result.dataset_bytes)}) in {result.generate_s:.1f} s"
             )
             with requests.phase("upload"):
-                stats = copy(folder, data_uri, endpoint=gcs.endpoint, jobs=128, desc="uploading")
-            result.upload_s, result.upload_mb_s = stats.seconds, stats.mb_per_s
+                stats = upload_folder(folder, data_uri, gcs, jobs=128)
+            result.upload_s = stats.seconds
+            result.upload_mb_s = stats.bytes / 1e6 / stats.seconds if stats.seconds > 0 else 0.0
             _say(
-                f"Uploaded them to {data_uri} (torchbucket cp {folder} {data_uri}): "
+                f"Uploaded them to {data_uri}, 128 at a time: "
                 f"{stats.objects:,} objects in {stats.seconds:.1f} s, "
                 f"{stats.objects / stats.seconds:,.0f} objects/s"
             )
@@ -398,9 +387,8 @@ def run_demo(config: DemoConfig) -> DemoResult:
         # 4. A restarted job finds the latest checkpoint and carries on from it.
         started = time.perf_counter()
         with requests.phase("checkpoint load"):
-            target = open_target(checkpoint_prefix, gcs.endpoint)
-            names = [o.name for o in runtime.run(alist_objects(target.store, target.key))]
-            latest = target.uri_of(max(names))
+            names = list_uris(checkpoint_prefix, gcs)
+            latest = max(names)
             with checkpoint.reader(latest) as f:
                 state = torch.load(cast(IO[bytes], f), map_location="cpu", weights_only=True)
         result.load_s = time.perf_counter() - started
@@ -422,9 +410,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
         )
 
         # 5. Nothing may be left behind: no composed object, no incomplete upload.
-        store = open_target(base, gcs.endpoint).store
-        composed, uploads = runtime.run(find_leftovers(store, parse_uri(base).key))
-        runtime.run(store.close())
+        composed, uploads = find_leftovers(base, gcs)
         result.composites_left = len(composed)
         if emulator is not None:  # the server's own view, not only what a listing shows
             result.composites_left = len(

@@ -6,7 +6,7 @@ import json
 import os
 from dataclasses import asdict
 
-from torchbucket.cli._common import human_bytes
+from torchbucket.demo._bucket import human_bytes
 from torchbucket.demo._data import CLASSES
 from torchbucket.demo._job import DemoResult
 

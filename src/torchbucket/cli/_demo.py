@@ -1,4 +1,4 @@
-"""Arguments of ``torchbucket demo``."""
+"""Arguments of ``torchbucket demo``: the command line of :mod:`torchbucket.demo`."""
 
 from __future__ import annotations
 
@@ -88,8 +88,7 @@ def add_demo(
 def _demo(args: argparse.Namespace) -> int:
     import torch
 
-    from torchbucket.demo._job import DemoConfig, run_demo
-    from torchbucket.demo._report import format_summary, write_figure, write_json
+    from torchbucket.demo import DemoConfig, format_summary, run_demo, write_figure, write_json
 
     torch.set_num_threads(1)  # the other core feeds the DataLoader workers and the emulator
     config = DemoConfig(
