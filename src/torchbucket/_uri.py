@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from torchbucket.errors import InvalidURIError
 
-__all__ = ["ALIASES", "SCHEMES", "ObjectURI", "join_key", "parse_uri", "uri_text"]
+__all__ = ["ALIASES", "SCHEMES", "ObjectURI", "is_bucket_uri", "join_key", "parse_uri", "uri_text"]
 
 SCHEMES = ("gs", "memory", "file")
 #: Other spellings of a scheme, and the scheme they mean.
@@ -70,6 +70,12 @@ def uri_text(uri: str | os.PathLike[str]) -> str:
         # file:///abs/path became file:/abs/path: the path keeps its leading slash.
         return f"{scheme}:///{rest}" if scheme == "file" else f"{scheme}://{rest}"
     return text
+
+
+def is_bucket_uri(uri: str | os.PathLike[str]) -> bool:
+    """Whether ``uri`` (a string or a path-like, see :func:`uri_text`) is a URI torchbucket serves."""
+    text = uri_text(uri)
+    return any(text.startswith(f"{scheme}://") for scheme in (*SCHEMES, *ALIASES))
 
 
 def parse_uri(uri: str) -> ObjectURI:

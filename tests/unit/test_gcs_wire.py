@@ -94,7 +94,7 @@ def test_an_object_resource_without_size_has_size_zero() -> None:
 def test_crc32c_of_any_buffer_is_that_of_its_bytes(data: bytes, cut: int, native: bool) -> None:
     import google_crc32c
 
-    from torchbucket.storage import _crc32c
+    from torchbucket.storage import crc32c as _crc32c
 
     expected = google_crc32c.value(data)
     saved = _crc32c._native
@@ -112,7 +112,7 @@ def test_crc32c_of_any_buffer_is_that_of_its_bytes(data: bytes, cut: int, native
 
 def test_the_native_crc32c_library_is_found() -> None:
     # Without it every part of a checkpoint is copied to be checksummed.
-    from torchbucket.storage import _crc32c
+    from torchbucket.storage import crc32c as _crc32c
 
     assert _crc32c._native is not None
 
@@ -121,7 +121,7 @@ def test_the_native_crc32c_library_is_found() -> None:
 def test_crc32c_combine_is_the_crc32c_of_the_concatenation(a: bytes, b: bytes) -> None:
     import google_crc32c
 
-    from torchbucket.storage._crc32c import combine
+    from torchbucket.storage.crc32c import combine
 
     value = google_crc32c.value
     assert combine(value(a), value(b), len(b)) == value(a + b)
@@ -130,7 +130,7 @@ def test_crc32c_combine_is_the_crc32c_of_the_concatenation(a: bytes, b: bytes) -
 def test_crc32c_combine_of_large_lengths() -> None:
     import google_crc32c
 
-    from torchbucket.storage._crc32c import combine
+    from torchbucket.storage.crc32c import combine
 
     a, b = bytes(range(256)) * 7, bytes(range(251)) * 25_000  # b spans many length bits
     value = google_crc32c.value

@@ -25,8 +25,8 @@ from torchbucket.checkpoint import _consumed
 from torchbucket.checkpoint._config import CheckpointConfig
 from torchbucket.checkpoint._crc import Crc32c
 from torchbucket.errors import IntegrityError, NotFoundError
-from torchbucket.storage._ranges import fetch_ranges, split_ranges
 from torchbucket.storage.base import ObjectInfo, ObjectStore
+from torchbucket.storage.ranges import fetch_ranges, split_ranges
 
 logger = logging.getLogger(__name__)
 

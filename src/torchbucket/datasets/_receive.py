@@ -12,7 +12,7 @@ made, so a killed worker leaves nothing behind; its memory goes when the last
 process holding the tensor drops it.
 
 Objects of at least ``FetchConfig.large_object_size`` are read with parallel
-ranged GETs (``storage._ranges.fetch_ranges``, as checkpoint loads) into one
+ranged GETs (``storage.ranges.fetch_ranges``, as checkpoint loads) into one
 buffer and checked against the object's CRC32C as a whole: a range is only
 checked for its length on the way in. GCS serves ranges of an object with
 ``Range`` requests (https://cloud.google.com/storage/docs/json_api/v1/objects/get,
@@ -34,9 +34,9 @@ from torch.utils.data import get_worker_info
 from torchbucket.compose import read_verified
 from torchbucket.datasets.config import FetchConfig
 from torchbucket.errors import IntegrityError, NotFoundError
-from torchbucket.storage._crc32c import Crc32c
-from torchbucket.storage._ranges import fetch_ranges
 from torchbucket.storage.base import ObjectInfo, ObjectStore
+from torchbucket.storage.crc32c import Crc32c
+from torchbucket.storage.ranges import fetch_ranges
 
 __all__ = ["Sample", "collate_list", "new_tensor", "read_object", "to_output"]
 

@@ -12,14 +12,13 @@ import os
 from typing import Any
 
 from torchbucket._checks import check_gcs_config, check_instance
-from torchbucket._uri import ALIASES, SCHEMES, parse_uri, uri_text
+from torchbucket._uri import is_bucket_uri, parse_uri, uri_text
 from torchbucket.errors import ConfigError
 
 __all__ = [
     "DATA_SUFFIX",
     "METADATA_NAME",
     "check_dcp_arguments",
-    "is_bucket_uri",
     "join",
     "metadata_name",
     "normalize",
@@ -32,12 +31,6 @@ METADATA_NAME = ".metadata"
 def normalize(checkpoint_id: str | os.PathLike[str]) -> str:
     """The checkpoint's URI without a trailing slash (a ``Path`` of a URI read as the URI)."""
     return uri_text(checkpoint_id).rstrip("/")
-
-
-def is_bucket_uri(checkpoint_id: str | os.PathLike[str]) -> bool:
-    """Whether ``checkpoint_id`` is a URI torchbucket serves."""
-    text = uri_text(checkpoint_id)
-    return any(text.startswith(f"{scheme}://") for scheme in (*SCHEMES, *ALIASES))
 
 
 def join(base: str, name: str) -> str:

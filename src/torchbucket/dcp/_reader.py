@@ -23,19 +23,20 @@ from torch.futures import Future
 
 from torchbucket import runtime
 from torchbucket._checks import check_int
+from torchbucket._uri import is_bucket_uri
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
-from torchbucket.checkpoint._reader import MemoryFile, allocate, fetch_ranges
+from torchbucket.checkpoint.buffers import MemoryFile, allocate
 from torchbucket.dcp._common import (
     check_dcp_arguments,
-    is_bucket_uri,
     join,
     metadata_name,
     normalize,
 )
 from torchbucket.dcp._ranges import merge_ranges
 from torchbucket.errors import IntegrityError, NotFoundError
-from torchbucket.storage import _crc32c
+from torchbucket.storage import crc32c as _crc32c
 from torchbucket.storage.base import ObjectInfo, ObjectStore
+from torchbucket.storage.ranges import fetch_ranges
 
 if TYPE_CHECKING:
     from torchbucket.storage.gcs import GCSConfig

@@ -18,11 +18,11 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from torchbucket._checks import check_int
+from torchbucket._uri import is_bucket_uri
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.dcp._common import (
     DATA_SUFFIX,
     check_dcp_arguments,
-    is_bucket_uri,
     join,
     metadata_name,
     normalize,

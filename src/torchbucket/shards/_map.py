@@ -13,7 +13,7 @@ from torchbucket import runtime
 from torchbucket.errors import IntegrityError
 from torchbucket.shards._catalog import ShardSet
 from torchbucket.shards._stream import member_sample
-from torchbucket.storage._crc32c import extend
+from torchbucket.storage.crc32c import extend
 
 if TYPE_CHECKING:
     from torchbucket.listing import ListingConfig

@@ -36,8 +36,8 @@ from torchbucket.shards._index import (
 from torchbucket.shards._plan import PlannedMember, PlannedShard, plan_shards
 from torchbucket.shards._tar import END_OF_ARCHIVE, padding
 from torchbucket.shards.config import PackConfig
-from torchbucket.storage._crc32c import Crc32c, extend
 from torchbucket.storage.base import ObjectInfo, ObjectStore, Part
+from torchbucket.storage.crc32c import Crc32c, extend
 
 if TYPE_CHECKING:
     from torchbucket.listing import ListingConfig

@@ -27,7 +27,7 @@ from torchbucket.shards._catalog import ShardSet
 from torchbucket.shards._split import Piece
 from torchbucket.shards._tar import BLOCK, HeaderError, padding, parse_header, parse_pax, split_key
 from torchbucket.shards.config import ShardReadConfig
-from torchbucket.storage._crc32c import b64, extend
+from torchbucket.storage.crc32c import b64, extend
 
 __all__ = ["END_OF_PIECE", "member_sample", "stream_samples"]
 

@@ -23,11 +23,10 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from torchbucket import runtime
 from torchbucket._checks import check_instance
-from torchbucket._uri import parse_uri, uri_text
+from torchbucket._uri import is_bucket_uri, parse_uri, uri_text
 from torchbucket.checkpoint import BucketCheckpoint
 from torchbucket.dataflux._common import check_names, gcs_config_for
 from torchbucket.dcp import BucketStorageReader, BucketStorageWriter
-from torchbucket.dcp._common import is_bucket_uri
 from torchbucket.errors import ConfigError
 
 if TYPE_CHECKING:

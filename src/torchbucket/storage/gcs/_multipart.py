@@ -30,8 +30,8 @@ from aiohttp.abc import AbstractStreamWriter
 
 from torchbucket.errors import IntegrityError, NotFoundError, RetryableError, StorageError
 from torchbucket.storage._common import check_part_number
-from torchbucket.storage._crc32c import combine
 from torchbucket.storage.base import MultipartUpload, ObjectInfo, Part
+from torchbucket.storage.crc32c import combine
 from torchbucket.storage.gcs import _errors, _xml
 from torchbucket.storage.gcs._transport import GCSTransport
 from torchbucket.storage.gcs._wire import crc_b64, extend_crc, hash_header_crc32c, quote_name

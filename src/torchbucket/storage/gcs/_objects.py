@@ -12,8 +12,8 @@ import yarl
 
 from torchbucket.errors import IntegrityError, StorageError
 from torchbucket.storage._common import check_compose_sources
-from torchbucket.storage._crc32c import combine
 from torchbucket.storage.base import ObjectInfo
+from torchbucket.storage.crc32c import combine
 from torchbucket.storage.gcs import _errors, _uncertain
 from torchbucket.storage.gcs._transport import GCSTransport
 from torchbucket.storage.gcs._wire import INFO_FIELDS, crc_b64, object_info, quote_name

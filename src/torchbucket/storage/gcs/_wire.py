@@ -8,7 +8,7 @@ from typing import Any
 from urllib.parse import quote
 
 from torchbucket.errors import IntegrityError
-from torchbucket.storage import _crc32c
+from torchbucket.storage import crc32c as _crc32c
 from torchbucket.storage.base import ObjectInfo
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""CRC32C over large buffers without copying them.
+"""CRC32C over large buffers without copying them (for every layer that checks data).
 
 ``google_crc32c``'s extension only accepts ``bytes`` (its argument parser
 rejects ``bytearray`` and ``memoryview``), so checksumming a part buffer through

@@ -3,7 +3,8 @@
 One object (or several) split into ranges that are read concurrently, each
 straight into its slice of one preallocated buffer (``ObjectStore.get_into``),
 so a large object arrives at the speed of many streams instead of one, with no
-copy to join the pieces. Checkpoint loads and the datasets' large samples use it.
+copy to join the pieces. Checkpoint loads, DCP loads and the datasets' large
+samples use it.
 """
 
 from __future__ import annotations
