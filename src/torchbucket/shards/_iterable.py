@@ -52,15 +52,17 @@ class BucketShardDataset(IterableDataset[Any]):
     (``{"__key__": ..., "__url__": shard URI, "jpg": bytes, "cls": bytes}``)
     or, for shards packed with ``group_by="none"``, one member's bytes.
 
-    Each iterator keeps ``ShardReadConfig.reads_in_flight`` large ranged reads
-    going, across shard boundaries. Every sample is read exactly once per
-    epoch over all ranks and DataLoader workers: with indexes, the epoch's
-    samples are cut into contiguous spans per rank and worker (counts follow
-    :class:`ShardingConfig`, ``uneven`` included); without, whole shards are
-    dealt out (``uneven`` then counts shards). With ``shuffle``, the shards'
-    order is a permutation seeded by ``(seed, epoch)``, and samples pass a
-    seeded shuffle buffer of ``ShardReadConfig.shuffle_buffer`` samples; call
-    :meth:`set_epoch` before each epoch.
+    Each iterator keeps large ranged reads going across shard boundaries
+    (``ShardReadConfig``: up to 32 MiB each, 64 MiB in flight, starting with
+    one 1 MiB read so the first samples come quickly). Every sample is read
+    exactly once per epoch over all ranks and DataLoader workers: with
+    indexes, the epoch's samples are cut into contiguous spans per rank and
+    worker (counts follow :class:`ShardingConfig`, ``uneven`` included);
+    without, whole shards are dealt out (``uneven`` then counts shards).
+    With ``shuffle``, the shards' order is a permutation seeded by
+    ``(seed, epoch)``, and samples pass a seeded shuffle buffer of
+    ``ShardReadConfig.shuffle_buffer`` samples; call :meth:`set_epoch` before
+    each epoch.
 
     :meth:`state_dict` / :meth:`load_state_dict` resume mid-shard, the shuffle
     buffer included, without replaying or skipping a sample (directly or
