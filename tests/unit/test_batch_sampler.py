@@ -24,7 +24,7 @@ from torchbucket.datasets import (
     FetchConfig,
     ShardingConfig,
 )
-from torchbucket.datasets._catalog import Catalog
+from torchbucket.datasets.catalog import Catalog
 from torchbucket.errors import ConfigError, NotFoundError
 from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
 

@@ -18,7 +18,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchbucket import runtime
 from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig
 from torchbucket.datasets import BucketIterableDataset, FetchConfig, ShardingConfig
-from torchbucket.datasets._catalog import Catalog
+from torchbucket.datasets.catalog import Catalog
 from torchbucket.errors import ConfigError, NotFoundError
 from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
 

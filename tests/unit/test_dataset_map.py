@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from torchbucket import runtime
 from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig
 from torchbucket.datasets import BucketMapDataset
-from torchbucket.datasets._catalog import Catalog
+from torchbucket.datasets.catalog import Catalog
 from torchbucket.errors import ConfigError, InvalidURIError, NotFoundError
 from torchbucket.storage.base import ObjectInfo
 from torchbucket.storage.memory import MemoryStore, delete_memory_bucket

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from torchbucket.datasets._sharding import epoch_order, shard_of
+from torchbucket.datasets.sharding import epoch_order, shard_of
 
 layouts = st.tuples(
     st.integers(min_value=0, max_value=400),  # objects

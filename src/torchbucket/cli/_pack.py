@@ -3,16 +3,38 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from torchbucket import runtime
 from torchbucket.cli._common import open_target, parse_size, positive_int
 
+if TYPE_CHECKING:
+    from torchbucket.shards import PackResult
+
 __all__ = ["add_pack"]
+
+
+def _describe(result: PackResult) -> Sequence[str]:
+    """Lines that tell what a pack did or would do."""
+    verb = "would write" if result.dry_run else "wrote"
+    todo = [s for s in result.shards if s.number not in result.kept]
+    lines = [
+        f"{result.destination}: {len(result.shards)} shards, {result.samples} samples from "
+        f"{result.objects} objects, {result.bytes} bytes; {len(result.kept)} already complete, "
+        f"{verb} {len(todo)}"
+    ]
+    for s in result.shards:
+        state = "complete" if s.number in result.kept else verb
+        lines.append(
+            f"  {s.name}  {len(s.sample_starts)} samples  {len(s.members)} members  "
+            f"{s.size} bytes  ({state})"
+        )
+    return lines
 
 
 def _pack(args: argparse.Namespace) -> int:
     from torchbucket.shards import PackConfig, apack
-    from torchbucket.shards._pack import describe
 
     src = open_target(args.src)
     dst = open_target(args.dst)
@@ -25,7 +47,7 @@ def _pack(args: argparse.Namespace) -> int:
     result = runtime.run(
         apack(src.store, src.key, dst.store, dst.key, config=config, dry_run=args.dry_run)
     )
-    lines = describe(result)
+    lines = _describe(result)
     if args.dry_run:
         for line in lines:
             print(line)

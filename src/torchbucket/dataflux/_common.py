@@ -13,7 +13,7 @@ from torchbucket.compose import ComposeConfig
 from torchbucket.config import RetryConfig
 
 if TYPE_CHECKING:
-    from torchbucket.datasets._catalog import Catalog
+    from torchbucket.datasets.catalog import Catalog
     from torchbucket.storage.gcs import GCSConfig
 
 __all__ = [
@@ -192,7 +192,7 @@ class _Names:
 
 def _catalog_of(listed: Catalog, objects: Iterable[tuple[str, int]]) -> Catalog:
     """A catalog of ``objects``, pinned to the listed generation where one was listed."""
-    from torchbucket.datasets._catalog import Catalog
+    from torchbucket.datasets.catalog import Catalog
     from torchbucket.storage.base import ObjectInfo
 
     names = _Names(listed)
@@ -229,7 +229,7 @@ class ListedObjects:
         gcs_config: GCSConfig | None,
     ) -> tuple[Catalog, ComposeConfig]:
         """Check and keep dataflux's public attributes; list the prefix."""
-        from torchbucket.datasets._catalog import Catalog
+        from torchbucket.datasets.catalog import Catalog
 
         owner = type(self).__name__
         check_names(owner, project_name, storage_client, bucket_name)

@@ -7,8 +7,8 @@ from typing import Any
 
 from torchbucket._checks import check_callable, check_gcs_config, check_instance
 from torchbucket.compose import ComposeConfig, install_sigterm_handler
-from torchbucket.datasets._catalog import Catalog
 from torchbucket.datasets._receive import Sample
+from torchbucket.datasets.catalog import Catalog
 
 __all__ = [
     "DataFormatFn",

@@ -16,10 +16,10 @@ import numpy as np
 
 from torchbucket import runtime
 from torchbucket.compose import ComposeConfig, compose_allowed, fetch_group, plan_groups
-from torchbucket.datasets._catalog import Catalog
 from torchbucket.datasets._receive import Sample, read_object, to_output
-from torchbucket.datasets._sharding import IndexArray
+from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig
+from torchbucket.datasets.sharding import IndexArray
 
 __all__ = ["Item", "PrefetchWindow", "fetch_batch", "plan_units"]
 

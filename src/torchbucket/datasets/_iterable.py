@@ -14,7 +14,6 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torchbucket import runtime
 from torchbucket.accounting import RequestStats
 from torchbucket.compose import ComposeConfig, drain_deletes
-from torchbucket.datasets._catalog import Catalog
 from torchbucket.datasets._common import (
     DataFormatFn,
     apply_format,
@@ -24,9 +23,10 @@ from torchbucket.datasets._common import (
     raise_item,
 )
 from torchbucket.datasets._fetch import Item, PrefetchWindow
-from torchbucket.datasets._sharding import IndexArray, epoch_order, shard_of
 from torchbucket.datasets._stats import EpochBoard
+from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig, ShardingConfig
+from torchbucket.datasets.sharding import IndexArray, epoch_order, shard_of
 from torchbucket.errors import ConfigError
 
 if TYPE_CHECKING:

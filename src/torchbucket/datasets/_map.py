@@ -11,7 +11,6 @@ from torch.utils.data import Dataset
 from torchbucket import runtime
 from torchbucket.accounting import RequestStats
 from torchbucket.compose import ComposeConfig, drain_deletes
-from torchbucket.datasets._catalog import Catalog
 from torchbucket.datasets._common import (
     DataFormatFn,
     apply_format,
@@ -25,6 +24,7 @@ from torchbucket.datasets._readahead import ReadAhead
 from torchbucket.datasets._receive import read_object
 from torchbucket.datasets._sampler import BatchPlan
 from torchbucket.datasets._stats import EpochBoard
+from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig
 
 if TYPE_CHECKING:

@@ -31,11 +31,11 @@ from torch.utils.data import get_worker_info
 
 from torchbucket import runtime
 from torchbucket.compose import ComposeConfig, drain_deletes
-from torchbucket.datasets._catalog import Catalog
 from torchbucket.datasets._fetch import Item, PrefetchWindow
 from torchbucket.datasets._sampler import BatchPlan
-from torchbucket.datasets._sharding import IndexArray
+from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig
+from torchbucket.datasets.sharding import IndexArray
 
 __all__ = ["ReadAhead"]
 

@@ -10,8 +10,8 @@ import torch
 from torch.utils.data import Sampler
 
 from torchbucket._checks import check_instance, check_int
-from torchbucket.datasets._sharding import IndexArray, epoch_order, shard_of
 from torchbucket.datasets.config import ShardingConfig
+from torchbucket.datasets.sharding import IndexArray, epoch_order, shard_of
 from torchbucket.errors import ConfigError
 
 __all__ = ["BatchPlan", "BucketBatchSampler"]

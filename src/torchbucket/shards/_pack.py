@@ -18,7 +18,6 @@ import collections
 import logging
 import re
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -447,21 +446,3 @@ def pack(
             dry_run=dry_run,
         )
     )
-
-
-def describe(result: PackResult) -> Sequence[str]:
-    """Lines that tell what a pack did or would do (the CLI prints them)."""
-    verb = "would write" if result.dry_run else "wrote"
-    todo = [s for s in result.shards if s.number not in result.kept]
-    lines = [
-        f"{result.destination}: {len(result.shards)} shards, {result.samples} samples from "
-        f"{result.objects} objects, {result.bytes} bytes; {len(result.kept)} already complete, "
-        f"{verb} {len(todo)}"
-    ]
-    for s in result.shards:
-        state = "complete" if s.number in result.kept else verb
-        lines.append(
-            f"  {s.name}  {len(s.sample_starts)} samples  {len(s.members)} members  "
-            f"{s.size} bytes  ({state})"
-        )
-    return lines

@@ -18,7 +18,7 @@ from typing import Literal
 
 import numpy as np
 
-from torchbucket.datasets._sharding import IndexArray, epoch_order, shard_of
+from torchbucket.datasets.sharding import IndexArray, epoch_order, shard_of
 
 __all__ = ["Piece", "epoch_order", "worker_pieces"]
 

@@ -5,6 +5,9 @@ numpy arrays: a million objects cost a few tens of MB, pickle quickly to spawned
 workers, and reading entries touches no Python object refcounts, so forked
 DataLoader workers do not slowly copy the parent's pages (the classic
 "DataLoader memory leak" of a list of Python objects).
+
+Not user API: the datasets, and the dataflux-compatible datasets built on
+them, share it.
 """
 
 from __future__ import annotations

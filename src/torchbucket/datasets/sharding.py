@@ -1,4 +1,7 @@
-"""The order of an epoch and its split over ranks and workers. Pure functions."""
+"""The order of an epoch and its split over ranks and workers. Pure functions.
+
+Not user API: the datasets and the shard datasets share it.
+"""
 
 from __future__ import annotations
 
