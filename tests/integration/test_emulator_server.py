@@ -160,7 +160,19 @@ def test_latency_can_be_set_and_is_reported(emulator: Emulator, raw_http: Http) 
     model = LatencyModel(read=0.001, list_page=0.002, write=0.003, bandwidth=None)
     emulator.set_latency(model)
     current = raw_http(emulator, "GET", "/_emulator/latency").json()["latency"]
-    assert current == {"read": 0.001, "list_page": 0.002, "write": 0.003, "bandwidth": None}
+    assert current == {
+        "read": 0.001,
+        "list_page": 0.002,
+        "write": 0.003,
+        "bandwidth": None,
+        "tail_p99": 1.0,
+        "stall_probability": 0.0,
+        "stall_seconds": 0.0,
+        "seed": 0,
+    }
+    emulator.set_latency("same-region-tail")
+    tail = raw_http(emulator, "GET", "/_emulator/latency").json()["latency"]
+    assert (tail["tail_p99"], tail["stall_probability"], tail["stall_seconds"]) == (5.0, 0.001, 2.0)
     emulator.set_latency("same-region")
     assert raw_http(emulator, "GET", "/_emulator/latency").json()["latency"]["read"] == 0.020
     with pytest.raises(ConfigError):

@@ -12,7 +12,9 @@ port, speaking the subset of the GCS JSON and XML APIs that torchbucket and
   (small sizes only: it scans the bucket on every lookup).
 
 In both modes the front server models latency and bandwidth
-(:class:`LatencyModel`, preset ``"same-region"``), caps list pages at 1,000
+(:class:`LatencyModel`: preset ``"same-region"``, every request of a class
+taking its median, or ``"same-region-tail"``, seeded draws with a tail and rare
+stalls), caps list pages at 1,000
 entries, can answer 429 above a requests-per-second cap, injects faults by rule
 (``add_fault``), implements the XML multipart upload API and
 ``testIamPermissions``, and counts requests by class with its own CPU time
@@ -102,8 +104,8 @@ class Emulator(DataAdmin, AuthAdmin):
     Args:
         backend: ``"model"`` (in-memory, fast) or ``"fake-gcs"`` (the
             fake-gcs-server binary). Default ``"model"``.
-        latency: ``None`` (no modelled latency), a preset name (``"same-region"``)
-            or a :class:`LatencyModel`. Default ``None``.
+        latency: ``None`` (no modelled latency), a preset name (``"same-region"``,
+            ``"same-region-tail"``) or a :class:`LatencyModel`. Default ``None``.
         rps_cap: Requests per second above which the server answers 429 with
             ``Retry-After``, or ``None`` for no cap. Default ``None``.
         min_part_size: Smallest XML multipart part but the last, bytes (GCS

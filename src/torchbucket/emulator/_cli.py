@@ -39,7 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--latency",
         default="none",
-        help="'none', 'same-region' or a JSON LatencyModel, e.g. '{\"read\": 0.01}'",
+        help="'none', 'same-region', 'same-region-tail' or a JSON LatencyModel, "
+        'e.g. \'{"read": 0.01, "tail_p99": 5}\'',
     )
     parser.add_argument("--rps-cap", type=float, default=None, help="answer 429 above this rate")
     parser.add_argument(

@@ -25,7 +25,7 @@ from aiohttp.web_protocol import RequestHandler
 from torchbucket.emulator._admin import handle_admin
 from torchbucket.emulator._faults import STATUS_KINDS, FaultRule, FaultTable, flip_byte
 from torchbucket.emulator._http import Call, error_response, json_call, json_response
-from torchbucket.emulator._latency import LatencyModel, RateCap
+from torchbucket.emulator._latency import LatencyModel, LatencySampler, RateCap
 from torchbucket.emulator._routes import parse_route
 from torchbucket.emulator._stats import Stats
 from torchbucket.emulator._xml_multipart import XmlApi
@@ -107,6 +107,7 @@ class FrontServer:
         min_part_size: int = 0,
     ) -> None:
         self.backend = backend
+        self._sampler: LatencySampler | None = None
         self.latency = latency
         self.rate_cap = RateCap(rps_cap) if rps_cap else None
         self.faults = FaultTable()
@@ -117,6 +118,16 @@ class FrontServer:
         self.stopped = asyncio.Event()
         # Set in "auth required" mode: requests need a token it issued.
         self.auth: AuthState | None = None
+
+    @property
+    def latency(self) -> LatencyModel | None:
+        """The latency model in force, or ``None``."""
+        return self._sampler.model if self._sampler is not None else None
+
+    @latency.setter
+    def latency(self, model: LatencyModel | None) -> None:
+        # A new model starts its draws from its seed.
+        self._sampler = LatencySampler(model) if model is not None else None
 
     async def start(self, port: int = 0, *, ssl_context: ssl.SSLContext | None = None) -> int:
         """Bind 127.0.0.1:``port`` (0: a free one) and serve; return the port.
@@ -216,9 +227,9 @@ class FrontServer:
             resp = await self.backend.handle(call)
         out_len = len(resp.body) if resp.body is not None else 0  # type: ignore[arg-type]
         stats.count(op, resp.status, len(body), out_len)
-        latency = self.latency
+        latency = self._sampler
         if latency is not None:
-            bandwidth = latency.bandwidth
+            bandwidth = latency.model.bandwidth
             if (
                 bandwidth is not None
                 and out_len > _STREAM_THRESHOLD
@@ -246,8 +257,8 @@ class FrontServer:
                 resp = json_response(b'{"kind":"storage#testIamPermissionsResponse"}')
             else:
                 resp = error_response(status, _FAULT_MESSAGES[status], xml=xml)
-            if self.latency is not None:
-                await asyncio.sleep(self.latency.delay(op, body_len, 0))
+            if self._sampler is not None:
+                await asyncio.sleep(self._sampler.delay(op, body_len, 0))
             self.stats.count(op, resp.status, body_len, 0)
             return resp
         if kind == "reset":
