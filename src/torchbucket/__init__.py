@@ -13,7 +13,7 @@ import importlib as _importlib
 import typing as _typing
 
 from torchbucket._version import __version__
-from torchbucket.config import ConcurrencyConfig, RetryConfig
+from torchbucket.config import ConcurrencyConfig, HedgeConfig, RetryConfig
 from torchbucket.errors import (
     BucketNotFoundError,
     ConfigError,
@@ -83,6 +83,7 @@ __all__ = [
     "DeadlineExceededError",
     "FetchConfig",
     "GCSConfig",
+    "HedgeConfig",
     "IntegrityError",
     "InvalidURIError",
     "ListingConfig",

@@ -15,8 +15,10 @@ and XML operations table; read 2026-12-01). The emulator's server-side counters
 (``/_emulator/stats``) use the same operation names and classes, so the two can
 be compared.
 
-Besides requests: bytes received and sent (bodies), retries, throttled answers
-(429/503) and the backoff slept after them.
+Besides requests: bytes received and sent (bodies), retries, hedges (the
+second GET of a slow read, see ``torchbucket.config.HedgeConfig``; each is
+also counted as the ``get`` it is, class B), throttled answers (429/503) and
+the backoff slept after them.
 
 Cost: plain integer increments on module state. The library's requests run on
 one event loop per process (:mod:`torchbucket.runtime`), so there is no lock on
@@ -92,6 +94,7 @@ class _Counters:
     __slots__ = (
         "bytes_in",
         "bytes_out",
+        "hedges",
         "ops",
         "retries",
         "retry_wait_s",
@@ -104,6 +107,7 @@ class _Counters:
         self.bytes_in = 0
         self.bytes_out = 0
         self.retries = 0
+        self.hedges = 0
         self.throttled = 0
         self.retry_wait_s = 0.0
         self.throttle_wait_s = 0.0
@@ -132,6 +136,11 @@ def retried(wait: float, *, throttled: bool) -> None:
     c.retry_wait_s += wait
     if throttled:
         c.throttle_wait_s += wait
+
+
+def hedged() -> None:
+    """Record one hedge: a second request sent for a slow read (its GET is counted apart)."""
+    _c.hedges += 1
 
 
 def throttle() -> None:
@@ -216,6 +225,8 @@ class RequestStats:
         throttled: Answers that were 429 or 503.
         retry_wait_s: Seconds of backoff slept before retries.
         throttle_wait_s: The part of ``retry_wait_s`` after throttled answers.
+        hedges: Second requests sent for slow reads (each also in ``by_op``
+            as the ``get`` it is).
     """
 
     by_op: Mapping[str, int] = field(default_factory=dict)
@@ -225,6 +236,7 @@ class RequestStats:
     throttled: int = 0
     retry_wait_s: float = 0.0
     throttle_wait_s: float = 0.0
+    hedges: int = 0
 
     def _by_class(self, cls: str) -> int:
         return sum(n for op, n in self.by_op.items() if OP_CLASS.get(op) == cls)
@@ -261,6 +273,7 @@ class RequestStats:
             throttled=self.throttled + sign * other.throttled,
             retry_wait_s=self.retry_wait_s + sign * other.retry_wait_s,
             throttle_wait_s=self.throttle_wait_s + sign * other.throttle_wait_s,
+            hedges=self.hedges + sign * other.hedges,
         )
 
     def __add__(self, other: RequestStats) -> RequestStats:
@@ -281,6 +294,7 @@ class RequestStats:
             "throttled": self.throttled,
             "retry_wait_s": round(self.retry_wait_s, 6),
             "throttle_wait_s": round(self.throttle_wait_s, 6),
+            "hedges": self.hedges,
         }
 
     def to_vector(self) -> list[float]:
@@ -293,6 +307,7 @@ class RequestStats:
             float(self.throttled),
             self.retry_wait_s,
             self.throttle_wait_s,
+            float(self.hedges),
         ]
 
     @classmethod
@@ -308,6 +323,7 @@ class RequestStats:
             throttled=round(v[n + 3]),
             retry_wait_s=v[n + 4],
             throttle_wait_s=v[n + 5],
+            hedges=round(v[n + 6]),
         )
 
     def summary(self) -> str:
@@ -317,13 +333,15 @@ class RequestStats:
             f"free {self.free}); {self.bytes_in:,} bytes in, {self.bytes_out:,} out; "
             f"{self.retries} retries"
         )
+        if self.hedges:
+            line += f", {self.hedges} hedged"
         if self.throttled:
             line += f", {self.throttled} throttled ({self.throttle_wait_s:.2f} s waited)"
         return line
 
 
 #: Length of :meth:`RequestStats.to_vector`.
-VECTOR_LEN = len(OPERATIONS) + 6
+VECTOR_LEN = len(OPERATIONS) + 7
 
 
 def snapshot() -> RequestStats:
@@ -337,6 +355,7 @@ def snapshot() -> RequestStats:
         throttled=c.throttled,
         retry_wait_s=c.retry_wait_s,
         throttle_wait_s=c.throttle_wait_s,
+        hedges=c.hedges,
     )
 
 

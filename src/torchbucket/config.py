@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from torchbucket.errors import ConfigError
 
-__all__ = ["ConcurrencyConfig", "RetryConfig"]
+__all__ = ["ConcurrencyConfig", "HedgeConfig", "RetryConfig"]
 
 
 def _positive(name: str, value: float, *, allow_zero: bool = False) -> None:
@@ -95,3 +95,65 @@ class ConcurrencyConfig:
                 f"{self.minimum} <= {self.initial} <= {self.maximum}"
             )
         _positive("ConcurrencyConfig.decrease_interval", self.decrease_interval, allow_zero=True)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HedgeConfig:
+    """Hedged reads: a second request for a read much slower than its peers.
+
+    A read (an object, or a range of one) that has not answered after
+    ``factor`` times the ``quantile`` of the recent reads of its size class
+    (and at least ``floor`` seconds) is sent once more; the first answer wins,
+    the other request is cancelled, and the bytes are verified as any read's.
+    The second requests are bounded: each read earns ``budget`` of a hedge,
+    at most ``burst`` are saved up, so over any stretch of reads at most
+    ``budget`` of them (plus ``burst``) are hedged. Each is a GET, billed as
+    class B, counted in :mod:`torchbucket.accounting` (``hedges``). See
+    docs/reliability.md for how hedges and retries interact.
+
+    Attributes:
+        enabled: Hedge reads at all. Default ``True``.
+        quantile: Which quantile of the recent reads of a size class sets the
+            wait. Default 0.95.
+        factor: The wait is this times that quantile. Default 1.5.
+        floor: The shortest wait before a hedge, seconds. Default 0.05.
+        budget: Hedges per read, at most (the long-run fraction). Default 0.05.
+        burst: Hedges that may be saved up. Default 10.
+        min_samples: Reads of a size class seen before its quantile sets the
+            wait. Default 32.
+        initial_wait: The wait until then, seconds: long enough not to hedge
+            a read that is merely slow, short enough to rescue one that
+            stalls. Default 0.5.
+        window: Recent reads remembered per size class. Default 512.
+        max_bytes: Ranges longer than this are never hedged (a hedge of a
+            range holds a second buffer of its size). Default 32 MiB.
+    """
+
+    enabled: bool = True
+    quantile: float = 0.95
+    factor: float = 1.5
+    floor: float = 0.05
+    budget: float = 0.05
+    burst: float = 10.0
+    min_samples: int = 32
+    initial_wait: float = 0.5
+    window: int = 512
+    max_bytes: int = 32 << 20
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.quantile < 1.0:
+            raise ConfigError(f"HedgeConfig.quantile must be in (0, 1), got {self.quantile!r}")
+        if self.factor < 1.0:
+            raise ConfigError(f"HedgeConfig.factor must be >= 1, got {self.factor!r}")
+        _positive("HedgeConfig.floor", self.floor, allow_zero=True)
+        if not 0.0 <= self.budget <= 1.0:
+            raise ConfigError(f"HedgeConfig.budget must be in [0, 1], got {self.budget!r}")
+        if self.burst < 1.0:
+            raise ConfigError(f"HedgeConfig.burst must be >= 1, got {self.burst!r}")
+        if self.min_samples < 1 or self.window < self.min_samples:
+            raise ConfigError(
+                "HedgeConfig needs 1 <= min_samples <= window, got "
+                f"min_samples={self.min_samples!r}, window={self.window!r}"
+            )
+        _positive("HedgeConfig.initial_wait", self.initial_wait, allow_zero=True)
+        _positive("HedgeConfig.max_bytes", self.max_bytes)

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from torchbucket.config import ConcurrencyConfig, RetryConfig
+from torchbucket.config import ConcurrencyConfig, HedgeConfig, RetryConfig
 from torchbucket.errors import ConfigError
 
 __all__ = ["DEFAULT_ENDPOINT", "GCSConfig"]
@@ -43,6 +43,10 @@ class GCSConfig:
         chunk_size: Bytes per request of a resumable upload, a multiple of
             256 KiB. Default 16 MiB.
         connect_timeout: Seconds to open a connection. Default 10.
+        hedge: When a slow read gets a second request (object reads and
+            ranges: datasets, checkpoint and DCP loads). Default
+            ``HedgeConfig()`` (on; see docs/benchmarks.md for what it buys
+            under a latency tail and what it costs).
     """
 
     endpoint: str | None = None
@@ -53,6 +57,7 @@ class GCSConfig:
     resumable_threshold: int = 8 << 20
     chunk_size: int = 16 << 20
     connect_timeout: float = 10.0
+    hedge: HedgeConfig = field(default_factory=HedgeConfig)
 
     def __post_init__(self) -> None:
         if self.endpoint is not None and not self.endpoint.startswith(("http://", "https://")):

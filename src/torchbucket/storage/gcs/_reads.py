@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import yarl
 
@@ -78,7 +78,19 @@ async def read(
             return body[start:end]
         return body
 
-    return await transport.call(attempt, "get", uri)
+    hedger = transport.hedger
+    if hedger is None:
+        return await transport.call(attempt, "get", uri)
+    nbytes = None if end is None else end - start
+
+    def hedged() -> Awaitable[bytes]:
+        return hedger.run(attempt, attempt, _same, nbytes)
+
+    return await transport.call(hedged, "get", uri)
+
+
+def _same(data: bytes) -> bytes:
+    return data
 
 
 async def read_into(
@@ -96,14 +108,14 @@ async def read_into(
     headers = {"Range": f"bytes={start}-{start + size - 1}"}
     raw = transport.raw_ok and size >= _rawget.MIN_BYTES
 
-    async def attempt() -> int:
+    async def attempt(into: memoryview) -> int:
         session = transport.loop_state()[1]
         hdrs = await transport.headers(headers, "get", uri)
         if raw:
             got = await transport.raw_getter().read_into(
                 url,
                 hdrs or headers,
-                buffer,
+                into,
                 start,
                 uri=uri,
                 connect_timeout=transport.connect_timeout,
@@ -116,12 +128,12 @@ async def read_into(
             async with session.get(url, headers=hdrs, **transport.streaming_kw) as resp:
                 if resp.status == 416:
                     if start and await _transcoded(transport, key):
-                        return await _decoded_into(transport, url, uri, start, buffer)
+                        return await _decoded_into(transport, url, uri, start, into)
                     return 0
                 if resp.status < 300 and _gzip.served_gzip(resp.headers):
                     # Stored gzip bytes (see _gzip): decoded offsets need all of them.
                     resp.release()
-                    return await _decoded_into(transport, url, uri, start, buffer)
+                    return await _decoded_into(transport, url, uri, start, into)
                 if resp.status >= 300:
                     body = await resp.read()
                     raise _errors.error_for_response(
@@ -132,7 +144,7 @@ async def read_into(
                     accounting.received(len(whole))
                     verify_crc32c(resp.headers, crc_b64(extend_crc(0, whole)), uri)
                     piece = whole[start : start + size]
-                    buffer[: len(piece)] = piece
+                    into[: len(piece)] = piece
                     return len(piece)
                 span = content_range(resp.headers)
                 # Only a range that is the whole object can be checked against
@@ -149,7 +161,7 @@ async def read_into(
                             operation="get",
                             uri=uri,
                         )
-                    buffer[pos : pos + n] = chunk
+                    into[pos : pos + n] = chunk
                     if whole_object:
                         crc = extend_crc(crc, chunk)
                     pos += n
@@ -162,7 +174,24 @@ async def read_into(
         except TRANSPORT_ERRORS as exc:
             raise transport.transport_error(exc, "get", uri) from exc
 
-    return await transport.call(attempt, "get", uri)
+    hedger = transport.hedger
+    if hedger is None:
+        return await transport.call(functools.partial(attempt, buffer), "get", uri)
+
+    async def spare() -> tuple[int, bytearray]:
+        # Its own buffer: the first request may still be writing into the caller's.
+        into = bytearray(size)
+        return await attempt(memoryview(into)), into
+
+    def adopt(answer: tuple[int, bytearray]) -> int:
+        got, into = answer
+        buffer[:got] = memoryview(into)[:got]
+        return got
+
+    def hedged() -> Awaitable[int]:
+        return hedger.run(functools.partial(attempt, buffer), spare, adopt, size)
+
+    return await transport.call(hedged, "get", uri)
 
 
 async def _transcoded(transport: GCSTransport, key: str) -> bool:

@@ -31,7 +31,7 @@ from torchbucket.errors import (
     TransientError,
 )
 from torchbucket.storage.base import ObjectInfo
-from torchbucket.storage.gcs import _errors, _rawget, _session
+from torchbucket.storage.gcs import _errors, _hedge, _rawget, _session
 from torchbucket.storage.gcs._config import GCSConfig
 from torchbucket.storage.gcs._credentials import shared_credentials
 from torchbucket.storage.gcs._wire import INFO_FIELDS, quote_name
@@ -105,6 +105,8 @@ class GCSTransport:
         #: Whether the in-place ranged reader can talk to the endpoint.
         self.raw_ok = _rawget.supported(endpoint)
         self._raw: _rawget.RawGetter | None = None
+        #: Hedges slow reads (:mod:`._hedge`); ``None`` when hedging is off.
+        self.hedger = _hedge.get_hedger(endpoint, config.hedge)
         self._uri_prefix = f"gs://{bucket}/"
         b = quote_name(bucket)
         #: ``.../storage/v1/b/{bucket}``: the JSON API's bucket resource.

@@ -1,0 +1,130 @@
+"""Hedged reads over HTTP against the emulator (``storage/gcs/_hedge.py``).
+
+A read held by a stalled request completes through its hedge, with the exact
+bytes, and the hedge is counted; hedges stay within their budget; a stall
+longer than ``read_timeout`` ends in a retry and then an error naming the URI,
+hedging on or off. No assertion on how fast anything ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+
+from torchbucket import accounting, runtime
+from torchbucket.config import HedgeConfig, RetryConfig
+from torchbucket.emulator import LatencyModel
+from torchbucket.errors import DeadlineExceededError
+
+pytestmark = pytest.mark.emulator
+
+MiB = 1 << 20
+DATA = random.Random(19).randbytes(2 * MiB + 17)
+# One attempt: a read the hedge does not rescue fails (the stall ends in a reset).
+ONE_ATTEMPT = RetryConfig(
+    initial_backoff=0.01, max_backoff=0.05, deadline=60.0, read_timeout=60.0, max_attempts=1
+)
+# Hedge on the first slow read: a budget of one hedge per read, a short wait.
+EAGER = HedgeConfig(budget=1.0, burst=1.0, initial_wait=0.2, floor=0.2, min_samples=64)
+
+
+def _server_gets(emu: Any) -> int:
+    return int(emu.stats()["by_op"].get("get", 0))
+
+
+@pytest.mark.parametrize("how", ["get", "get_into"])
+def test_a_stalled_read_completes_through_its_hedge(
+    emulator: Any, gcs_bucket_factory: Any, how: str
+) -> None:
+    store = gcs_bucket_factory(emulator, prefix="hedge", retry=ONE_ATTEMPT, hedge=EAGER)
+    runtime.run(store.put("obj", DATA))
+    emulator.reset_stats()
+    emulator.add_fault("get", "stall", match="obj", stall_seconds=30.0)
+    before = accounting.snapshot()
+    if how == "get":
+        got = runtime.run(store.get("obj", start=5, end=5 + MiB))
+        assert got == DATA[5 : 5 + MiB]
+    else:  # a checkpoint load's path: a range into a buffer, in place
+        buffer = bytearray(2 * MiB)
+        n = runtime.run(store.get_into("obj", memoryview(buffer), start=17))
+        assert n == 2 * MiB and bytes(buffer) == DATA[17:]
+    spent = accounting.snapshot() - before
+    assert spent.hedges == 1
+    assert spent.retries == 0
+    # The stalled request and its hedge both reached the server, both GETs (class B).
+    assert spent.by_op.get("get") == 2
+    assert _server_gets(emulator) == 2
+    assert emulator.faults()[0]["fired"] == 1
+
+
+def test_without_hedging_the_same_stall_fails_the_read(
+    emulator: Any, gcs_bucket_factory: Any
+) -> None:
+    # The check that the test above tests the hedge: the stall alone fails a read.
+    store = gcs_bucket_factory(
+        emulator,
+        prefix="nohedge",
+        retry=RetryConfig(max_attempts=1, read_timeout=1.0),
+        hedge=HedgeConfig(enabled=False),
+    )
+    runtime.run(store.put("obj", DATA))
+    emulator.add_fault("get", "stall", match="obj", stall_seconds=3.0)
+    with pytest.raises(DeadlineExceededError) as info:
+        runtime.run(store.get("obj", start=5, end=5 + MiB))
+    assert f"gs://{store.bucket}/obj" in str(info.value)
+
+
+def test_hedges_stay_within_their_budget_and_are_all_counted(
+    emulator: Any, gcs_bucket_factory: Any
+) -> None:
+    budget = HedgeConfig(budget=0.05, burst=2.0, initial_wait=0.05, floor=0.05, min_samples=16)
+    store = gcs_bucket_factory(emulator, prefix="budget", hedge=budget)
+    names = [f"o{i:04d}" for i in range(400)]
+    emulator.seed(store.bucket, ((n, n.encode() * 100) for n in names))
+    # One read in five stalls: far more slow reads than the budget may hedge.
+    emulator.set_latency(
+        LatencyModel(read=0.001, list_page=0.001, write=0.001, stall_probability=0.2,
+                     stall_seconds=0.3, seed=4)
+    )  # fmt: skip
+    emulator.reset_stats()
+    before = accounting.snapshot()
+
+    async def read_all() -> list[bytes]:
+        limit = asyncio.Semaphore(32)
+
+        async def one(name: str) -> bytes:
+            async with limit:
+                return await store.get(name)
+
+        return await asyncio.gather(*(one(n) for n in names))
+
+    assert runtime.run(read_all()) == [n.encode() * 100 for n in names]
+    spent = accounting.snapshot() - before
+    assert 1 <= spent.hedges <= 0.05 * len(names) + 2
+    assert spent.by_op.get("get") == len(names) + spent.hedges
+    assert _server_gets(emulator) == len(names) + spent.hedges
+
+
+@pytest.mark.parametrize("hedge", [False, True], ids=["hedging-off", "hedging-on"])
+def test_a_stall_longer_than_read_timeout_is_retried_then_an_error_naming_the_uri(
+    emulator: Any, gcs_bucket_factory: Any, hedge: bool
+) -> None:
+    retry = RetryConfig(
+        initial_backoff=0.01, max_backoff=0.02, read_timeout=0.5, max_attempts=2, deadline=30.0
+    )
+    config = EAGER if hedge else HedgeConfig(enabled=False)
+    store = gcs_bucket_factory(emulator, prefix="stall", retry=retry, hedge=config)
+    runtime.run(store.put("obj", b"x" * 1000))
+    # Every read of the object stalls (a hedge included) for longer than read_timeout.
+    emulator.add_fault("get", "stall", match="obj", count=None, stall_seconds=3.0)
+    before = accounting.snapshot()
+    with pytest.raises(DeadlineExceededError) as info:
+        runtime.run(store.get("obj"))
+    spent = accounting.snapshot() - before
+    assert f"gs://{store.bucket}/obj" in str(info.value)
+    assert "read timeout" in str(info.value)
+    assert spent.retries == 1
+    assert spent.by_op.get("get") == 2 + spent.hedges
