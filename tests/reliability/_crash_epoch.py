@@ -23,7 +23,8 @@ import time
 
 from torch.utils.data import DataLoader
 
-from torchbucket.compose import ComposeConfig, in_flight
+from torchbucket.compose import ComposeConfig
+from torchbucket.compose.registry import in_flight
 from torchbucket.config import RetryConfig
 from torchbucket.datasets import BucketMapDataset
 from torchbucket.storage.gcs import GCSConfig

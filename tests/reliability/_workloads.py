@@ -15,7 +15,8 @@ import torch
 
 from torchbucket import runtime
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
-from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig, cleanup_registered, in_flight
+from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig
+from torchbucket.compose.registry import cleanup_registered, in_flight
 from torchbucket.config import RetryConfig
 from torchbucket.datasets import BucketIterableDataset, FetchConfig
 from torchbucket.emulator import Emulator

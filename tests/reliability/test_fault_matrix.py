@@ -48,7 +48,7 @@ from _workloads import (
     state,
 )
 
-from torchbucket.compose import in_flight
+from torchbucket.compose.registry import in_flight
 from torchbucket.emulator import Emulator
 from torchbucket.errors import DeadlineExceededError, StorageError
 

@@ -17,7 +17,7 @@ import torch
 
 from torchbucket import runtime
 from torchbucket.checkpoint import CheckpointConfig, CheckpointWriter
-from torchbucket.compose import in_flight
+from torchbucket.compose.registry import in_flight
 from torchbucket.errors import IntegrityError
 from torchbucket.storage.base import ObjectInfo, Part
 from torchbucket.storage.memory import MemoryStore

@@ -17,13 +17,11 @@ from torchbucket.compose import (
     COMPOSITE_PREFIX,
     ComposeConfig,
     cleanup_composites,
-    cleanup_registered,
-    drain_deletes,
     fetch_group,
-    in_flight,
     plan_groups,
 )
 from torchbucket.compose import _fetch as compose_fetch
+from torchbucket.compose.registry import cleanup_registered, drain_deletes, in_flight
 from torchbucket.errors import (
     ConfigError,
     IntegrityError,

@@ -12,14 +12,13 @@ from pathlib import Path
 import pytest
 
 from torchbucket import runtime
-from torchbucket.compose import in_flight
-from torchbucket.compose._registry import register
+from torchbucket.compose.registry import in_flight, register
 from torchbucket.storage.local import LocalStore
 
 _PRELUDE = """
 import os, signal, sys
 from torchbucket import runtime
-from torchbucket.compose._registry import register, install_sigterm_handler
+from torchbucket.compose.registry import register, install_sigterm_handler
 from torchbucket.storage.local import LocalStore
 store = LocalStore()
 key = sys.argv[1].lstrip("/")
@@ -111,7 +110,7 @@ def test_forked_child_does_not_delete_its_parents_composites(tmp_path: Path) -> 
         assert target.exists()
     finally:
         runtime.run(store.delete(key))
-        from torchbucket.compose._registry import unregister
+        from torchbucket.compose.registry import unregister
 
         unregister(store, key)
     assert in_flight() == []

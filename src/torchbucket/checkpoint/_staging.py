@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import uuid
 
-from torchbucket.compose import register, unregister
+from torchbucket.compose.registry import register, unregister
 from torchbucket.errors import IntegrityError, NotFoundError, StorageError
 from torchbucket.storage.base import ObjectInfo, ObjectStore
 

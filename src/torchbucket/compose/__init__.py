@@ -16,7 +16,7 @@ and size-checked, so the bytes returned are always the listed objects' bytes.
 
 Composites are deleted in ``finally``; those still in flight when the process
 exits or gets SIGTERM are deleted by a process-wide registry (see
-:mod:`torchbucket.compose._registry`); :func:`cleanup_composites` removes what a
+:mod:`torchbucket.compose.registry`); :func:`cleanup_composites` removes what a
 killed process left behind.
 """
 
@@ -29,16 +29,8 @@ from torchbucket.compose._config import (
     DEFAULT_MAX_COMPOSITE_OBJECT_SIZE,
     ComposeConfig,
 )
-from torchbucket.compose._fetch import compose_allowed, fetch_group, read_verified
+from torchbucket.compose._fetch import compose_allowed, fetch_group
 from torchbucket.compose._plan import plan_groups
-from torchbucket.compose._registry import (
-    cleanup_registered,
-    drain_deletes,
-    in_flight,
-    install_sigterm_handler,
-    register,
-    unregister,
-)
 from torchbucket.errors import NotFoundError
 from torchbucket.storage.base import ObjectStore
 
@@ -47,16 +39,9 @@ __all__ = [
     "DEFAULT_MAX_COMPOSITE_OBJECT_SIZE",
     "ComposeConfig",
     "cleanup_composites",
-    "cleanup_registered",
     "compose_allowed",
-    "drain_deletes",
     "fetch_group",
-    "in_flight",
-    "install_sigterm_handler",
     "plan_groups",
-    "read_verified",
-    "register",
-    "unregister",
 ]
 
 _CLEANUP_CONCURRENCY = 32

@@ -19,11 +19,10 @@ import uuid
 from collections.abc import Sequence
 
 from torchbucket.compose._config import ComposeConfig
-from torchbucket.compose._registry import delete_in_background, register, unregister
 from torchbucket.compose._softdelete import soft_delete_allows, soft_delete_blocked
+from torchbucket.compose.registry import delete_in_background, register, unregister
 from torchbucket.errors import (
     DeadlineExceededError,
-    IntegrityError,
     NotFoundError,
     PermissionDeniedError,
     PreconditionFailedError,
@@ -31,8 +30,9 @@ from torchbucket.errors import (
     ThrottledError,
 )
 from torchbucket.storage.base import ObjectInfo, ObjectStore
+from torchbucket.storage.listed import read_verified
 
-__all__ = ["compose_allowed", "fetch_group", "read_verified"]
+__all__ = ["compose_allowed", "fetch_group"]
 
 logger = logging.getLogger(__name__)
 
@@ -106,37 +106,6 @@ def compose_allowed(store: ObjectStore, config: ComposeConfig) -> bool:
             return False
         del _cooldown_until[key]
     return True
-
-
-async def read_verified(store: ObjectStore, info: ObjectInfo) -> bytes:
-    """Read one object as listed: its listed generation, checked against its size.
-
-    Raises:
-        NotFoundError: The object is gone, or was rewritten since it was listed.
-        IntegrityError: It is not the size it was listed with.
-    """
-    try:
-        data = await store.get(info.name, generation=info.generation)
-    except NotFoundError as exc:
-        if info.generation is None:
-            raise
-        raise NotFoundError(
-            f"object was deleted or rewritten since it was listed (listed generation "
-            f"{info.generation}); list the dataset again to read the new version",
-            operation="get",
-            uri=store.uri(info.name),
-            status=exc.status,
-        ) from exc
-    # A gzip object (Content-Encoding: gzip) was listed with its stored size;
-    # its decoded bytes (what a read returns) have another length.
-    if len(data) != info.size and not info.transcoded:
-        raise IntegrityError(
-            f"read {len(data)} bytes, but the object was listed with {info.size}: it changed "
-            "since it was listed",
-            operation="get",
-            uri=store.uri(info.name),
-        )
-    return data
 
 
 async def _read_all(store: ObjectStore, infos: Sequence[ObjectInfo]) -> list[bytes | BaseException]:
@@ -245,7 +214,7 @@ async def fetch_group(
     """Read a group of objects, through one composite when compose is allowed.
 
     The composite, if one was made, is deleted in the background, off the
-    group's critical path (:func:`~torchbucket.compose.drain_deletes` waits
+    group's critical path (:func:`~torchbucket.compose.registry.drain_deletes` waits
     for those deletes); if a delete fails, the composite stays registered for
     deletion at process exit.
 

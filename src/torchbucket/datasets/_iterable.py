@@ -13,7 +13,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from torchbucket import runtime
 from torchbucket.accounting import RequestStats
-from torchbucket.compose import ComposeConfig, drain_deletes
+from torchbucket.compose import ComposeConfig
+from torchbucket.compose.registry import drain_deletes
 from torchbucket.datasets._common import (
     DataFormatFn,
     apply_format,

@@ -10,7 +10,8 @@ from torch.utils.data import Dataset
 
 from torchbucket import runtime
 from torchbucket.accounting import RequestStats
-from torchbucket.compose import ComposeConfig, drain_deletes
+from torchbucket.compose import ComposeConfig
+from torchbucket.compose.registry import drain_deletes
 from torchbucket.datasets._common import (
     DataFormatFn,
     apply_format,

@@ -31,11 +31,11 @@ import torch
 import torch.multiprocessing  # registers the shared-memory storages of _new_shared
 from torch.utils.data import get_worker_info
 
-from torchbucket.compose import read_verified
 from torchbucket.datasets.config import FetchConfig
 from torchbucket.errors import IntegrityError, NotFoundError
 from torchbucket.storage.base import ObjectInfo, ObjectStore
 from torchbucket.storage.crc32c import Crc32c
+from torchbucket.storage.listed import read_verified
 from torchbucket.storage.ranges import fetch_ranges
 
 __all__ = ["Sample", "collate_list", "new_tensor", "read_object", "to_output"]

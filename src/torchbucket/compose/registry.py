@@ -15,6 +15,9 @@ A process killed outright (SIGKILL, OOM) leaves its composites behind;
 :func:`torchbucket.compose.cleanup_composites` (``torchbucket cleanup``) removes
 them. A forked child starts with an empty registry: its parent's composites are
 the parent's to delete.
+
+Not user API: the datasets and the checkpoint writer (its staged objects)
+register here.
 """
 
 from __future__ import annotations
