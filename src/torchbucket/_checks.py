@@ -11,7 +11,7 @@ from typing import Any
 
 from torchbucket.errors import ConfigError
 
-__all__ = ["check_callable", "check_gcs_config", "check_instance", "check_int"]
+__all__ = ["check_callable", "check_instance", "check_int"]
 
 
 def _shown(value: Any) -> str:
@@ -42,15 +42,6 @@ def check_instance(
     wanted = " or ".join(t.__name__ for t in types) + (" or None" if optional else "")
     message = f"{owner}: {parameter} must be a {wanted}, got {type(value).__name__} {_shown(value)}"
     raise ConfigError(message + (f" ({hint})" if hint else ""))
-
-
-def check_gcs_config(value: Any, *, owner: str, parameter: str = "gcs_config") -> None:
-    """:func:`check_instance` for a ``GCSConfig``, imported only when one is given."""
-    if value is None:
-        return
-    from torchbucket.storage.gcs import GCSConfig
-
-    check_instance(value, GCSConfig, owner=owner, parameter=parameter)
 
 
 def check_callable(value: Any, *, owner: str, parameter: str) -> None:

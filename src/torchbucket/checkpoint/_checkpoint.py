@@ -6,7 +6,7 @@ import threading
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from torchbucket import runtime
-from torchbucket._checks import check_gcs_config, check_instance
+from torchbucket._checks import check_instance
 from torchbucket._uri import parse_uri
 from torchbucket.checkpoint import _mapped as mapped
 from torchbucket.checkpoint._config import CheckpointConfig
@@ -14,6 +14,7 @@ from torchbucket.checkpoint._reader import CheckpointReader
 from torchbucket.checkpoint._writer import CheckpointWriter
 from torchbucket.errors import InvalidURIError, NotFoundError
 from torchbucket.storage import ObjectStore, store_for
+from torchbucket.storage.checks import check_gcs_config
 
 if TYPE_CHECKING:
     from torchbucket.storage.gcs import GCSConfig

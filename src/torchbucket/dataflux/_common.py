@@ -8,9 +8,10 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, SupportsIndex
 
-from torchbucket._checks import check_callable, check_gcs_config, check_instance
+from torchbucket._checks import check_callable, check_instance
 from torchbucket.compose import ComposeConfig
 from torchbucket.config import RetryConfig
+from torchbucket.storage.checks import check_gcs_config
 
 if TYPE_CHECKING:
     from torchbucket.datasets.catalog import Catalog

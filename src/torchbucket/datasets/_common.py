@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from torchbucket._checks import check_callable, check_gcs_config, check_instance
+from torchbucket._checks import check_callable, check_instance
 from torchbucket.compose import ComposeConfig
 from torchbucket.compose.registry import install_sigterm_handler
 from torchbucket.datasets._receive import Sample
 from torchbucket.datasets.catalog import Catalog
+from torchbucket.storage.checks import check_gcs_config
 
 __all__ = [
     "DataFormatFn",

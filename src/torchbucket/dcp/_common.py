@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from torchbucket._checks import check_gcs_config, check_instance
+from torchbucket._checks import check_instance
 from torchbucket._uri import is_bucket_uri, parse_uri, uri_text
 from torchbucket.errors import ConfigError
+from torchbucket.storage.checks import check_gcs_config
 
 __all__ = [
     "DATA_SUFFIX",

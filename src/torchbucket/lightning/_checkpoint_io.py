@@ -12,10 +12,11 @@ import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from torchbucket._checks import check_gcs_config, check_instance, check_int
+from torchbucket._checks import check_instance, check_int
 from torchbucket._uri import uri_text
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.lightning._filesystem import set_active_checkpoint
+from torchbucket.storage.checks import check_gcs_config
 
 if TYPE_CHECKING:
     from torchbucket.storage.gcs import GCSConfig
