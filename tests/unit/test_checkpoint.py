@@ -21,8 +21,8 @@ from torchbucket.checkpoint import (
     CheckpointConfig,
     abort_incomplete_uploads,
 )
+from torchbucket.checkpoint._parts import first_part_size
 from torchbucket.checkpoint._reader import split_ranges
-from torchbucket.checkpoint._writer import first_part_size
 from torchbucket.errors import (
     ConfigError,
     DeadlineExceededError,

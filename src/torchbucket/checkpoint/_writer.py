@@ -38,7 +38,6 @@ import concurrent.futures
 import functools
 import io
 import logging
-import math
 import threading
 import warnings
 from types import TracebackType
@@ -46,8 +45,15 @@ from typing import Literal
 
 from torchbucket import runtime
 from torchbucket.checkpoint._cleanup import abort_uploads
-from torchbucket.checkpoint._config import CheckpointConfig, MiB
+from torchbucket.checkpoint._config import CheckpointConfig
 from torchbucket.checkpoint._crc import Crc32c
+from torchbucket.checkpoint._parts import (
+    BufferPool,
+    first_part_size,
+    part_size,
+    saved_anyway,
+    verify_saved,
+)
 from torchbucket.checkpoint._staging import (
     drop,
     promote,
@@ -66,8 +72,6 @@ from torchbucket.checkpoint._upload import (
 )
 from torchbucket.errors import (
     DeadlineExceededError,
-    IntegrityError,
-    NotFoundError,
     RetryableError,
     StorageError,
 )
@@ -81,49 +85,6 @@ from torchbucket.storage.base import (
 __all__ = ["CheckpointWriter"]
 
 logger = logging.getLogger(__name__)
-
-#: Parts double in size after every this many, so any size fits 10,000 parts.
-_GROWTH_PERIOD = 1000
-
-
-class _BufferPool:
-    """Part buffers reused between parts, so each save touches its memory once."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._free: list[bytearray] = []
-        self._size = 0
-        self.live = 0
-        self.peak_live = 0
-
-    def take(self, size: int) -> bytearray:
-        with self._lock:
-            if size != self._size:
-                self._free.clear()
-                self._size = size
-            buffer = self._free.pop() if self._free else bytearray(size)
-            self.live += 1
-            self.peak_live = max(self.peak_live, self.live)
-            return buffer
-
-    def give(self, buffer: bytearray) -> None:
-        with self._lock:
-            self.live -= 1
-            if len(buffer) == self._size:
-                self._free.append(buffer)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
-
-
-def first_part_size(config: CheckpointConfig, size_hint: int | None) -> int:
-    """The size of the first parts: ``part_size``, larger for a huge ``size_hint``."""
-    if not size_hint:
-        return config.part_size
-    # Leave a tenth of the part numbers as slack for a hint that was low.
-    needed = math.ceil(size_hint / (MULTIPART_MAX_PARTS * 9 // 10))
-    return max(config.part_size, math.ceil(needed / MiB) * MiB)
 
 
 class CheckpointWriter(io.BufferedIOBase):
@@ -162,7 +123,7 @@ class CheckpointWriter(io.BufferedIOBase):
             store, self._staging or key, config.upload_method
         )
         self._slots = threading.Semaphore(config.max_parts_in_flight)
-        self._pool = _BufferPool()
+        self._pool = BufferPool()
         self._base_part_size = first_part_size(config, size_hint)
         self._buffer: bytearray | None = None
         self._fill = 0
@@ -337,7 +298,7 @@ class CheckpointWriter(io.BufferedIOBase):
             raise error
 
     def _part_size(self, number: int) -> int:
-        return self._base_part_size << ((number - 1) // _GROWTH_PERIOD)
+        return part_size(self._base_part_size, number)
 
     def _hand_over(self) -> None:
         buffer, fill = self._buffer, self._fill
@@ -404,18 +365,7 @@ class CheckpointWriter(io.BufferedIOBase):
 
     def _saved_anyway(self) -> ObjectInfo | None:
         """The object, if it holds exactly what was written (size and CRC32C)."""
-        try:
-            info = runtime.run(self._store.head(self._upload_key))
-        except NotFoundError:
-            return None
-        except StorageError:
-            logger.debug(
-                "%s: could not check the object after a failed save", self.uri, exc_info=True
-            )
-            return None
-        if info.size == self._written and info.crc32c == self._crc.b64():
-            return info
-        return None
+        return saved_anyway(self._store, self._upload_key, self._written, self._crc.b64())
 
     @property
     def _upload_key(self) -> str:
@@ -442,21 +392,7 @@ class CheckpointWriter(io.BufferedIOBase):
         return info
 
     def _verify(self, info: ObjectInfo) -> ObjectInfo:
-        if info.crc32c is None:
-            info = runtime.run(self._store.head(self._key))
-        if info.crc32c is None:
-            logger.debug("%s: the store reports no CRC32C; size checked only", self.uri)
-        expected = self._crc.b64()
-        if info.size == self._written and info.crc32c in (None, expected):
-            return info
-        if info.generation is not None:
-            runtime.run(self._store.delete(self._key, generation=info.generation))
-        raise IntegrityError(
-            f"the saved object ({info.size} bytes, crc32c {info.crc32c}) differs from what "
-            f"was written ({self._written} bytes, crc32c {expected}); it was deleted",
-            operation="checkpoint save",
-            uri=self.uri,
-        )
+        return verify_saved(self._store, self._key, info, self._written, self._crc.b64())
 
     def _abort_stale_uploads(
         self, listing: concurrent.futures.Future[list[MultipartUpload]], age: float

@@ -13,10 +13,8 @@ from __future__ import annotations
 import base64
 import bisect
 import hashlib
-import json
 import secrets
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 from urllib.parse import quote
@@ -27,7 +25,6 @@ from aiohttp import web
 from torchbucket.emulator._hashes import check_declared, declared_in_headers
 from torchbucket.emulator._http import (
     ASSEMBLED_HEADER,
-    XML_TYPE,
     ApiError,
     Call,
     error_response,
@@ -35,12 +32,11 @@ from torchbucket.emulator._http import (
     rfc3339,
     xml_escape,
 )
+from torchbucket.emulator._xml_wire import NS, as_xml_error, copy_generation, parse_complete, xml
 
 __all__ = ["XmlApi"]
 
 MAX_PARTS = 10_000
-_NS = 'xmlns="http://s3.amazonaws.com/doc/2006-03-01/"'
-_HEAD = "<?xml version='1.0' encoding='UTF-8'?>"
 
 
 class JsonBackend(Protocol):
@@ -62,24 +58,6 @@ class _Upload:
         self.initiated = time.time()
         # part number -> (etag without quotes, data, time)
         self.parts: dict[int, tuple[str, bytes, float]] = {}
-
-
-def _xml(body: str, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    out = web.Response(status=status, body=(_HEAD + body).encode(), headers=headers)
-    out.headers["Content-Type"] = XML_TYPE
-    return out
-
-
-def _as_xml_error(resp: web.Response, no_such: str = "NoSuchKey") -> web.Response:
-    """Re-render a JSON API error answer as an XML API error."""
-    if resp.status < 400:
-        return resp
-    try:
-        message = json.loads(resp.body or b"{}")["error"]["message"]  # type: ignore[arg-type]
-    except (ValueError, KeyError, TypeError):
-        message = resp.reason or "error"
-    code = no_such if resp.status == 404 else None
-    return error_response(resp.status, str(message), xml=True, xml_code=code)
 
 
 class XmlApi:
@@ -158,7 +136,7 @@ class XmlApi:
                 host=call.host,
             )
         )
-        return _as_xml_error(resp)
+        return as_xml_error(resp)
 
     async def _put(self, call: Call) -> web.Response:
         check_declared(declared_in_headers(call.headers, xml=True), call.body, xml=True)
@@ -179,10 +157,10 @@ class XmlApi:
             )
         )
         if resp.status >= 400:
-            return _as_xml_error(resp, "NoSuchBucket")
+            return as_xml_error(resp, "NoSuchBucket")
         md5 = hashlib.md5(call.body).hexdigest()
         out = web.Response(status=200, headers={"ETag": f'"{md5}"'})
-        _copy_generation(resp, out)
+        copy_generation(resp, out)
         return out
 
     async def _delete(self, call: Call) -> web.Response:
@@ -190,7 +168,7 @@ class XmlApi:
             json_call("DELETE", "delete", call.route.bucket, call.route.name, host=call.host)
         )
         if resp.status >= 400:
-            return _as_xml_error(resp)
+            return as_xml_error(resp)
         return web.Response(status=204)
 
     # -- multipart uploads ---------------------------------------------------
@@ -212,8 +190,8 @@ class XmlApi:
         self.uploads[upload_id] = _Upload(
             call.route.bucket, call.route.name, upload_id, call.headers.get("Content-Type")
         )
-        return _xml(
-            f"<InitiateMultipartUploadResult {_NS}><Bucket>{xml_escape(call.route.bucket)}"
+        return xml(
+            f"<InitiateMultipartUploadResult {NS}><Bucket>{xml_escape(call.route.bucket)}"
             f"</Bucket><Key>{xml_escape(call.route.name)}</Key><UploadId>{upload_id}</UploadId>"
             "</InitiateMultipartUploadResult>"
         )
@@ -248,7 +226,7 @@ class XmlApi:
 
     async def _complete(self, call: Call) -> web.Response:
         upload = self._upload(call)
-        wanted = _parse_complete(call.body)
+        wanted = parse_complete(call.body)
         chunks: list[bytes] = []
         previous = 0
         for i, (number, etag) in enumerate(wanted):
@@ -290,17 +268,17 @@ class XmlApi:
             )
         )
         if resp.status >= 400:
-            return _as_xml_error(resp, "NoSuchBucket")
+            return as_xml_error(resp, "NoSuchBucket")
         self.uploads.pop(upload.upload_id, None)
         digest = hashlib.md5(b"".join(bytes.fromhex(e) for _, e in wanted)).hexdigest()
         etag = f'"{digest}-{len(wanted)}"'
-        out = _xml(
-            f"<CompleteMultipartUploadResult {_NS}><Location>http://{xml_escape(call.host)}/"
+        out = xml(
+            f"<CompleteMultipartUploadResult {NS}><Location>http://{xml_escape(call.host)}/"
             f"{xml_escape(upload.bucket)}/{xml_escape(quote(upload.key))}</Location>"
             f"<Bucket>{xml_escape(upload.bucket)}</Bucket><Key>{xml_escape(upload.key)}</Key>"
             f"<ETag>{xml_escape(etag)}</ETag></CompleteMultipartUploadResult>"
         )
-        _copy_generation(resp, out)
+        copy_generation(resp, out)
         return out
 
     async def _abort(self, call: Call) -> web.Response:
@@ -342,8 +320,8 @@ class XmlApi:
                 f"<NextKeyMarker>{xml_escape(page[-1][0])}</NextKeyMarker>"
                 f"<NextUploadIdMarker>{page[-1][2]}</NextUploadIdMarker>"
             )
-        return _xml(
-            f"<ListMultipartUploadsResult {_NS}><Bucket>{xml_escape(call.route.bucket)}</Bucket>"
+        return xml(
+            f"<ListMultipartUploadsResult {NS}><Bucket>{xml_escape(call.route.bucket)}</Bucket>"
             f"<KeyMarker>{xml_escape(key_marker)}</KeyMarker>"
             f"<UploadIdMarker>{xml_escape(id_marker)}</UploadIdMarker>{nxt}"
             f"<Prefix>{xml_escape(prefix)}</Prefix><MaxUploads>{max_uploads}</MaxUploads>"
@@ -358,62 +336,8 @@ class XmlApi:
             f'<ETag>"{etag}"</ETag><Size>{len(data)}</Size></Part>'
             for n, (etag, data, t) in sorted(upload.parts.items())
         )
-        return _xml(
-            f"<ListPartsResult {_NS}><Bucket>{xml_escape(upload.bucket)}</Bucket>"
+        return xml(
+            f"<ListPartsResult {NS}><Bucket>{xml_escape(upload.bucket)}</Bucket>"
             f"<Key>{xml_escape(upload.key)}</Key><UploadId>{upload.upload_id}</UploadId>"
             f"<IsTruncated>false</IsTruncated>{rows}</ListPartsResult>"
         )
-
-
-def _copy_generation(source: web.Response, out: web.Response) -> None:
-    """Carry the new generation of a JSON upload answer into an XML answer."""
-    try:
-        resource = json.loads(source.body or b"{}")  # type: ignore[arg-type]
-    except ValueError:
-        return
-    if isinstance(resource, dict):
-        if "generation" in resource:
-            out.headers["x-goog-generation"] = str(resource["generation"])
-        hashes = []
-        if "crc32c" in resource:
-            hashes.append(f"crc32c={resource['crc32c']}")
-        if "md5Hash" in resource:
-            hashes.append(f"md5={resource['md5Hash']}")
-        if hashes:
-            out.headers["x-goog-hash"] = ",".join(hashes)
-
-
-def _parse_complete(body: bytes) -> list[tuple[int, str]]:
-    """The ``(part number, etag)`` pairs of a CompleteMultipartUpload body."""
-    try:
-        root = ET.fromstring(body)
-    except ET.ParseError:
-        raise ApiError(
-            400, "The XML you provided was not well-formed.", xml_code="MalformedXML"
-        ) from None
-    out: list[tuple[int, str]] = []
-    for part in root:
-        if _local(part.tag) != "Part":
-            continue
-        number = etag = None
-        for child in part:
-            tag = _local(child.tag)
-            if tag == "PartNumber":
-                number = (child.text or "").strip()
-            elif tag == "ETag":
-                etag = (child.text or "").strip().strip('"')
-        if number is None or etag is None:
-            raise ApiError(
-                400, "Every Part needs a PartNumber and an ETag.", xml_code="MalformedXML"
-            )
-        try:
-            out.append((int(number), etag))
-        except ValueError:
-            raise ApiError(400, f"Bad PartNumber {number!r}", xml_code="MalformedXML") from None
-    if not out:
-        raise ApiError(400, "CompleteMultipartUpload lists no parts.", xml_code="MalformedXML")
-    return out
-
-
-def _local(tag: str) -> str:
-    return tag.rsplit("}", 1)[-1]
