@@ -126,7 +126,7 @@ EDGES = _edges()
 
 
 def test_every_import_resolves_and_every_module_has_a_layer() -> None:
-    assert len(MODULES) > 100
+    assert len(MODULES) > 50  # the walk found the package
     unknown = [f"{a}:{line} -> {b}" for a, b, line in EDGES if b not in MODULES]
     assert unknown == []
     for module in MODULES:
