@@ -90,6 +90,13 @@ CONTENDERS = [
               "torchbucket", {"kind": "iterable", "compose": True}),
     Contender("tb_iter", "torchbucket iterable, no compose", "tb_loader.py", False,
               "torchbucket", {"kind": "iterable", "compose": False}),
+    # Large samples only: received into shared-memory tensors, handed over by handle.
+    Contender("tb_map_fast_tensor", "torchbucket map + BucketBatchSampler, tensor output",
+              "tb_loader.py", False, "torchbucket",
+              {"kind": "map_fast", "compose": False, "output": "tensor", "large_only": True}),
+    Contender("tb_iter_tensor", "torchbucket iterable, no compose, tensor output", "tb_loader.py",
+              False, "torchbucket",
+              {"kind": "iterable", "compose": False, "output": "tensor", "large_only": True}),
     Contender("df_map_t1", "dataflux map, compose, 1 thread", "dataflux_loader.py", True,
               "dataflux", {"kind": "map", "compose": True, "threads": 1}),
     Contender("df_map_t8", "dataflux map, compose, 8 threads", "dataflux_loader.py", True,
@@ -122,7 +129,14 @@ class DataSet:
 
     @property
     def label(self) -> str:
+        if self.size >= LARGE:
+            return f"{self.count:,} x {self.size >> 20} MiB"
         return f"{self.count:,} x {self.size // 1024} KiB"
+
+
+#: Datasets of samples at least this large also run the tensor-output contenders
+#: and report client CPU per MiB.
+LARGE = 1 << 20
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -141,7 +155,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--only", default=None, help="comma-separated contender keys to run (default all)"
     )
     p.add_argument(
-        "--datasets", default=None, help="comma-separated datasets: 100kib,10kib (default both)"
+        "--datasets",
+        default=None,
+        help="comma-separated datasets: 100kib,10kib,4mib,64mib (default all; --smoke: "
+        "the first two)",
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per contender run")
     args = p.parse_args(argv)
@@ -159,6 +176,9 @@ def datasets_for(args: argparse.Namespace) -> list[DataSet]:
         sets = [DataSet("100kib", 10000, 100 << 10, 500), DataSet("10kib", 6000, 10 << 10, 500)]
     else:
         sets = [DataSet("100kib", 10000, 100 << 10, 1000), DataSet("10kib", 20000, 10 << 10, 1000)]
+    if not args.smoke:
+        # Large samples (issue 18): the same in quick and full mode.
+        sets += [DataSet("4mib", 240, 4 << 20, 24), DataSet("64mib", 24, 64 << 20, 4)]
     if args.datasets:
         sets = [d for d in sets if d.key in args.datasets.split(",")]
     return sets
@@ -295,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
                     slow = c.family in ("dataflux", "naive") or c.spec.get("sampled")
                     if slow and rep >= args.slow_repeats:
                         continue
+                    if c.spec.get("large_only") and ds.size < LARGE:
+                        continue
                     print(
                         f"  {ds.key} {c.key} run {rep + 1} ...", end="", file=sys.stderr, flush=True
                     )
@@ -324,6 +346,12 @@ def main(argv: list[str] | None = None) -> int:
         result[f"client_cpu_ms_per_obj_{ds.key}"] = (
             round(summary[tb_key]["client_cpu_ms_per_obj"], 3) if tb_key else None
         )
+        if ds.size >= LARGE:
+            result[f"client_cpu_ms_per_mib_{ds.key}"] = (
+                round(summary[tb_key]["client_cpu_ms_per_obj"] / (ds.size / LARGE), 3)
+                if tb_key
+                else None
+            )
         result[f"samples_per_s_torchbucket_{ds.key}"] = round(tb_rate)
         result[f"samples_per_s_dataflux_{ds.key}"] = round(df_rate) if df_key else None
         result[f"best_torchbucket_{ds.key}"] = tb_key
@@ -365,6 +393,15 @@ def main(argv: list[str] | None = None) -> int:
         "fraction_of_limit_ge_0_8": (result.get("fraction_of_limit_10kib") or 0) >= 0.8,
         "zero_composites": result["composites_left"] == 0,
         "client_cpu_le_0_3_ms": (result.get("client_cpu_ms_per_obj_10kib") or math.inf) <= 0.3,
+        # Large samples (issue 18): 0.8 of the bare loop, 3x dataflux, 2 ms CPU per MiB.
+        "large_fraction_of_limit_ge_0_8": all(
+            (result.get(f"fraction_of_limit_{d.key}") or 0) >= 0.8 for d in sets if d.size >= LARGE
+        ),
+        "large_speedup_vs_dataflux_ge_3": all(
+            (result.get(f"speedup_vs_dataflux_{d.key}") or 0) >= 3 for d in sets if d.size >= LARGE
+        ),
+        "client_cpu_le_2_ms_per_mib_4mib": (result.get("client_cpu_ms_per_mib_4mib") or math.inf)
+        <= 2,
     }
     result.update(
         mode=mode,

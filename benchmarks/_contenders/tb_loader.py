@@ -6,7 +6,9 @@ joined) and the consumer's check of every byte.
 
 Spec: ``endpoint``, ``bucket``, ``prefix``, ``count``, ``size``, ``seed``,
 ``kind`` (``"map"`` or ``"iterable"``), ``compose`` (bool), ``batch_size``,
-``num_workers``, ``pid_file``.
+``num_workers``, ``pid_file``, ``output`` (``"bytes"``, the default, or
+``"tensor"``: samples received into shared-memory tensors and handed over by
+handle; measure_loader's identity collate keeps a batch a list of them).
 """
 
 from __future__ import annotations
@@ -28,12 +30,16 @@ def main() -> None:
     uri = f"gs://{spec['bucket']}/{spec['prefix']}"
     gcs = GCSConfig(endpoint=spec["endpoint"])
     compose = ComposeConfig(disable=not spec["compose"])
+    output = spec.get("output", "bytes")
+    fetch = FetchConfig(output=output)
     dataset: BucketMapDataset | BucketIterableDataset
     if spec["kind"] == "map":
-        dataset = BucketMapDataset.from_prefix(uri, gcs_config=gcs, compose=compose)
+        dataset = BucketMapDataset.from_prefix(uri, gcs_config=gcs, compose=compose, fetch=fetch)
         concurrency = spec["batch_size"]
     else:
-        dataset = BucketIterableDataset.from_prefix(uri, gcs_config=gcs, compose=compose)
+        dataset = BucketIterableDataset.from_prefix(
+            uri, gcs_config=gcs, compose=compose, fetch=fetch
+        )
         concurrency = FetchConfig().prefetch
     names = generated_names(spec["prefix"], spec["count"])
     verifier = Verifier(names, spec["size"], spec.get("seed", 0))
