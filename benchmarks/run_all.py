@@ -197,7 +197,8 @@ def build_page(statuses: dict[str, dict[str, Any]], quick: bool) -> str:
         "Reproduce with `make bench`, which runs:",
         "",
         "```sh",
-        "benchmarks/setup_bench_env.sh        # .venv-bench: google-cloud-storage, gcs-torch-dataflux",
+        "benchmarks/setup_bench_env.sh        # .venv-bench: google-cloud-storage<3, gcs-torch-dataflux;"
+        " .venv-gcsfs: gcsfs, webdataset",
         f"python benchmarks/run_all.py{flag}",
         "```",
         "",

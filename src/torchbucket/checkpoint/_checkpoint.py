@@ -131,8 +131,9 @@ class BucketCheckpoint:
         With ``mmap=True`` (on Linux) the checkpoint is downloaded into an
         in-memory file that ``torch.load(..., mmap=True)`` maps, so the tensors
         are the downloaded pages rather than copies of them: the load skips
-        ``torch.load``'s copy of every byte and its peak memory is the
-        checkpoint once instead of twice. As with a mapped local file, the
+        ``torch.load``'s copy of every byte. (Without it the load peaks at
+        about the checkpoint once too: the download hands each tensor's pages
+        back as ``torch.load`` copies them out.) As with a mapped local file, the
         tensors are a private copy-on-write mapping: a page written in place is
         copied on its first write, and the download stays in memory while any
         loaded tensor does. (Pages of an in-memory file cost the kernel more to
