@@ -72,17 +72,14 @@ def _wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
 
 @pytest.mark.parametrize(
     ("context", "compose", "persistent"),
-    [("fork", False, True), ("fork", True, False), ("spawn", False, False), ("spawn", True, True)],
+    [("fork", False, True), ("fork", None, False), ("spawn", False, False), ("spawn", True, True)],
 )
 def test_epochs_through_workers_in_the_samplers_order_each_object_read_once(
-    emulator: Emulator, bucket: str, context: str, compose: bool, persistent: bool
+    emulator: Emulator, bucket: str, context: str, compose: bool | None, persistent: bool
 ) -> None:
-    ds = _dataset(
-        emulator,
-        bucket,
-        compose=ComposeConfig(disable=not compose, max_composite_object_size=2000),
-        fetch=FetchConfig(prefetch=24),
-    )
+    # None: the default, which composes when reading ahead.
+    config = None if compose is None else ComposeConfig(disable=not compose)
+    ds = _dataset(emulator, bucket, compose=config, fetch=FetchConfig(prefetch=24))
     sampler = BucketBatchSampler(ds, batch_size=16, seed=21)
     loader = DataLoader(
         ds,
@@ -93,22 +90,27 @@ def test_epochs_through_workers_in_the_samplers_order_each_object_read_once(
         collate_fn=_as_list,
     )
     epochs = []
+    composes = emulator.stats()["by_op"].get("compose", 0)
     for epoch in range(2):
         sampler.set_epoch(epoch)
         before = _gets(emulator)
         seen = [sample for batch in loader for sample in batch]
         assert seen == [payload(i) for batch in sampler for i in batch]
         assert sorted(seen) == sorted(payload(i) for i in range(N))
-        if not compose:
+        if compose is False:
             # Each worker followed its own batches: nothing read twice, or in vain.
             assert _gets(emulator) - before == N
         epochs.append(seen)
     assert epochs[0] != epochs[1]
+    composed = emulator.stats()["by_op"].get("compose", 0) - composes
+    assert (composed > 0) is (compose is not False)
     assert emulator.object_names(bucket, COMPOSITE_PREFIX) == []
 
 
 def test_reads_ahead_of_the_batch_asked_for_over_http(emulator: Emulator, bucket: str) -> None:
-    ds = _dataset(emulator, bucket, fetch=FetchConfig(prefetch=16))
+    ds = _dataset(
+        emulator, bucket, compose=ComposeConfig(disable=True), fetch=FetchConfig(prefetch=16)
+    )
     batches = list(BucketBatchSampler(ds, batch_size=8, seed=2))
     before = _gets(emulator)
     assert ds.__getitems__(batches[0]) == [payload(i) for i in batches[0]]
