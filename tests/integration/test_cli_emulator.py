@@ -174,7 +174,8 @@ def test_bench_prints_a_table_and_deletes_what_it_wrote(
     argv = ["bench", "--small-count", "30", "--small-size", "2KiB", "--large-size", "9MiB"]
     assert run(emulator, *argv, f"gs://{bucket.bucket}/scratch/") == 0
     table = capsys.readouterr().out.splitlines()
-    assert [row.split()[:3] for row in table[3:]] == [
+    assert [row.split()[0] for row in table[9:]] == ["requests:", "cost:"]
+    assert [row.split()[:3] for row in table[3:9]] == [
         ["write", "small", "30"],
         ["write", "large", "1"],
         ["list", "31", "-"],

@@ -208,8 +208,11 @@ def test_bench_prints_a_table_and_leaves_nothing(
     argv = ["bench", "--small-count", "20", "--small-size", "1KiB", "--large-size", "20MiB"]
     assert main([*argv, f"memory://{bucket.bucket}/scratch/"]) == 0
     out = capsys.readouterr().out
-    steps = [line.split()[0] for line in out.splitlines()[3:]]
+    lines = out.splitlines()
+    steps = [line.split()[0] for line in lines[3:9]]
     assert steps == ["write", "write", "list", "read", "read", "delete"]
+    # After the table: what the run cost, in requests and at list prices.
+    assert [line.split()[0] for line in lines[9:]] == ["requests:", "cost:"]
     names = [o.name for o in runtime.run(bucket.list_page("")).objects]
     assert names == ["keep"]
     assert runtime.run(bucket.multipart_list()) == []
