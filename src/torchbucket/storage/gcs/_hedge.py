@@ -78,7 +78,17 @@ class _SizeClass:
 class _Race(Generic[S]):
     """One hedged read's timer and spare request."""
 
-    __slots__ = ("hedger", "make_spare", "over", "result", "spare", "task", "timer", "won")
+    __slots__ = (
+        "hedger",
+        "make_spare",
+        "over",
+        "result",
+        "sent",
+        "spare",
+        "task",
+        "timer",
+        "won",
+    )
 
     def __init__(
         self, hedger: Hedger, make_spare: Callable[[], Awaitable[S]], task: asyncio.Task[Any]
@@ -90,6 +100,7 @@ class _Race(Generic[S]):
         self.spare: asyncio.Task[S] | None = None
         self.won = False
         self.over = False
+        self.sent = False
         self.result: S | None = None
 
     def launch(self) -> None:
@@ -97,11 +108,19 @@ class _Race(Generic[S]):
         self.timer = None
         if self.over or not self.hedger.spend():
             return
-        self.spare = spare = asyncio.ensure_future(self.make_spare())
+        self.spare = spare = asyncio.ensure_future(self._send())
         spare.add_done_callback(self._spare_done)
+
+    async def _send(self) -> S:
+        # Counted once it runs: a read that answered meanwhile cancels it unsent.
+        self.sent = True
+        self.hedger.count()
+        return await self.make_spare()
 
     def _spare_done(self, spare: asyncio.Task[S]) -> None:
         if spare.cancelled():
+            if not self.sent:
+                self.hedger.refund()
             return
         error = spare.exception()  # retrieved, so a lost spare's error is never logged
         if error is not None or self.over:
@@ -150,9 +169,16 @@ class Hedger:
         if self._tokens < 1.0:
             return False
         self._tokens -= 1.0
+        return True
+
+    def refund(self) -> None:
+        """Give back a hedge that was never sent."""
+        self._tokens = min(self.config.burst, self._tokens + 1.0)
+
+    def count(self) -> None:
+        """Count one hedge sent."""
         self.hedges += 1
         accounting.hedged()
-        return True
 
     def wait_for(self, nbytes: int | None) -> float | None:
         """Seconds before a read of ``nbytes`` (``None``: a whole object) is hedged."""
