@@ -9,7 +9,7 @@ from torchbucket import runtime
 from torchbucket._checks import check_instance
 from torchbucket._uri import parse_uri
 from torchbucket.checkpoint import _mapped as mapped
-from torchbucket.checkpoint._config import CheckpointConfig
+from torchbucket.checkpoint.config import CheckpointConfig
 from torchbucket.checkpoint._reader import CheckpointReader
 from torchbucket.checkpoint._writer import CheckpointWriter
 from torchbucket.errors import InvalidURIError, NotFoundError

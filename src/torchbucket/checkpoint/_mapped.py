@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import Any
 
 from torchbucket import runtime
-from torchbucket.checkpoint._config import CheckpointConfig
+from torchbucket.checkpoint.config import CheckpointConfig
 from torchbucket.checkpoint._reader import MemoryFile, download, load_decoded
 from torchbucket.storage.base import ObjectInfo, ObjectStore
 

@@ -14,7 +14,7 @@ import math
 import threading
 
 from torchbucket import runtime
-from torchbucket.checkpoint._config import CheckpointConfig, MiB
+from torchbucket.checkpoint.config import CheckpointConfig, MiB
 from torchbucket.errors import IntegrityError, NotFoundError, StorageError
 from torchbucket.storage.base import MULTIPART_MAX_PARTS, ObjectInfo, ObjectStore
 

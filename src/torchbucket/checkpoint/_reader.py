@@ -22,7 +22,7 @@ import numpy as np
 
 from torchbucket import runtime
 from torchbucket.checkpoint import _consumed
-from torchbucket.checkpoint._config import CheckpointConfig
+from torchbucket.checkpoint.config import CheckpointConfig
 from torchbucket.checkpoint._crc import Crc32c
 from torchbucket.errors import IntegrityError, NotFoundError
 from torchbucket.storage.base import ObjectInfo, ObjectStore

@@ -45,7 +45,7 @@ from typing import Literal
 
 from torchbucket import runtime
 from torchbucket.checkpoint._cleanup import abort_uploads
-from torchbucket.checkpoint._config import CheckpointConfig
+from torchbucket.checkpoint.config import CheckpointConfig
 from torchbucket.checkpoint._crc import Crc32c
 from torchbucket.checkpoint._parts import (
     BufferPool,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 
-from torchbucket.compose._config import (
+from torchbucket.compose.config import (
     COMPOSITE_PREFIX,
     DEFAULT_MAX_COMPOSITE_OBJECT_SIZE,
     ComposeConfig,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from torchbucket.compose._config import ComposeConfig
+from torchbucket.compose.config import ComposeConfig
 from torchbucket.storage.base import ObjectStore
 
 __all__ = ["known_retention", "soft_delete_allows", "soft_delete_blocked"]

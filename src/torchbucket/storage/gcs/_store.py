@@ -32,7 +32,7 @@ from torchbucket.errors import NotFoundError
 from torchbucket.storage._common import check_range
 from torchbucket.storage.base import ListPage, MultipartUpload, ObjectInfo, Part
 from torchbucket.storage.gcs import _bucket, _objects, _reads, _resumable, _simple
-from torchbucket.storage.gcs._config import GCSConfig
+from torchbucket.storage.gcs.config import GCSConfig
 from torchbucket.storage.gcs._multipart import XMLMultipart
 from torchbucket.storage.gcs._transport import GCSTransport
 
