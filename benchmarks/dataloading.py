@@ -44,6 +44,22 @@ over the bare loop), ``client_cpu_ms_per_obj_10kib`` (of torchbucket's best
 contender) and ``composites_left`` (torchbucket's, after all runs; dataflux's
 are reported beside it). Goals: >= 4x dataflux's best (aim 6x), >= 30x the
 plain Dataset, >= 0.8 of the bare loop, 0 composites, <= 0.3 ms CPU/object.
+
+Latency (issue 19): ``--latency`` takes presets run in turn against the same
+buckets, by default ``same-region`` (constant) then ``same-region-tail`` (the
+same medians, a log-normal tail with p99 = 5x and 1 request in 1,000 stalled
+2 s; see ``torchbucket.emulator._latency``). The first preset's figures are the
+keys above; RESULT adds ``tail_slowdown_100kib`` (torchbucket's best samples/s
+under the constant preset over under the tail; also ``tail_slowdown_map_*``,
+``tail_slowdown_iterable_*`` and ``tail_slowdown_dataflux_*``),
+``speedup_vs_dataflux_tail_*``, ``p99_batch_s_map_100kib`` and
+``p50_batch_s_map_100kib`` (the time between two batches of the map-style
+dataset with a ``BucketBatchSampler``, under the tail; ``_no_readahead`` for
+the plain sampler) and ``hedged_request_fraction`` (hedged GETs over
+torchbucket's GETs under the tail; ``_same_region`` under the constant one).
+Goals: tail slowdown <= 1.15 for the map-style and iterable datasets, the lead
+over dataflux kept under the tail, p99 batch time <= 2x its median, hedges <=
+5% of reads. ``--no-hedge`` runs torchbucket with hedged reads off.
 """
 
 from __future__ import annotations
@@ -157,11 +173,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--datasets",
         default=None,
-        help="comma-separated datasets: 100kib,10kib,4mib,64mib, or all (default "
-        "100kib,10kib; --smoke has only those two)",
+        help="comma-separated datasets: 100kib,10kib,4mib,64mib (default all; --smoke: "
+        "the first two)",
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per contender run")
+    p.add_argument(
+        "--latency",
+        default="same-region,same-region-tail",
+        help="comma-separated emulator latency presets, each run in turn (default both: "
+        "the constant same-region and same-region-tail, its medians with a tail and stalls); "
+        "the first one's figures are the main RESULT keys",
+    )
+    p.add_argument(
+        "--no-hedge",
+        action="store_true",
+        help="torchbucket contenders with hedged reads off (GCSConfig.hedge)",
+    )
     args = p.parse_args(argv)
+    args.presets = [x for x in args.latency.split(",") if x]
     args.slow_repeats = args.repeats  # dataflux and the plain Dataset
     if args.repeats is None:
         args.repeats = 1 if args.smoke else 3
@@ -177,14 +206,11 @@ def datasets_for(args: argparse.Namespace) -> list[DataSet]:
     else:
         sets = [DataSet("100kib", 10000, 100 << 10, 1000), DataSet("10kib", 20000, 10 << 10, 1000)]
     if not args.smoke:
-        # Large samples (issue 18), the same in quick and full mode; run when named
-        # in --datasets (or "all"): they add minutes and 2.5 GiB to the emulator.
+        # Large samples (issue 18): the same in quick and full mode.
         sets += [DataSet("4mib", 240, 4 << 20, 24), DataSet("64mib", 24, 64 << 20, 4)]
-    if args.datasets == "all":
-        return sets
     if args.datasets:
-        return [d for d in sets if d.key in args.datasets.split(",")]
-    return [d for d in sets if d.size < LARGE]
+        sets = [d for d in sets if d.key in args.datasets.split(",")]
+    return sets
 
 
 def limit_concurrency() -> int:
@@ -195,7 +221,13 @@ def limit_concurrency() -> int:
 
 
 def run_one(
-    emu: Any, ds: DataSet, c: Contender, rep: int, bench_py: str | None, timeout: float
+    emu: Any,
+    ds: DataSet,
+    c: Contender,
+    rep: int,
+    bench_py: str | None,
+    timeout: float,
+    hedge: bool = True,
 ) -> dict[str, Any]:
     """Run one contender once on one dataset; return its figures."""
     spec: dict[str, Any] = {
@@ -208,6 +240,7 @@ def run_one(
         "batch_size": BATCH_SIZE,
         "num_workers": NUM_WORKERS,
         "pid_file": str(Path(tempfile.gettempdir()) / f"tb-bench-{os.getpid()}-{c.key}.pids"),
+        "hedge": hedge,
         **c.spec,
     }
     if c.family == "naive" or c.spec.get("sampled"):
@@ -254,6 +287,11 @@ def run_one(
         "setup_class_a": (d.get("setup_server") or {}).get("class_a", 0),
         "by_op": server["by_op"],
         "failures": {k: v for k, v in server["by_status"].items() if not k.startswith("2")},
+        "batch_s_p50": d.get("batch_s_p50") or math.nan,
+        "batch_s_p99": d.get("batch_s_p99") or math.nan,
+        # torchbucket only: second GETs of slow reads, over the library's own GETs.
+        "hedges": d.get("hedges", math.nan),
+        "client_gets": d.get("client_gets", math.nan),
     }
 
 
@@ -285,6 +323,91 @@ def best(summary: dict[str, dict[str, Any]], family: str) -> tuple[str | None, f
     return key, rate
 
 
+def tail_figures(
+    result: dict[str, Any],
+    by_preset: dict[str, dict[str, dict[str, dict[str, Any]]]],
+    presets: list[str],
+    sets: list[DataSet],
+) -> None:
+    """Add the latency-tail figures (issue 19) to ``result`` and print them.
+
+    With a constant preset first and a tail preset after it: the slowdown of
+    torchbucket's best (and of each of its datasets' best) and of dataflux's
+    best, torchbucket's lead over dataflux under each, the map-style dataset's
+    batch time quantiles under the tail, and the share of torchbucket's GETs
+    that were hedges, per preset.
+    """
+    for preset in presets:
+        hedges = gets = 0.0
+        for ds in sets:
+            for key, s in by_preset[preset].get(ds.key, {}).items():
+                c = next(c for c in CONTENDERS if c.key == key)
+                if s and c.family == "torchbucket" and not math.isnan(s.get("hedges", math.nan)):
+                    hedges += s["hedges"]
+                    gets += s["client_gets"]
+        suffix = "" if preset == presets[-1] else f"_{preset.replace('-', '_')}"
+        result[f"hedged_request_fraction{suffix}"] = round(h.ratio(hedges, gets), 4)
+    if len(presets) < 2:
+        return
+    base, tail = presets[0], presets[-1]
+    families = {
+        "": ("torchbucket", None),
+        "_map": ("torchbucket", ("tb_map", "tb_map_compose", "tb_map_fast", "tb_map_fast_compose")),
+        "_iterable": ("torchbucket", ("tb_iter", "tb_iter_compose")),
+        "_dataflux": ("dataflux", None),
+    }
+    for ds in sets:
+        under = {p: by_preset[p].get(ds.key, {}) for p in (base, tail)}
+        rates: dict[tuple[str, str], float] = {}
+        for name, (family, keys) in families.items():
+            for p in (base, tail):
+                if keys:
+                    ran = [under[p][k]["samples_per_s"] for k in keys if under[p].get(k)]
+                    rate = max(ran, default=math.nan)
+                else:
+                    rate = best(under[p], family)[1]
+                rates[(name, p)] = rate
+            slowdown = h.ratio(rates[(name, base)], rates[(name, tail)])
+            result[f"tail_slowdown{name}_{ds.key}"] = round(slowdown, 3)
+        lead_base = h.ratio(rates[("", base)], rates[("_dataflux", base)])
+        lead_tail = h.ratio(rates[("", tail)], rates[("_dataflux", tail)])
+        result[f"speedup_vs_dataflux_tail_{ds.key}"] = round(lead_tail, 2)
+        for key in ("tb_map_fast", "tb_map"):
+            s = under[tail].get(key) or {}
+            if s:
+                p50, p99 = s["batch_s_p50"], s["batch_s_p99"]
+                suffix = "" if key == "tb_map_fast" else "_no_readahead"
+                result[f"p99_batch_s_map{suffix}_{ds.key}"] = round(p99, 4)
+                result[f"p50_batch_s_map{suffix}_{ds.key}"] = round(p50, 4)
+                result[f"p99_over_p50_batch_map{suffix}_{ds.key}"] = round(h.ratio(p99, p50), 2)
+        print(
+            f"{ds.label}, {tail} against {base}: torchbucket's best slowed by "
+            f"{result[f'tail_slowdown_{ds.key}']}x (map {result[f'tail_slowdown_map_{ds.key}']}x,"
+            f" iterable {result[f'tail_slowdown_iterable_{ds.key}']}x), dataflux's by "
+            f"{result[f'tail_slowdown_dataflux_{ds.key}']}x; lead over dataflux {lead_base:.2f}x "
+            f"-> {lead_tail:.2f}x; map-style (BucketBatchSampler) batch p50/p99 "
+            f"{result.get(f'p50_batch_s_map_{ds.key}')}/{result.get(f'p99_batch_s_map_{ds.key}')}"
+            f" s; hedged {result['hedged_request_fraction']:.2%} of torchbucket's GETs"
+        )
+    result["goals_tail"] = {
+        "tail_slowdown_le_1_15": all(
+            (result.get(f"tail_slowdown{n}_{d.key}") or math.inf) <= 1.15
+            for d in sets
+            for n in ("_map", "_iterable")
+        ),
+        "lead_kept_under_tail": all(
+            (result.get(f"speedup_vs_dataflux_tail_{d.key}") or 0)
+            >= (result.get(f"speedup_vs_dataflux_{d.key}") or math.inf)
+            for d in sets
+        ),
+        "p99_batch_le_2x_median": all(
+            (result.get(f"p99_over_p50_batch_map_{d.key}") or math.inf) <= 2 for d in sets
+        ),
+        "hedged_le_5_percent": (result.get("hedged_request_fraction") or 0) <= 0.05,
+    }
+    result["latency_presets"] = presets
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     bench_py = h.bench_python()
@@ -299,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     sets = datasets_for(args)
     print(
         f"dataloading ({mode}): one epoch, DataLoader(num_workers={NUM_WORKERS}, "
-        f"batch_size={BATCH_SIZE}), same-region latency model, every byte checked; "
+        f"batch_size={BATCH_SIZE}), latency {' then '.join(args.presets)}, every byte checked; "
         f"{args.repeats} run(s) per torchbucket contender and the bare loop, "
         f"{args.slow_repeats} per other contender, medians.\n"
         f"  datasets: {', '.join(d.label for d in sets)}; plain Dataset on a sample of "
@@ -309,25 +432,38 @@ def main(argv: list[str] | None = None) -> int:
     summaries: dict[str, dict[str, dict[str, Any]]] = {}
     all_runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     leftovers: dict[str, int] = {}
-    with h.emulator(latency="same-region") as emu:
+    # Per latency preset: dataset -> contender -> summary (the first preset's is ``summaries``).
+    by_preset: dict[str, dict[str, dict[str, dict[str, Any]]]] = {p: {} for p in args.presets}
+    with h.emulator(latency=args.presets[0]) as emu:
         for ds in sets:
             h.seed(emu, ds.bucket, count=ds.count, size=ds.size, prefix=PREFIX)
-            runs: dict[str, list[dict[str, Any]]] = {c.key: [] for c in selected}
-            for rep in range(args.repeats):
-                for c in selected:
-                    slow = c.family in ("dataflux", "naive") or c.spec.get("sampled")
-                    if slow and rep >= args.slow_repeats:
-                        continue
-                    if c.spec.get("large_only") and ds.size < LARGE:
-                        continue
-                    print(
-                        f"  {ds.key} {c.key} run {rep + 1} ...", end="", file=sys.stderr, flush=True
-                    )
-                    r = run_one(emu, ds, c, rep, bench_py, args.timeout)
-                    runs[c.key].append(r)
-                    print(f" {r['samples_per_s']:,.0f} samples/s", file=sys.stderr, flush=True)
-            all_runs[ds.key] = runs
-            summaries[ds.key] = {k: summarize(v) for k, v in runs.items()}
+            for preset in args.presets:
+                emu.set_latency(preset)
+                runs: dict[str, list[dict[str, Any]]] = {c.key: [] for c in selected}
+                for rep in range(args.repeats):
+                    for c in selected:
+                        slow = c.family in ("dataflux", "naive") or c.spec.get("sampled")
+                        if slow and rep >= args.slow_repeats:
+                            continue
+                        if c.spec.get("large_only") and ds.size < LARGE:
+                            continue
+                        print(
+                            f"  {preset} {ds.key} {c.key} run {rep + 1} ...",
+                            end="",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        r = run_one(
+                            emu, ds, c, rep, bench_py, args.timeout, hedge=not args.no_hedge
+                        )
+                        runs[c.key].append(r)
+                        print(f" {r['samples_per_s']:,.0f} samples/s", file=sys.stderr, flush=True)
+                by_preset[preset][ds.key] = {k: summarize(v) for k, v in runs.items()}
+                if preset == args.presets[0]:
+                    all_runs[ds.key] = runs
+                else:
+                    all_runs[f"{ds.key}@{preset}"] = runs
+            summaries[ds.key] = by_preset[args.presets[0]][ds.key]
             leftovers[ds.key] = len(emu.object_names(ds.bucket, COMPOSITES))
 
     result: dict[str, Any] = {}
@@ -380,6 +516,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("repeats", "runs", "d"),
             ],
         )
+    tail_figures(result, by_preset, args.presets, sets)
     tb_keys = [c.key for c in CONTENDERS if c.family == "torchbucket"]
     df_keys = [c.key for c in CONTENDERS if c.family == "dataflux"]
     result["composites_left"] = sum(
@@ -406,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         "client_cpu_le_2_ms_per_mib_4mib": (result.get("client_cpu_ms_per_mib_4mib") or math.inf)
         <= 2,
     }
+    result["goals"].update(result.pop("goals_tail", {}))
     result.update(
         mode=mode,
         repeats=args.repeats,

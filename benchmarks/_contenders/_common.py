@@ -282,15 +282,20 @@ def run_epoch(
         ``batches``; ``first_batch_s`` (from the call to the first batch:
         worker start-up and the first round trips); ``steady_samples_per_s``
         (samples after the first batch over the time from the first batch to
-        the last).
+        the last); ``batch_s_p50`` / ``batch_s_p99``: quantiles of the time
+        between two batches after the first (the consumer's check included).
     """
+    gaps: list[float] = []
     batches = 0
     t0 = time.perf_counter()
     t_first = t_last = t0
     first_len = 0
     total = 0
     for batch in loader:
-        t_last = time.perf_counter()
+        now = time.perf_counter()
+        if batches:
+            gaps.append(now - t_last)
+        t_last = now
         if batches == 0:
             t_first = t_last
             first_len = len(batch)
@@ -306,7 +311,10 @@ def run_epoch(
             else:
                 verifier.check(sample)
     span = t_last - t_first
+    gaps.sort()
     return {
+        "batch_s_p50": gaps[len(gaps) // 2] if gaps else None,
+        "batch_s_p99": gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))] if gaps else None,
         "batches": batches,
         "first_batch_s": t_first - t0,
         "steady_samples_per_s": (total - first_len) / span if span > 0 else None,
@@ -339,6 +347,11 @@ def measure_loader(
         )
         epoch = run_epoch(loader, verifier, names_known=names_known)
         del loader
+    # The library's own counts, workers summed (torchbucket's datasets only):
+    # hedges are second GETs of slow reads, also among the gets.
+    stats = getattr(dataset, "last_epoch_stats", None)
+    if stats is not None:
+        epoch.update(client_gets=stats.by_op.get("get", 0), hedges=stats.hedges)
     emit(
         {
             **phase.result(),

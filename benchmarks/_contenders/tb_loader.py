@@ -21,6 +21,7 @@ from _common import (
 )
 
 from torchbucket.compose import ComposeConfig
+from torchbucket.config import HedgeConfig
 from torchbucket.datasets import BucketIterableDataset, BucketMapDataset, FetchConfig
 from torchbucket.storage.gcs import GCSConfig
 
@@ -28,7 +29,8 @@ from torchbucket.storage.gcs import GCSConfig
 def main() -> None:
     spec = load_spec()
     uri = f"gs://{spec['bucket']}/{spec['prefix']}"
-    gcs = GCSConfig(endpoint=spec["endpoint"])
+    # spec "hedge": False turns hedged reads off (dataloading.py --no-hedge).
+    gcs = GCSConfig(endpoint=spec["endpoint"], hedge=HedgeConfig(enabled=spec.get("hedge", True)))
     compose = ComposeConfig(disable=not spec["compose"])
     output = spec.get("output", "bytes")
     fetch = FetchConfig(output=output)
