@@ -62,6 +62,8 @@ def test_dataloading_smoke_reports_the_issue_keys(tmp_path: Path) -> None:
         "speedup_vs_dataflux_100kib",
         "speedup_vs_dataflux_10kib",
         "speedup_vs_naive_10kib",
+        "speedup_vs_gcsfs_100kib",
+        "speedup_vs_gcsfs_10kib",
     ):
         assert key in result  # null when those contenders were not run
 
@@ -72,3 +74,24 @@ def test_shards_smoke_reports_the_issue_keys(tmp_path: Path) -> None:
     assert result["requests_per_sample_10kib"] > 0
     for key in ("speedup_vs_compose_10kib", "speedup_vs_webdataset_10kib", "first_batch_s_100kib"):
         assert key in result
+
+
+@pytest.mark.skipif(
+    not (ROOT / ".venv-gcsfs" / "bin" / "python").exists(),
+    reason="no .venv-gcsfs (benchmarks/setup_bench_env.sh)",
+)
+def test_checkpoint_smoke_against_gcsfs_and_torchs_fsspec_dcp(tmp_path: Path) -> None:
+    only = "torchbucket,gcsfs,dcp_torchbucket,dcp_fsspec"
+    result = run_benchmark("checkpoint", tmp_path, "--only", only)
+    assert result["mismatched_tensors"] == 0
+    for key in (
+        "save_speedup_vs_gcsfs",
+        "load_speedup_vs_gcsfs",
+        "dcp_save_speedup_vs_fsspec",
+        "dcp_load_speedup_vs_fsspec",
+        "load_peak_extra_rss_fraction",
+        "dcp_load_peak_extra_rss_fraction",
+    ):
+        assert result[key] > 0, key
+    assert result["fsspec_env"] == {"GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+    assert result["fsspec_versions"]["gcsfs"]
