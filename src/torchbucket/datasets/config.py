@@ -15,7 +15,9 @@ class FetchConfig:
     """How objects are fetched.
 
     The iterable dataset keeps a window of objects ahead of the consumer:
-    requested, in flight, or arrived and not yet taken. Keeping many requests in
+    requested, in flight, or arrived and not yet taken; so does the map-style
+    dataset in each process whose batches come from a ``BucketBatchSampler``
+    (the batches that process will be asked for next). Keeping many requests in
     flight across batch boundaries is what hides the store's latency; the window
     also bounds memory. The store's adaptive limiter still caps the requests of
     the whole process.
