@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from torch.utils.data import get_worker_info
 
 from torchbucket import runtime
@@ -69,7 +70,7 @@ class ReadAhead:
         self._usable = plan.num_objects == len(catalog)
         self._epoch = -1
         self._order: IndexArray = np.zeros(0, dtype=np.int64)
-        self._where: IndexArray = np.zeros(0, dtype=np.int64)
+        self._where: npt.NDArray[np.integer[Any]] = np.zeros(0, dtype=np.int32)
         self._count = 0
         self._resyncs = 0
         self._off = False
@@ -115,8 +116,10 @@ class ReadAhead:
         self._order = self.plan.rank_order(epoch)
         # Position of each index in this rank's order (-1: another rank's);
         # written backwards so an index padded in twice maps to its first place.
-        where = np.full(self.plan.num_objects, -1, dtype=np.int64)
-        where[self._order[::-1]] = np.arange(len(self._order) - 1, -1, -1, dtype=np.int64)
+        # int32 where it fits: 4 bytes per object of the dataset, per process.
+        dtype = np.int32 if len(self._order) < 2**31 else np.int64
+        where = np.full(self.plan.num_objects, -1, dtype=dtype)
+        where[self._order[::-1]] = np.arange(len(self._order) - 1, -1, -1, dtype=dtype)
         self._where = where
         self._count = self.plan.num_batches(len(self._order))
         self._resyncs = 0
