@@ -327,23 +327,29 @@ def measure_loader(
     verifier: Verifier,
     *,
     names_known: bool = False,
+    loader_kwargs: dict[str, Any] | None = None,
     **extra: Any,
 ) -> None:
     """Read one epoch of ``dataset`` through the spec's DataLoader, measured, and emit it.
 
     Every loader contender ends with this, so all of them are timed, checked and
-    reported the same way; ``extra`` adds contender-specific fields.
+    reported the same way; ``loader_kwargs`` adds DataLoader arguments (a
+    ``batch_sampler`` replaces the spec's ``batch_size``); ``extra`` adds
+    contender-specific fields.
     """
     from torch.utils.data import DataLoader  # only the loader contenders need torch
 
+    kwargs: dict[str, Any] = {"batch_size": spec["batch_size"], **(loader_kwargs or {})}
+    if "batch_sampler" in kwargs:
+        del kwargs["batch_size"]
     pids = WorkerPids(spec.get("pid_file"))
     with Phase(spec["endpoint"]) as phase:
         loader = DataLoader(
             dataset,
-            batch_size=spec["batch_size"],
             num_workers=spec["num_workers"],
             collate_fn=identity_collate,
             worker_init_fn=pids,
+            **kwargs,
         )
         epoch = run_epoch(loader, verifier, names_known=names_known)
         del loader

@@ -5,7 +5,8 @@ does once; the phase covers the ``DataLoader`` (its workers forked, run and
 joined) and the consumer's check of every byte.
 
 Spec: ``endpoint``, ``bucket``, ``prefix``, ``count``, ``size``, ``seed``,
-``kind`` (``"map"`` or ``"iterable"``), ``compose`` (bool), ``batch_size``,
+``kind`` (``"map"``, ``"map_fast"``: map-style with a shuffling
+``BucketBatchSampler``, or ``"iterable"``), ``compose`` (bool), ``batch_size``,
 ``num_workers``, ``pid_file``, ``output`` (``"bytes"``, the default, or
 ``"tensor"``: samples received into shared-memory tensors and handed over by
 handle; measure_loader's identity collate keeps a batch a list of them).
@@ -22,7 +23,12 @@ from _common import (
 
 from torchbucket.compose import ComposeConfig
 from torchbucket.config import HedgeConfig
-from torchbucket.datasets import BucketIterableDataset, BucketMapDataset, FetchConfig
+from torchbucket.datasets import (
+    BucketBatchSampler,
+    BucketIterableDataset,
+    BucketMapDataset,
+    FetchConfig,
+)
 from torchbucket.storage.gcs import GCSConfig
 
 
@@ -35,9 +41,16 @@ def main() -> None:
     output = spec.get("output", "bytes")
     fetch = FetchConfig(output=output)
     dataset: BucketMapDataset | BucketIterableDataset
+    loader_kwargs: dict[str, object] = {}
     if spec["kind"] == "map":
         dataset = BucketMapDataset.from_prefix(uri, gcs_config=gcs, compose=compose, fetch=fetch)
         concurrency = spec["batch_size"]
+    elif spec["kind"] == "map_fast":
+        # The fast path: a BucketBatchSampler (shuffled) the dataset reads ahead of.
+        dataset = BucketMapDataset.from_prefix(uri, gcs_config=gcs, compose=compose, fetch=fetch)
+        sampler = BucketBatchSampler(dataset, batch_size=spec["batch_size"], seed=spec["seed"])
+        loader_kwargs["batch_sampler"] = sampler
+        concurrency = FetchConfig().prefetch
     else:
         dataset = BucketIterableDataset.from_prefix(
             uri, gcs_config=gcs, compose=compose, fetch=fetch
@@ -45,7 +58,9 @@ def main() -> None:
         concurrency = FetchConfig().prefetch
     names = generated_names(spec["prefix"], spec["count"])
     verifier = Verifier(names, spec["size"], spec.get("seed", 0))
-    measure_loader(spec, dataset, verifier, in_flight_per_worker=concurrency)
+    measure_loader(
+        spec, dataset, verifier, loader_kwargs=loader_kwargs, in_flight_per_worker=concurrency
+    )
 
 
 if __name__ == "__main__":
