@@ -129,6 +129,19 @@ def test_bytes_read_again_after_torch_load_are_the_checkpoints(bucket: str) -> N
         assert bytes(f.getbuffer()) == data
 
 
+def test_a_read_across_bytes_already_handed_to_torch_load_gets_them_again(bucket: str) -> None:
+    original = state_dict(80 * MiB)
+    uri, data = save(bucket, original)
+    with BucketCheckpoint().reader(uri) as f:
+        torch.load(f, weights_only=True)
+        first, end = record_ranges(memoryview(data))[-1]
+        start = max(0, first - 100)
+        f.seek(start)
+        target = bytearray(end - start + 50)
+        count = f.readinto(target)
+        assert bytes(target[:count]) == data[start : start + count]
+
+
 def test_record_ranges_are_where_each_records_bytes_lie() -> None:
     buffer = io.BytesIO()
     torch.save({"a": torch.arange(1000), "b": torch.ones(3, 5), "c": torch.empty(0)}, buffer)

@@ -22,8 +22,8 @@ import numpy as np
 
 from torchbucket import runtime
 from torchbucket.checkpoint import _consumed
-from torchbucket.checkpoint.config import CheckpointConfig
 from torchbucket.checkpoint._crc import Crc32c
+from torchbucket.checkpoint.config import CheckpointConfig
 from torchbucket.errors import IntegrityError, NotFoundError
 from torchbucket.storage.base import ObjectInfo, ObjectStore
 from torchbucket.storage.ranges import fetch_ranges, split_ranges
@@ -213,11 +213,13 @@ class MemoryFile(io.BufferedIOBase):
         out = memoryview(target).cast("B")
         start = min(self._position, len(view))
         count = min(len(out), len(view) - start)
-        if self._pages is not None and self._pages.copy(start, out[:count], _prefault_target):
-            # A record's bytes: copied a piece at a time, each piece's pages
-            # then given back (peak: the checkpoint once, not twice).
-            self._position = start + count
-            return count
+        if self._pages is not None:
+            if self._pages.copy(start, out[:count], _prefault_target):
+                # A record's bytes: copied a piece at a time, each piece's pages
+                # then given back (peak: the checkpoint once, not twice).
+                self._position = start + count
+                return count
+            self._pages.restore(start, start + count)
         if count >= _PREFAULT_MIN:
             # torch.load reads each tensor into fresh memory: its pages in one
             # call cost less than a fault per 4 KiB page during the copy
