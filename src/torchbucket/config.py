@@ -121,9 +121,10 @@ class HedgeConfig:
         burst: Hedges that may be saved up. Default 10.
         min_samples: Reads of a size class seen before its quantile sets the
             wait. Default 32.
-        initial_wait: The wait until then, seconds: long enough not to hedge
-            a read that is merely slow, short enough to rescue one that
-            stalls. Default 0.5.
+        initial_wait: The wait until then for reads under 1 MiB (or whole
+            objects), seconds: long enough not to hedge a read that is merely
+            slow, short enough to rescue one that stalls; longer ranges are
+            not hedged until their class is known. Default 0.5.
         window: Recent reads remembered per size class. Default 512.
         max_bytes: Ranges longer than this are never hedged (a hedge of a
             range holds a second buffer of its size). Default 32 MiB.

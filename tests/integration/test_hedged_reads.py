@@ -27,8 +27,10 @@ DATA = random.Random(19).randbytes(2 * MiB + 17)
 ONE_ATTEMPT = RetryConfig(
     initial_backoff=0.01, max_backoff=0.05, deadline=60.0, read_timeout=60.0, max_attempts=1
 )
-# Hedge on the first slow read: a budget of one hedge per read, a short wait.
-EAGER = HedgeConfig(budget=1.0, burst=1.0, initial_wait=0.2, floor=0.2, min_samples=64)
+# Hedge the first slow read: a budget of one hedge per read, a short wait
+# (small reads: until 4 reads of their size are known; ranges of 1 MiB and
+# more: once they are).
+EAGER = HedgeConfig(budget=1.0, burst=1.0, initial_wait=0.2, floor=0.2, min_samples=4)
 
 
 def _server_gets(emu: Any) -> int:
@@ -41,16 +43,21 @@ def test_a_stalled_read_completes_through_its_hedge(
 ) -> None:
     store = gcs_bucket_factory(emulator, prefix="hedge", retry=ONE_ATTEMPT, hedge=EAGER)
     runtime.run(store.put("obj", DATA))
+
+    def read() -> None:
+        if how == "get":  # a dataset's read of a sample
+            assert runtime.run(store.get("obj", start=5, end=5 + 100_000)) == DATA[5:100_005]
+        else:  # a checkpoint load's path: a 2 MiB range into a buffer, in place
+            buffer = bytearray(2 * MiB)
+            n = runtime.run(store.get_into("obj", memoryview(buffer), start=17))
+            assert n == 2 * MiB and bytes(buffer) == DATA[17:]
+
+    for _ in range(4):  # the reads of this size the wait is learnt from
+        read()
     emulator.reset_stats()
     emulator.add_fault("get", "stall", match="obj", stall_seconds=30.0)
     before = accounting.snapshot()
-    if how == "get":
-        got = runtime.run(store.get("obj", start=5, end=5 + MiB))
-        assert got == DATA[5 : 5 + MiB]
-    else:  # a checkpoint load's path: a range into a buffer, in place
-        buffer = bytearray(2 * MiB)
-        n = runtime.run(store.get_into("obj", memoryview(buffer), start=17))
-        assert n == 2 * MiB and bytes(buffer) == DATA[17:]
+    read()
     spent = accounting.snapshot() - before
     assert spent.hedges == 1
     assert spent.retries == 0

@@ -46,6 +46,10 @@ S = TypeVar("S")
 
 # The wait of a size class is recomputed after this many new samples.
 _REFRESH = 32
+# Reads shorter than this (or of unknown length) use HedgeConfig.initial_wait
+# until their class's quantile is known; longer ones (a checkpoint's ranges,
+# whose time depends on bandwidth and load) are not hedged until then.
+_SMALL = 1 << 20
 
 
 class _SizeClass:
@@ -218,10 +222,10 @@ class Hedger:
         loop = asyncio.get_running_loop()
         started = loop.time()
         wait = size_class.wait
-        if wait is None:
+        if wait is None and (nbytes is None or nbytes < _SMALL):
             wait = config.initial_wait
         task = asyncio.current_task()
-        if task is None or (nbytes is not None and nbytes > config.max_bytes):
+        if wait is None or task is None or (nbytes is not None and nbytes > config.max_bytes):
             result = await first()
             size_class.add(loop.time() - started, config)
             return result
