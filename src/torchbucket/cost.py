@@ -334,7 +334,7 @@ def plan_strategies(
     soft_delete_seconds: int | None = 0,
     max_composite_object_size: int = 4 << 20,
     shard_size: int = 256 << 20,
-    shard_read_size: int = 8 << 20,
+    shard_read_size: int = 32 << 20,
     part_size: int = 16 << 20,
     shards_available: bool = True,
     listing_requests: int | None = None,
@@ -440,8 +440,10 @@ def plan_strategies(
         put=shards + 1,  # an index per shard, and the manifest
     )
     # Ranged reads of read_size, one more per shard boundary, and each
-    # worker's first reads ramping up from first_read_size.
-    reads = math.ceil(total / shard_read_size) + shards + 4 * parts
+    # worker's first reads ramping up from first_read_size (1 MiB doubling to
+    # the 32 MiB default: 5 reads before the first full one).
+    ramp = max(0, (shard_read_size >> 20).bit_length() - 1)
+    reads = math.ceil(total / shard_read_size) + shards + ramp * parts
     shard_epoch = replace(_ops(get=reads), bytes_in=total)
     add(
         "shards",

@@ -72,8 +72,9 @@ def test_plan_of_a_fixed_example_against_a_hand_computation() -> None:
     assert "OFF by default" in comp.note
 
     shards = plans["shards"]
-    # 976.5625 MiB -> 4 shards of 256 MiB; 123 reads of 8 MiB + 4 boundaries + 4 x 2 ramp.
-    assert shards.per_epoch.by_op == {"get": 123 + 4 + 8}
+    # 976.5625 MiB -> 4 shards of 256 MiB; 31 reads of 32 MiB + 4 boundaries
+    # + 2 workers x 5 ramp reads (1, 2, 4, 8, 16 MiB before the first 32 MiB one).
+    assert shards.per_epoch.by_op == {"get": 31 + 4 + 10}
     # Packing once: 10 + 1 listings, 4 multipart uploads of 16 parts of 16 MiB
     # (initiate, parts, complete), 4 indexes and a manifest; 10,000 source GETs
     # and the manifest's.
