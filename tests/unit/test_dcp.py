@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torchbucket import runtime
 from torchbucket.checkpoint import CheckpointConfig
 from torchbucket.dcp import BucketStorageReader, BucketStorageWriter, merge_ranges
-from torchbucket.errors import NotFoundError, StorageError
+from torchbucket.errors import ConfigError, NotFoundError, StorageError
 from torchbucket.storage import MemoryStore
 from torchbucket.storage.memory import delete_memory_bucket
 
@@ -172,7 +172,7 @@ def test_merge_ranges_covers_each_range_once(ranges: list[tuple[int, int]], gap:
 def test_merge_ranges_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="before start"):
         merge_ranges([(5, 3)])
-    with pytest.raises(ValueError, match="max_gap"):
+    with pytest.raises(ConfigError, match="max_gap"):
         merge_ranges([], max_gap=-1)
 
 

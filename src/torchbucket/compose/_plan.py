@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from torchbucket.errors import ConfigError
 from torchbucket.storage.base import COMPOSE_MAX_SOURCES
 
 __all__ = ["plan_groups"]
@@ -32,9 +33,12 @@ def plan_groups(
     Returns:
         Consecutive ranges of positions into ``sizes`` whose concatenation is
         ``range(len(sizes))``.
+
+    Raises:
+        ConfigError: ``max_sources`` is below 1 (a ``ValueError``).
     """
     if max_sources < 1:
-        raise ValueError(f"max_sources must be >= 1, got {max_sources}")
+        raise ConfigError(f"plan_groups: max_sources must be >= 1, got {max_sources}")
     cap = max_composite_object_size
     groups: list[range] = []
     start = 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from torchbucket.errors import ConfigError
+
 __all__ = ["merge_ranges"]
 
 
@@ -23,10 +25,11 @@ def merge_ranges(ranges: Iterable[tuple[int, int]], max_gap: int = 0) -> list[tu
         than ``max_gap`` between them.
 
     Raises:
-        ValueError: A range ends before it starts, or ``max_gap`` is negative.
+        ConfigError: ``max_gap`` is negative (a ``ValueError``).
+        ValueError: A range ends before it starts.
     """
     if max_gap < 0:
-        raise ValueError(f"max_gap must be >= 0, got {max_gap}")
+        raise ConfigError(f"merge_ranges: max_gap must be >= 0, got {max_gap}")
     ordered = sorted(ranges)
     merged: list[tuple[int, int]] = []
     for start, end in ordered:

@@ -12,16 +12,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
-from torchbucket.errors import IntegrityError
+from torchbucket.errors import ConfigError, IntegrityError
 from torchbucket.storage.base import ObjectStore
 
 __all__ = ["fetch_ranges", "split_ranges"]
 
 
 def split_ranges(size: int, chunk: int) -> list[tuple[int, int]]:
-    """Cut ``[0, size)`` into consecutive half-open ranges of at most ``chunk`` bytes."""
+    """Cut ``[0, size)`` into consecutive half-open ranges of at most ``chunk`` bytes.
+
+    Raises:
+        ConfigError: ``chunk`` (a configured range size) is below 1.
+    """
     if chunk < 1:
-        raise ValueError(f"chunk must be >= 1, got {chunk}")
+        raise ConfigError(f"split_ranges: chunk must be >= 1, got {chunk}")
     return [(start, min(start + chunk, size)) for start in range(0, size, chunk)]
 
 
