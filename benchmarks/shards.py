@@ -135,7 +135,7 @@ def pack_set(emu: Any, ds: DataSet, shard_size: int) -> dict[str, Any]:
         f"gs://{ds.bucket}/{PREFIX}",
         f"gs://{ds.bucket}/{SHARDS}",
         config=PackConfig(shard_size=shard_size),
-        gcs_config=gcs,
+        gcs=gcs,
         progress=False,
     )
     seconds = time.perf_counter() - t0

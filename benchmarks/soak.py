@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         endpoint, _ = gcs.resolved_endpoint()
         dataset = BucketMapDataset.from_prefix(
             f"gs://{BUCKET}/{PREFIX}",
-            gcs_config=gcs,
+            gcs=gcs,
             compose=ComposeConfig(disable=True),
             data_format_fn=Tagged(endpoint),
         )

@@ -18,7 +18,7 @@ from torchbucket.storage.gcs import GCSConfig
 
 def prepare(args: SimpleNamespace) -> BucketCheckpoint:
     config = CheckpointConfig(**getattr(args, "tb_config", None) or {})
-    checkpoint = BucketCheckpoint(config, gcs_config=GCSConfig(endpoint=args.endpoint))
+    checkpoint = BucketCheckpoint(config=config, gcs=GCSConfig(endpoint=args.endpoint))
     checkpoint.exists(f"gs://{args.bucket}/{args.name}.warm-up")  # opens the store
     return checkpoint
 

@@ -24,7 +24,7 @@ class Storage:
         from torchbucket.storage.gcs import GCSConfig
 
         config = CheckpointConfig(**getattr(args, "tb_config", None) or {})
-        checkpoint = BucketCheckpoint(config, gcs_config=GCSConfig(endpoint=args.endpoint))
+        checkpoint = BucketCheckpoint(config=config, gcs=GCSConfig(endpoint=args.endpoint))
         checkpoint.exists(f"gs://{args.bucket}/{args.name}/warm-up")  # opens the store
         return checkpoint
 

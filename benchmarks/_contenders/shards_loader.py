@@ -42,13 +42,13 @@ def main() -> None:
     if spec["kind"] == "shards":
         ds: Any = BucketShardDataset.from_prefix(
             f"gs://{spec['bucket']}/{spec['shards_prefix']}",
-            gcs_config=gcs,
+            gcs=gcs,
             data_format_fn=Named(spec["prefix"]),
         )
         measure_loader(spec, ds, verifier, names_known=True, shards=ds.num_shards)
     else:
         ds = BucketIterableDataset.from_prefix(
-            f"gs://{spec['bucket']}/{spec['prefix']}", gcs_config=gcs, compose=ComposeConfig()
+            f"gs://{spec['bucket']}/{spec['prefix']}", gcs=gcs, compose=ComposeConfig()
         )
         measure_loader(spec, ds, verifier)
 

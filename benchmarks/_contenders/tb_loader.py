@@ -43,18 +43,16 @@ def main() -> None:
     dataset: BucketMapDataset | BucketIterableDataset
     loader_kwargs: dict[str, object] = {}
     if spec["kind"] == "map":
-        dataset = BucketMapDataset.from_prefix(uri, gcs_config=gcs, compose=compose, fetch=fetch)
+        dataset = BucketMapDataset.from_prefix(uri, gcs=gcs, compose=compose, fetch=fetch)
         concurrency = spec["batch_size"]
     elif spec["kind"] == "map_fast":
         # The fast path: a BucketBatchSampler (shuffled) the dataset reads ahead of.
-        dataset = BucketMapDataset.from_prefix(uri, gcs_config=gcs, compose=compose, fetch=fetch)
+        dataset = BucketMapDataset.from_prefix(uri, gcs=gcs, compose=compose, fetch=fetch)
         sampler = BucketBatchSampler(dataset, batch_size=spec["batch_size"], seed=spec["seed"])
         loader_kwargs["batch_sampler"] = sampler
         concurrency = FetchConfig().prefetch
     else:
-        dataset = BucketIterableDataset.from_prefix(
-            uri, gcs_config=gcs, compose=compose, fetch=fetch
-        )
+        dataset = BucketIterableDataset.from_prefix(uri, gcs=gcs, compose=compose, fetch=fetch)
         concurrency = FetchConfig().prefetch
     names = generated_names(spec["prefix"], spec["count"])
     verifier = Verifier(names, spec["size"], spec.get("seed", 0))

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from torchbucket import runtime
+from torchbucket._checks import renamed_configs
 from torchbucket._lister import ListingStats, list_parallel
 from torchbucket._manifest import ManifestLocation, decode_objects, encode_objects
 from torchbucket.errors import ConfigError, StorageError, ThrottledError
@@ -359,12 +360,13 @@ async def alist_objects(
     return decode_objects(received)
 
 
+@renamed_configs(gcs_config="gcs")
 def list_objects(
     uri: str,
     *,
     config: ListingConfig | None = None,
     progress: bool | Literal["auto"] | ProgressBar | None = None,
-    gcs_config: GCSConfig | None = None,
+    gcs: GCSConfig | None = None,
 ) -> list[ObjectInfo]:
     """Every object under a prefix URI, sorted by name: the synchronous form.
 
@@ -372,7 +374,9 @@ def list_objects(
         uri: ``gs://bucket/prefix``, ``memory://name/prefix`` or ``file:///dir/``.
         config: How to list; defaults to ``ListingConfig()``.
         progress: Overrides ``config.progress`` (see :func:`alist_objects`).
-        gcs_config: A :class:`~torchbucket.storage.gcs.GCSConfig` for ``gs://``.
+        gcs: A :class:`~torchbucket.storage.gcs.GCSConfig` for ``gs://``
+            (``gcs_config=`` is accepted with a ``FutureWarning`` until the
+            next release).
 
     Returns:
         The objects in UTF-8 byte order of name; empty when nothing is there.
@@ -383,7 +387,7 @@ def list_objects(
     """
     from torchbucket.storage import store_for
 
-    options = {} if gcs_config is None else {"config": gcs_config}
+    options = {} if gcs is None else {"config": gcs}
     store, prefix = store_for(uri, **options)
     try:
         return runtime.run(alist_objects(store, prefix, config=config, progress=progress))

@@ -19,8 +19,8 @@ PART = 64 * 1024
 def main() -> None:
     endpoint, uri = sys.argv[1:3]
     checkpoint = BucketCheckpoint(
-        CheckpointConfig(part_size=PART, min_part_size=1, max_parts_in_flight=2),
-        gcs_config=GCSConfig(endpoint=endpoint, anonymous=True),
+        config=CheckpointConfig(part_size=PART, min_part_size=1, max_parts_in_flight=2),
+        gcs=GCSConfig(endpoint=endpoint, anonymous=True),
     )
     chunk = bytes(range(256)) * 64  # 16 KiB
     with checkpoint.writer(uri) as f:

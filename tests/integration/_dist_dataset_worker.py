@@ -30,7 +30,7 @@ def main() -> None:
     rank = dist.get_rank()
     ds = BucketIterableDataset.from_prefix(
         f"gs://{bucket}/train/",
-        gcs_config=GCSConfig(endpoint=endpoint, anonymous=True, retry=RetryConfig(deadline=30.0)),
+        gcs=GCSConfig(endpoint=endpoint, anonymous=True, retry=RetryConfig(deadline=30.0)),
         shuffle=True,
         seed=99,
     )

@@ -152,7 +152,7 @@ def test_an_epoch_over_several_token_lifetimes_reads_exact_bytes(
     emu.seed(bucket, {f"train/{i:05d}": payload(i) for i in range(N)})
     started = time.monotonic()
     ds = BucketMapDataset.from_prefix(
-        f"gs://{bucket}/train/", gcs_config=_config(emu), data_format_fn=slow_sample
+        f"gs://{bucket}/train/", gcs=_config(emu), data_format_fn=slow_sample
     )
     loader = DataLoader(
         ds, batch_size=4, num_workers=2, multiprocessing_context=context, collate_fn=as_list
@@ -184,7 +184,7 @@ def test_a_checkpoint_saved_and_loaded_over_several_token_lifetimes(
     bucket = _bucket(emu)
     part = 256 * 1024
     checkpoint = BucketCheckpoint(
-        CheckpointConfig(
+        config=CheckpointConfig(
             part_size=part,
             min_part_size=part,
             max_parts_in_flight=2,
@@ -192,7 +192,7 @@ def test_a_checkpoint_saved_and_loaded_over_several_token_lifetimes(
             read_chunk_size=part,
             read_parallelism=2,
         ),
-        _config(emu, chunk_size=part, resumable_threshold=part),
+        gcs=_config(emu, chunk_size=part, resumable_threshold=part),
     )
     state = {"w": torch.arange(1 << 20, dtype=torch.float32)}  # 4 MiB: 16 parts
     uri = f"gs://{bucket}/ck/step-1.pt"

@@ -52,7 +52,7 @@ def bucket(emulator: Emulator) -> str:
 def _dataset(emulator: Emulator, bucket: str, **kwargs: Any) -> BucketMapDataset:
     return BucketMapDataset.from_prefix(
         f"gs://{bucket}/train/",
-        gcs_config=GCSConfig(endpoint=emulator.endpoint, anonymous=True, retry=RETRY),
+        gcs=GCSConfig(endpoint=emulator.endpoint, anonymous=True, retry=RETRY),
         **kwargs,
     )
 

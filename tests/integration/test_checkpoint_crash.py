@@ -29,7 +29,7 @@ def test_sigkill_mid_save_keeps_previous_checkpoint(
     store = gcs_bucket_factory(emulator, prefix="crash")
     uri = f"gs://{store.bucket}/run/last.pt"
     checkpoint = BucketCheckpoint(
-        CheckpointConfig(part_size=64 * 1024, min_part_size=1), gcs_config=store.config
+        config=CheckpointConfig(part_size=64 * 1024, min_part_size=1), gcs=store.config
     )
     previous = {"w": torch.randn(300, 300), "step": 100}
     checkpoint.save(previous, uri)

@@ -49,7 +49,7 @@ def store(emulator: Emulator, gcs_bucket_factory: Callable[..., Any]) -> Any:
 
 
 def checkpoint_for(store: Any, **overrides: Any) -> BucketCheckpoint:
-    return BucketCheckpoint(config(**overrides), gcs_config=store.config)
+    return BucketCheckpoint(config=config(**overrides), gcs=store.config)
 
 
 @pytest.mark.parametrize("method", ["multipart", "resumable"])

@@ -32,7 +32,7 @@ def checkpoint_for(store: Any, **overrides: Any) -> BucketCheckpoint:
         "read_chunk_size": PART,
     }
     options.update(overrides)
-    return BucketCheckpoint(CheckpointConfig(**options), gcs_config=store.config)
+    return BucketCheckpoint(config=CheckpointConfig(**options), gcs=store.config)
 
 
 def state(seed: int) -> dict[str, Any]:

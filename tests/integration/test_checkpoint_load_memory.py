@@ -31,7 +31,7 @@ def test_a_second_torch_load_of_one_reader_reads_the_released_bytes_again(
     emulator: Emulator, gcs_bucket_factory: Callable[..., Any]
 ) -> None:
     store = gcs_bucket_factory(emulator, prefix="ckpt-mem")
-    checkpoint = BucketCheckpoint(gcs_config=store.config)
+    checkpoint = BucketCheckpoint(gcs=store.config)
     uri = f"gs://{store.bucket}/run/step-1.pt"
     original = state_dict()
     checkpoint.save(original, uri)

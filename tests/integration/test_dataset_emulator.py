@@ -70,7 +70,7 @@ def test_epoch_through_workers_reads_each_object_once_and_leaves_no_composite(
     config = ComposeConfig(disable=not compose, max_composite_object_size=2000)
     ds: Any
     if kind == "map":
-        ds = BucketMapDataset.from_prefix(uri, gcs_config=_gcs(emulator), compose=config)
+        ds = BucketMapDataset.from_prefix(uri, gcs=_gcs(emulator), compose=config)
         loader = DataLoader(
             ds,
             batch_size=32,
@@ -82,7 +82,7 @@ def test_epoch_through_workers_reads_each_object_once_and_leaves_no_composite(
     else:
         ds = BucketIterableDataset.from_prefix(
             uri,
-            gcs_config=_gcs(emulator),
+            gcs=_gcs(emulator),
             compose=config,
             shuffle=True,
             fetch=FetchConfig(prefetch=48),
@@ -104,7 +104,7 @@ def test_compose_refused_over_http_falls_back_with_one_warning(
     compose_fetch._warned.discard("refused")
     emulator.add_fault("compose", "403", count=None)
     ds = BucketMapDataset.from_prefix(
-        f"gs://{bucket}/train/", gcs_config=_gcs(emulator), compose=ComposeConfig()
+        f"gs://{bucket}/train/", gcs=_gcs(emulator), compose=ComposeConfig()
     )
     with caplog.at_level(logging.WARNING, logger="torchbucket"):
         got = ds.__getitems__(list(range(64))) + ds.__getitems__(list(range(64, 128)))
@@ -116,7 +116,7 @@ def test_compose_refused_over_http_falls_back_with_one_warning(
 
 def test_object_rewritten_after_listing_raises_over_http(emulator: Emulator, bucket: str) -> None:
     ds = BucketMapDataset.from_prefix(
-        f"gs://{bucket}/train/", gcs_config=_gcs(emulator), compose=ComposeConfig()
+        f"gs://{bucket}/train/", gcs=_gcs(emulator), compose=ComposeConfig()
     )
     emulator.seed(bucket, {"train/00007": payload(7)})  # same bytes, a new generation
     with pytest.raises(NotFoundError, match="train/00007"):
@@ -140,7 +140,7 @@ def test_worker_killed_mid_epoch_leaves_composites_that_cleanup_removes(
     emulator.add_fault("delete", "stall", count=None, stall_seconds=30.0)
     ds = BucketMapDataset.from_prefix(
         f"gs://{bucket}/train/",
-        gcs_config=_gcs(emulator),
+        gcs=_gcs(emulator),
         compose=ComposeConfig(max_composite_object_size=2000),
     )
     loader = DataLoader(

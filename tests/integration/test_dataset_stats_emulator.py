@@ -69,7 +69,7 @@ def test_iterable_last_epoch_stats_equal_the_servers(
 ) -> None:
     ds = BucketIterableDataset.from_prefix(
         uri,
-        gcs_config=_gcs(emulator),
+        gcs=_gcs(emulator),
         compose=ComposeConfig(disable=not compose, max_composite_object_size=1500),
         shuffle=True,
         fetch=FetchConfig(prefetch=16),
@@ -99,7 +99,7 @@ def test_iterable_last_epoch_stats_equal_the_servers(
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_map_last_epoch_stats_equal_the_servers(emulator: Emulator, uri: str, context: str) -> None:
-    ds = BucketMapDataset.from_prefix(uri, gcs_config=_gcs(emulator))
+    ds = BucketMapDataset.from_prefix(uri, gcs=_gcs(emulator))
     loader = DataLoader(
         ds,
         batch_size=16,
@@ -116,7 +116,7 @@ def test_map_last_epoch_stats_equal_the_servers(emulator: Emulator, uri: str, co
 
 
 def test_map_persistent_workers_count_from_reset(emulator: Emulator, uri: str) -> None:
-    ds = BucketMapDataset.from_prefix(uri, gcs_config=_gcs(emulator))
+    ds = BucketMapDataset.from_prefix(uri, gcs=_gcs(emulator))
     loader = DataLoader(
         ds,
         batch_size=16,
@@ -136,7 +136,7 @@ def test_map_persistent_workers_count_from_reset(emulator: Emulator, uri: str) -
 
 
 def test_without_workers_the_main_process_counts(emulator: Emulator, uri: str) -> None:
-    ds = BucketMapDataset.from_prefix(uri, gcs_config=_gcs(emulator))
+    ds = BucketMapDataset.from_prefix(uri, gcs=_gcs(emulator))
     emulator.reset_stats()
     _epoch(DataLoader(ds, batch_size=16, collate_fn=_as_list))
     _assert_equal_to_server(ds.last_epoch_stats, emulator)

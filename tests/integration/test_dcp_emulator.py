@@ -43,13 +43,9 @@ def test_save_load_and_local_copy(
     store = gcs_bucket_factory(emulator, prefix="dcp")
     uri = f"gs://{store.bucket}/ckpt"
     original = state(1)
-    dcp.save(
-        original, storage_writer=BucketStorageWriter(uri, config=CONFIG, gcs_config=store.config)
-    )
+    dcp.save(original, storage_writer=BucketStorageWriter(uri, config=CONFIG, gcs=store.config))
     target = zeros()
-    dcp.load(
-        target, storage_reader=BucketStorageReader(uri, config=CONFIG, gcs_config=store.config)
-    )
+    dcp.load(target, storage_reader=BucketStorageReader(uri, config=CONFIG, gcs=store.config))
     assert torch.equal(target["w"], original["w"]) and target["step"] == 1
 
     # Copied to a folder, the same files load with torch's own reader.
@@ -73,9 +69,9 @@ def test_interrupted_save_is_not_loadable(
     with pytest.raises(CheckpointException):
         dcp.save(
             state(2),
-            storage_writer=BucketStorageWriter(uri, config=CONFIG, gcs_config=store.config),
+            storage_writer=BucketStorageWriter(uri, config=CONFIG, gcs=store.config),
         )
     emulator.clear_faults()
     assert emulator.object_names(store.bucket) == ["ckpt/__0_0.distcp"]
     with pytest.raises(CheckpointException, match="did not finish"):
-        dcp.load(zeros(), storage_reader=BucketStorageReader(uri, gcs_config=store.config))
+        dcp.load(zeros(), storage_reader=BucketStorageReader(uri, gcs=store.config))

@@ -90,11 +90,11 @@ def test_tensor_output_through_workers_is_exact_and_on_shared_memory(
     ds: Any
     if kind == "map":
         ds = BucketMapDataset.from_prefix(
-            uri, gcs_config=_gcs(emulator), data_format_fn=shared_or_fail, fetch=TENSOR
+            uri, gcs=_gcs(emulator), data_format_fn=shared_or_fail, fetch=TENSOR
         )
     else:
         ds = BucketIterableDataset.from_prefix(
-            uri, gcs_config=_gcs(emulator), data_format_fn=shared_or_fail, fetch=TENSOR
+            uri, gcs=_gcs(emulator), data_format_fn=shared_or_fail, fetch=TENSOR
         )
     loader = DataLoader(
         ds, batch_size=3, num_workers=2, multiprocessing_context=context, collate_fn=collate_list
@@ -114,7 +114,7 @@ def test_bytes_stay_the_default_and_large_ones_are_read_in_ranges(
 ) -> None:
     name, objects = bucket
     fetch = FetchConfig(large_object_size=1 * MIB, range_size=256 * KIB)
-    ds = BucketMapDataset.from_prefix(f"gs://{name}/s/", gcs_config=_gcs(emulator), fetch=fetch)
+    ds = BucketMapDataset.from_prefix(f"gs://{name}/s/", gcs=_gcs(emulator), fetch=fetch)
     emulator.reset_stats()
     got = ds.__getitems__(list(range(len(ds))))
     assert all(type(x) is bytes for x in got)
@@ -137,13 +137,9 @@ def test_a_fault_on_one_range_of_a_big_object_still_gives_its_exact_bytes(
     fetch = FetchConfig(output="tensor")
     ds: Any
     if kind == "map":
-        ds = BucketMapDataset.from_prefix(
-            f"gs://{name}/big/", gcs_config=_gcs(emulator), fetch=fetch
-        )
+        ds = BucketMapDataset.from_prefix(f"gs://{name}/big/", gcs=_gcs(emulator), fetch=fetch)
     else:
-        ds = BucketIterableDataset.from_prefix(
-            f"gs://{name}/big/", gcs_config=_gcs(emulator), fetch=fetch
-        )
+        ds = BucketIterableDataset.from_prefix(f"gs://{name}/big/", gcs=_gcs(emulator), fetch=fetch)
     emulator.reset_stats()
     emulator.add_fault("get", fault, nth=2, match="big/0")
     sample = ds[0] if kind == "map" else next(iter(ds))
@@ -164,7 +160,7 @@ def test_a_big_object_corrupted_on_every_read_is_an_integrity_error_naming_it(
     emulator.create_bucket(name)
     emulator.seed(name, {"big/0": payload(3, 3 * MIB)})
     fetch = FetchConfig(output="tensor", large_object_size=1 * MIB, range_size=1 * MIB)
-    ds = BucketMapDataset.from_prefix(f"gs://{name}/big/", gcs_config=_gcs(emulator), fetch=fetch)
+    ds = BucketMapDataset.from_prefix(f"gs://{name}/big/", gcs=_gcs(emulator), fetch=fetch)
     emulator.add_fault("get", "corrupt", nth=1, count=None, match="big/0")
     with pytest.raises(IntegrityError, match=f"gs://{name}/big/0"):
         ds[0]
@@ -182,7 +178,7 @@ def test_memory_stays_bounded_over_five_epochs(emulator: Emulator) -> None:
     emulator.seed(name, {f"r/{i:03d}": payload(i, 2 * MIB) for i in range(24)})
     ds = BucketMapDataset.from_prefix(
         f"gs://{name}/r/",
-        gcs_config=_gcs(emulator),
+        gcs=_gcs(emulator),
         fetch=FetchConfig(output="tensor", large_object_size=1 * MIB, range_size=1 * MIB),
     )
     loader = DataLoader(
@@ -243,7 +239,7 @@ def test_worker_killed_mid_epoch_leaves_nothing_in_dev_shm(emulator: Emulator) -
     emulator.add_fault("get", "stall", nth=9, count=None, stall_seconds=30.0)
     ds = BucketIterableDataset.from_prefix(
         f"gs://{name}/k/",
-        gcs_config=_gcs(emulator),
+        gcs=_gcs(emulator),
         fetch=FetchConfig(output="tensor", prefetch=16),
     )
     loader = DataLoader(

@@ -72,7 +72,7 @@ def test_fit_top_k_and_resume_in_gs(
     dirpath = f"gs://{store.bucket}/run"
 
     def plugin() -> Any:
-        return plugin_type(SMALL_PARTS, gcs_config=store.config)
+        return plugin_type(config=SMALL_PARTS, gcs=store.config)
 
     trainer = make_trainer(plugin(), dirpath, tmp_path, epochs=4)
     trainer.fit(TinyModel(), loader(), loader())
@@ -91,6 +91,6 @@ def test_fit_top_k_and_resume_in_gs(
     resumed = make_trainer(plugin(), dirpath, tmp_path, epochs=5)
     resumed.fit(model, loader(), loader(), ckpt_path=f"{dirpath}/last.ckpt")
     assert resumed.global_step == 10  # 8 restored + 2 trained
-    last = BucketCheckpoint(gcs_config=store.config).load(f"{dirpath}/last.ckpt", weights_only=True)
+    last = BucketCheckpoint(gcs=store.config).load(f"{dirpath}/last.ckpt", weights_only=True)
     assert last["global_step"] == 10
     assert torch.equal(last["state_dict"]["layer.weight"], model.layer.weight.detach())

@@ -119,7 +119,7 @@ def test_list_objects_with_a_gcs_uri(emulator: Emulator, bucket_name: str) -> No
     emulator.create_bucket(bucket_name)
     emulator.seed(bucket_name, {"t/1": b"", "t/2": b"", "u/3": b""})
     config = GCSConfig(endpoint=emulator.endpoint, anonymous=True)
-    objects = list_objects(f"gs://{bucket_name}/t/", config=QUIET, gcs_config=config)
+    objects = list_objects(f"gs://{bucket_name}/t/", config=QUIET, gcs=config)
     assert [o.name for o in objects] == ["t/1", "t/2"]
 
 

@@ -88,9 +88,9 @@ def test_dataset_epoch(
     config = ComposeConfig(disable=not compose, max_composite_object_size=4000)
     ds: Any
     if kind == "map":
-        ds = BucketMapDataset.from_prefix(uri, gcs_config=gcs(emulator, mode), compose=config)
+        ds = BucketMapDataset.from_prefix(uri, gcs=gcs(emulator, mode), compose=config)
     else:
-        ds = BucketIterableDataset.from_prefix(uri, gcs_config=gcs(emulator, mode), compose=config)
+        ds = BucketIterableDataset.from_prefix(uri, gcs=gcs(emulator, mode), compose=config)
     fire(emulator, mode)
 
     def epoch() -> list[bytes]:
@@ -118,7 +118,7 @@ def _state() -> dict[str, Any]:
 @pytest.mark.parametrize("mode", list(MODES))
 def test_checkpoint_load(emulator: Emulator, bucket: str, mode: str) -> None:
     config = CheckpointConfig(part_size=64 * 1024, min_part_size=1, read_chunk_size=64 * 1024)
-    checkpoint = BucketCheckpoint(config, gcs_config=gcs(emulator, mode))
+    checkpoint = BucketCheckpoint(config=config, gcs=gcs(emulator, mode))
     uri = f"gs://{bucket}/ck/c.pt"
     original = _state()
     with checkpoint.writer(uri) as f:
@@ -181,11 +181,11 @@ def test_dcp_load(emulator: Emulator, bucket: str, mode: str) -> None:
     uri = f"gs://{bucket}/dcp"
     g = torch.Generator().manual_seed(3)
     original = {"w": torch.randn(128, 128, generator=g), "b": torch.randn(128, generator=g)}
-    writer = BucketStorageWriter(uri, config=config, gcs_config=gcs(emulator, mode))
+    writer = BucketStorageWriter(uri, config=config, gcs=gcs(emulator, mode))
     dcp.save(original, storage_writer=writer)
     fire(emulator, mode, match=".distcp")
     target = {"w": torch.zeros(128, 128), "b": torch.zeros(128)}
-    reader = BucketStorageReader(uri, config=config, gcs_config=gcs(emulator, mode))
+    reader = BucketStorageReader(uri, config=config, gcs=gcs(emulator, mode))
     if mode == "always":
         from torch.distributed.checkpoint.api import CheckpointException
 

@@ -62,7 +62,7 @@ def _pack(emulator: Emulator, bucket: str) -> Any:
         f"gs://{bucket}/raw/",
         f"gs://{bucket}/packed/",
         config=PackConfig(shard_size=64 * 1024),
-        gcs_config=_gcs(emulator),
+        gcs=_gcs(emulator),
         progress=False,
     )
 
@@ -87,7 +87,7 @@ def test_cli_pack_then_an_epoch_through_workers_reads_each_sample_once(
     shards = [n for n in emulator.object_names(bucket, "packed/") if n.endswith(".tar")]
     assert len(shards) >= 4
     ds = BucketShardDataset.from_prefix(
-        f"gs://{bucket}/packed/", gcs_config=_gcs(emulator), shuffle=True, seed=2
+        f"gs://{bucket}/packed/", gcs=_gcs(emulator), shuffle=True, seed=2
     )
     loader = DataLoader(
         ds,
@@ -109,7 +109,7 @@ def test_cli_pack_then_an_epoch_through_workers_reads_each_sample_once(
 def test_map_dataset_with_a_shuffling_sampler(emulator: Emulator, bucket: str) -> None:
     _pack(emulator, bucket)
     m = BucketShardMapDataset.from_prefix(
-        f"gs://{bucket}/packed/manifest.json", gcs_config=_gcs(emulator), data_format_fn=_key
+        f"gs://{bucket}/packed/manifest.json", gcs=_gcs(emulator), data_format_fn=_key
     )
     loader = DataLoader(
         m, batch_size=16, shuffle=True, num_workers=2, multiprocessing_context="spawn"
@@ -126,7 +126,7 @@ def test_corrupt_and_truncated_bodies_are_read_again(emulator: Emulator, bucket:
     emulator.add_fault("get", "truncate", match="shard-000002.tar", count=1)
     ds = BucketShardDataset.from_prefix(
         f"gs://{bucket}/packed/",
-        gcs_config=_gcs(emulator),
+        gcs=_gcs(emulator),
         read=ShardReadConfig(first_read_size=4096, read_size=16384),
     )
     samples = list(ds)
@@ -150,7 +150,7 @@ def test_a_shard_corrupt_in_the_bucket_names_the_shard_and_member(
     data[index["offsets"][2] + 1] ^= 0x55  # a .bin member (a .cls is 1 byte)
     emulator.seed(bucket, {"packed/shard-000001.tar": bytes(data)})
     runtime.run(store.close())
-    ds = BucketShardDataset.from_prefix(f"gs://{bucket}/packed/", gcs_config=_gcs(emulator))
+    ds = BucketShardDataset.from_prefix(f"gs://{bucket}/packed/", gcs=_gcs(emulator))
     with pytest.raises(IntegrityError) as err:
         list(ds)
     assert "shard-000001.tar" in str(err.value) and repr(index["names"][2]) in str(err.value)
@@ -162,7 +162,7 @@ def test_resumes_over_http(emulator: Emulator, bucket: str) -> None:
     def make() -> BucketShardDataset:
         return BucketShardDataset.from_prefix(
             f"gs://{bucket}/packed/",
-            gcs_config=_gcs(emulator),
+            gcs=_gcs(emulator),
             shuffle=True,
             seed=4,
             read=ShardReadConfig(shuffle_buffer=16, first_read_size=2048, read_size=8192),
@@ -182,7 +182,7 @@ def test_reads_webdataset_shard_writer_output(
     emulator.seed(
         bucket, {f"wds/{p.name}": p.read_bytes() for p in sorted(tmp_path.glob("w-*.tar"))}
     )
-    ds = BucketShardDataset.from_prefix(f"gs://{bucket}/wds/", gcs_config=_gcs(emulator))
+    ds = BucketShardDataset.from_prefix(f"gs://{bucket}/wds/", gcs=_gcs(emulator))
     samples = list(ds)
     assert [_key(s) for s in samples] == [f"{i:05d}" for i in range(N)]
     assert all(s["bin"] == payload(int(_key(s))) for s in samples)
@@ -199,14 +199,14 @@ def test_large_reads_land_in_place_and_survive_corrupt_and_cut_bodies(
         f"gs://{bucket}/big/",
         f"gs://{bucket}/bigpacked/",
         config=PackConfig(shard_size=3 << 20),
-        gcs_config=_gcs(emulator),
+        gcs=_gcs(emulator),
         progress=False,
     )
     emulator.add_fault("get", "corrupt", match="bigpacked/shard-000000.tar", count=1)
     emulator.add_fault("get", "truncate", match="bigpacked/shard-000001.tar", count=1)
     ds = BucketShardDataset.from_prefix(
         f"gs://{bucket}/bigpacked/",
-        gcs_config=_gcs(emulator),
+        gcs=_gcs(emulator),
         read=ShardReadConfig(first_read_size=1 << 20, read_size=2 << 20, bytes_in_flight=4 << 20),
     )
     samples = list(ds)

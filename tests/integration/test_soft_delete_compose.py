@@ -38,7 +38,7 @@ def _bucket(emu: Emulator, soft_delete_seconds: int) -> str:
 
 def _epoch(emu: Emulator, bucket: str, compose: ComposeConfig | None = None) -> dict[str, int]:
     config = GCSConfig(endpoint=emu.endpoint, anonymous=True)
-    ds = BucketIterableDataset.from_prefix(f"gs://{bucket}/d/", gcs_config=config, compose=compose)
+    ds = BucketIterableDataset.from_prefix(f"gs://{bucket}/d/", gcs=config, compose=compose)
     emu.reset_stats()
     data = list(ds)
     assert sorted(data) == sorted(bytes([i]) * 100 for i in range(96))

@@ -175,10 +175,10 @@ def test_datasets_with_compose_return_decoded_objects(
     before = emu.stats()["by_op"].get("compose", 0)
     ds: Any
     if kind == "map":
-        ds = BucketMapDataset.from_prefix(uri, gcs_config=config, compose=compose)
+        ds = BucketMapDataset.from_prefix(uri, gcs=config, compose=compose)
         loader = DataLoader(ds, batch_size=12, collate_fn=list)
     else:
-        ds = BucketIterableDataset.from_prefix(uri, gcs_config=config, compose=compose)
+        ds = BucketIterableDataset.from_prefix(uri, gcs=config, compose=compose)
         loader = DataLoader(ds, batch_size=12, collate_fn=list)
     seen = [sample for batch in loader for sample in batch]
     assert sorted(seen) == sorted(expected.values())
@@ -205,7 +205,7 @@ def test_checkpoint_loads_decoded_bytes(emu: Emulator, bucket: Any) -> None:
     blob.content_encoding = "gzip"
     blob.upload_from_string(gzip.compress(raw.getvalue()))
     ckpt = BucketCheckpoint(
-        gcs_config=GCSConfig(endpoint=emu.endpoint, anonymous=True, retry=EMULATOR_RETRY)
+        gcs=GCSConfig(endpoint=emu.endpoint, anonymous=True, retry=EMULATOR_RETRY)
     )
     uri = f"gs://{bucket.name}/ckpt/model.pt"
     with ckpt.reader(uri) as f:

@@ -246,8 +246,8 @@ def test_a_checkpoint_saved_through_damage_in_transit_loads_intact(
     gcs = GCSConfig(endpoint=emu.endpoint, anonymous=True)
     part = 4 << 20 if op == "put" else 64 * 1024
     ck = BucketCheckpoint(
-        CheckpointConfig(part_size=part, min_part_size=1024, upload_method=method),
-        gcs_config=gcs,
+        config=CheckpointConfig(part_size=part, min_part_size=1024, upload_method=method),
+        gcs=gcs,
     )
     uri = f"gs://{bucket}/run/ck.pt"
     state = {"w": torch.randn(300, 256, generator=torch.Generator().manual_seed(3))}
@@ -269,8 +269,8 @@ def test_a_streamed_save_damaged_in_transit_is_refused_and_the_previous_one_kept
     """A resumable upload is checked once, at the end: the damage fails the save."""
     gcs = GCSConfig(endpoint=emu.endpoint, anonymous=True, chunk_size=256 * 1024)
     ck = BucketCheckpoint(
-        CheckpointConfig(part_size=64 * 1024, min_part_size=1024, upload_method="resumable"),
-        gcs_config=gcs,
+        config=CheckpointConfig(part_size=64 * 1024, min_part_size=1024, upload_method="resumable"),
+        gcs=gcs,
     )
     uri = f"gs://{bucket}/run/ck.pt"
     before = {"w": torch.randn(300, 256, generator=torch.Generator().manual_seed(1))}

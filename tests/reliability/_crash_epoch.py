@@ -67,7 +67,7 @@ def main() -> int:
     args = parser.parse_args()
     gcs = GCSConfig(endpoint=args.endpoint, anonymous=True, retry=RETRY)
     ds = BucketMapDataset.from_prefix(
-        f"gs://{args.bucket}/d/", gcs_config=gcs, compose=ComposeConfig(throttle_cooldown=0.0)
+        f"gs://{args.bucket}/d/", gcs=gcs, compose=ComposeConfig(throttle_cooldown=0.0)
     )
     loader = DataLoader(
         ds,

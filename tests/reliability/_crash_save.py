@@ -68,13 +68,13 @@ def main() -> int:
     parser.add_argument("--method", default="multipart", choices=["multipart", "resumable"])
     args = parser.parse_args()
     checkpoint = BucketCheckpoint(
-        CheckpointConfig(
+        config=CheckpointConfig(
             part_size=PART,
             min_part_size=1024,
             max_parts_in_flight=2,
             upload_method=args.method,
         ),
-        gcs_config=GCSConfig(endpoint=args.endpoint, anonymous=True, retry=RETRY, chunk_size=CHUNK),
+        gcs=GCSConfig(endpoint=args.endpoint, anonymous=True, retry=RETRY, chunk_size=CHUNK),
     )
     after = 3 * PART if args.method == "multipart" else 2 * CHUNK
     try:

@@ -113,7 +113,7 @@ class Bucket:
         """The objects under ``d/`` as an iterable dataset (lists them now)."""
         return BucketIterableDataset.from_prefix(
             self.uri("d/"),
-            gcs_config=self.gcs(retry),
+            gcs=self.gcs(retry),
             compose=ComposeConfig(disable=not compose, throttle_cooldown=0.0),
             fetch=FetchConfig(prefetch=64),
             **kw,
@@ -134,7 +134,7 @@ class Bucket:
         }
         options.update(kw)
         return BucketCheckpoint(
-            CheckpointConfig(**options), gcs_config=self.gcs(retry, chunk_size=CHUNK)
+            config=CheckpointConfig(**options), gcs=self.gcs(retry, chunk_size=CHUNK)
         )
 
 

@@ -68,23 +68,21 @@ def test_missing_bucket(emulator: Emulator) -> None:
     g = gcs(emulator)
     bucket = f"missing-{uuid.uuid4().hex[:12]}"
     uri = f"gs://{bucket}/d/"
-    error = raises(
-        BucketNotFoundError, uri, lambda: BucketMapDataset.from_prefix(uri, gcs_config=g)
-    )
+    error = raises(BucketNotFoundError, uri, lambda: BucketMapDataset.from_prefix(uri, gcs=g))
     # Said once: not the cause's operation, URI and status repeated inside.
     assert str(error).count(uri) == 1
     assert str(error).count("HTTP 404") == 1
-    raises(BucketNotFoundError, uri, lambda: BucketIterableDataset.from_prefix(uri, gcs_config=g))
+    raises(BucketNotFoundError, uri, lambda: BucketIterableDataset.from_prefix(uri, gcs=g))
     obj = f"gs://{bucket}/d/0"
     # Object requests cannot tell a missing bucket from a missing object by
     # status or reason (both 404 notFound): a NotFoundError naming the object.
-    raises(NotFoundError, obj, lambda: BucketMapDataset.from_objects([obj], gcs_config=g))
-    ckpt = BucketCheckpoint(gcs_config=g)
+    raises(NotFoundError, obj, lambda: BucketMapDataset.from_objects([obj], gcs=g))
+    ckpt = BucketCheckpoint(gcs=g)
     raises(NotFoundError, f"gs://{bucket}/c.pt", lambda: ckpt.load(f"gs://{bucket}/c.pt"))
     for method in ("multipart", "resumable"):
         small_parts = BucketCheckpoint(
-            CheckpointConfig(part_size=4096, min_part_size=1024, upload_method=method),
-            gcs_config=g,
+            config=CheckpointConfig(part_size=4096, min_part_size=1024, upload_method=method),
+            gcs=g,
         )
         raises(
             NotFoundError,
@@ -97,20 +95,20 @@ def test_missing_object_and_empty_prefix(model_bucket: Bucket) -> None:
     model_bucket.seed_dataset(3)
     g = gcs(model_bucket.emu)
     missing = model_bucket.uri("d/nope.bin")
-    raises(NotFoundError, missing, lambda: BucketMapDataset.from_objects([missing], gcs_config=g))
+    raises(NotFoundError, missing, lambda: BucketMapDataset.from_objects([missing], gcs=g))
     raises(
         NotFoundError,
         missing,
         lambda: BucketIterableDataset.from_objects(
-            [model_bucket.uri(object_name(0)), missing], gcs_config=g
+            [model_bucket.uri(object_name(0)), missing], gcs=g
         ),
     )
-    raises(NotFoundError, missing, lambda: BucketCheckpoint(gcs_config=g).load(missing))
+    raises(NotFoundError, missing, lambda: BucketCheckpoint(gcs=g).load(missing))
     empty = model_bucket.uri("nothing-here/")
-    raises(NotFoundError, empty, lambda: BucketMapDataset.from_prefix(empty, gcs_config=g))
-    raises(NotFoundError, empty, lambda: BucketIterableDataset.from_prefix(empty, gcs_config=g))
+    raises(NotFoundError, empty, lambda: BucketMapDataset.from_prefix(empty, gcs=g))
+    raises(NotFoundError, empty, lambda: BucketIterableDataset.from_prefix(empty, gcs=g))
     with pytest.raises(ConfigError):
-        BucketMapDataset.from_objects([], gcs_config=g)
+        BucketMapDataset.from_objects([], gcs=g)
 
 
 MALFORMED = [
@@ -139,7 +137,7 @@ def test_malformed_uri(uri: str) -> None:
 
 
 def test_a_checkpoint_uri_must_name_an_object(model_bucket: Bucket) -> None:
-    ckpt = BucketCheckpoint(gcs_config=gcs(model_bucket.emu))
+    ckpt = BucketCheckpoint(gcs=gcs(model_bucket.emu))
     for uri in (model_bucket.uri(""), model_bucket.uri("run/")):
         raises(InvalidURIError, uri, lambda u=uri: ckpt.writer(u))
 
@@ -151,8 +149,8 @@ def test_permission_denied_on_read_and_list(model_bucket: Bucket) -> None:
     want = model_bucket.seed_dataset(20)
     emu = model_bucket.emu
     g = gcs(emu)
-    ds = BucketIterableDataset.from_prefix(model_bucket.uri("d/"), gcs_config=g)
-    ckpt = BucketCheckpoint(CheckpointConfig(read_chunk_size=64 * 1024), gcs_config=g)
+    ds = BucketIterableDataset.from_prefix(model_bucket.uri("d/"), gcs=g)
+    ckpt = BucketCheckpoint(config=CheckpointConfig(read_chunk_size=64 * 1024), gcs=g)
     ckpt.save(state(1), model_bucket.uri("c.pt"))
     emu.add_fault("get", "403", count=None)
     raises(PermissionDeniedError, model_bucket.uri("d/"), lambda: list(ds))
@@ -165,7 +163,7 @@ def test_permission_denied_on_read_and_list(model_bucket: Bucket) -> None:
     raises(
         PermissionDeniedError,
         model_bucket.uri("d/"),
-        lambda: BucketMapDataset.from_prefix(model_bucket.uri("d/"), gcs_config=g),
+        lambda: BucketMapDataset.from_prefix(model_bucket.uri("d/"), gcs=g),
     )
     emu.clear_faults()
     check_epoch(list(ds), want)  # nothing was damaged or cached by the refusals
@@ -183,12 +181,12 @@ def test_permission_denied_on_compose_falls_back_with_one_warning(
     composes = op_count(model_bucket.emu, "compose")
     with caplog.at_level(logging.WARNING, logger="torchbucket"):
         if kind == "map":
-            ds = BucketMapDataset.from_prefix(uri, gcs_config=g, compose=ComposeConfig())
+            ds = BucketMapDataset.from_prefix(uri, gcs=g, compose=ComposeConfig())
             got = [
                 s for start in range(0, 100, 25) for s in ds.__getitems__(range(start, start + 25))
             ]
         else:
-            got = list(BucketIterableDataset.from_prefix(uri, gcs_config=g))
+            got = list(BucketIterableDataset.from_prefix(uri, gcs=g))
     check_epoch(got, want)
     refusals = [r for r in caplog.records if "compose refused" in r.getMessage()]
     assert len(refusals) == 1
@@ -218,7 +216,7 @@ def test_object_changed_between_listing_and_reading(
     raises(NotFoundError, model_bucket.uri(victim), lambda: list(ds))
     # The map-style dataset too, by index and by batch.
     mds = BucketMapDataset.from_objects(
-        [model_bucket.uri(object_name(i)) for i in range(20, 23)], gcs_config=gcs(model_bucket.emu)
+        [model_bucket.uri(object_name(i)) for i in range(20, 23)], gcs=gcs(model_bucket.emu)
     )
     assert mds[0] == payload(20)
     model_bucket.emu.seed(model_bucket.name, {object_name(20): b"changed"})
@@ -260,7 +258,7 @@ def test_dataset_objects_larger_than_the_composite_cap(model_bucket: Bucket) -> 
     model_bucket.emu.seed(model_bucket.name, objects)
     ds = BucketIterableDataset.from_prefix(
         model_bucket.uri("d/"),
-        gcs_config=gcs(model_bucket.emu),
+        gcs=gcs(model_bucket.emu),
         compose=ComposeConfig(max_composite_object_size=2048),
     )
     composes = op_count(model_bucket.emu, "compose")
@@ -279,8 +277,8 @@ def test_checkpoint_beyond_part_and_range_limits_over_http(model_bucket: Bucket)
     assert same_state(ckpt.load(uri, weights_only=True), state(5))
     # A single upload beyond GCSConfig.resumable_threshold goes resumable.
     one_shot = BucketCheckpoint(
-        CheckpointConfig(part_size=4 << 20, min_part_size=1024),
-        gcs_config=GCSConfig(
+        config=CheckpointConfig(part_size=4 << 20, min_part_size=1024),
+        gcs=GCSConfig(
             endpoint=model_bucket.emu.endpoint,
             anonymous=True,
             retry=PATIENT,
@@ -311,7 +309,9 @@ def part_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def test_parts_grow_so_a_checkpoint_fits_the_part_limit(part_sizes: list[int]) -> None:
     # Scaled down: 1-byte parts make the 10,000-part limit bite at about 1 MB.
-    ckpt = BucketCheckpoint(CheckpointConfig(part_size=1, min_part_size=1, max_parts_in_flight=64))
+    ckpt = BucketCheckpoint(
+        config=CheckpointConfig(part_size=1, min_part_size=1, max_parts_in_flight=64)
+    )
     uri = f"memory://rel-{uuid.uuid4().hex[:8]}/c.pt"
     data = bytes(range(256)) * 80
     with ckpt.writer(uri) as f:
@@ -323,7 +323,9 @@ def test_parts_grow_so_a_checkpoint_fits_the_part_limit(part_sizes: list[int]) -
 
 
 def test_a_checkpoint_beyond_the_part_limit_fails_naming_it(part_sizes: list[int]) -> None:
-    ckpt = BucketCheckpoint(CheckpointConfig(part_size=1, min_part_size=1, max_parts_in_flight=64))
+    ckpt = BucketCheckpoint(
+        config=CheckpointConfig(part_size=1, min_part_size=1, max_parts_in_flight=64)
+    )
     uri = f"memory://rel-{uuid.uuid4().hex[:8]}/c.pt"
     with (
         pytest.raises(StorageError, match="part_size or pass size_hint") as info,
@@ -338,7 +340,9 @@ def test_a_checkpoint_beyond_the_part_limit_fails_naming_it(part_sizes: list[int
 
 
 def test_a_torch_save_beyond_the_part_limit_fails_naming_it(part_sizes: list[int]) -> None:
-    ckpt = BucketCheckpoint(CheckpointConfig(part_size=1, min_part_size=1, max_parts_in_flight=64))
+    ckpt = BucketCheckpoint(
+        config=CheckpointConfig(part_size=1, min_part_size=1, max_parts_in_flight=64)
+    )
     uri = f"memory://rel-{uuid.uuid4().hex[:8]}/c.pt"
     error = raises(StorageError, uri, lambda: ckpt.save({"w": torch.zeros(300_000)}, uri))
     # What the user sees is torchbucket's error, not torch's "unexpected pos".
@@ -376,7 +380,7 @@ def test_unusual_names(
     want = [objects[k] for k in sorted(objects)]
     for compose in (True, False):
         assert list(bucket.dataset(PATIENT, compose=compose)) == want
-    mds = BucketMapDataset.from_objects([bucket.uri(name) for name in UNUSUAL], gcs_config=gcs(emu))
+    mds = BucketMapDataset.from_objects([bucket.uri(name) for name in UNUSUAL], gcs=gcs(emu))
     assert [mds[i] for i in range(len(UNUSUAL))] == [objects[n] for n in UNUSUAL]
     ckpt = bucket.checkpoint(PATIENT)
     for name in UNUSUAL[:-1]:
@@ -400,7 +404,7 @@ def _failing_format(data: bytes) -> Any:
 def test_data_format_fn_raising_names_the_object(model_bucket: Bucket, workers: int) -> None:
     model_bucket.seed_dataset(20)
     ds = BucketMapDataset.from_prefix(
-        model_bucket.uri("d/"), data_format_fn=_failing_format, gcs_config=gcs(model_bucket.emu)
+        model_bucket.uri("d/"), data_format_fn=_failing_format, gcs=gcs(model_bucket.emu)
     )
     loader = DataLoader(
         ds,

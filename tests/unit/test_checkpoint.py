@@ -106,7 +106,7 @@ class RecordingStore:
 
 
 def checkpoint_on(store: Any, config: CheckpointConfig = TINY) -> BucketCheckpoint:
-    checkpoint = BucketCheckpoint(config)
+    checkpoint = BucketCheckpoint(config=config)
     checkpoint._stores[("memory", store.bucket)] = store
     return checkpoint
 
@@ -131,7 +131,7 @@ def test_round_trip_multipart_with_weights_only(bucket: str) -> None:
 
 
 def test_map_location_moves_tensors(bucket: str) -> None:
-    checkpoint = BucketCheckpoint(TINY)
+    checkpoint = BucketCheckpoint(config=TINY)
     uri = f"memory://{bucket}/m.pt"
     checkpoint.save({"w": torch.ones(3, dtype=torch.float64)}, uri)
     loaded = checkpoint.load(uri, weights_only=True, map_location=torch.device("meta"))
@@ -149,7 +149,7 @@ def test_small_checkpoint_is_a_single_put(bucket: str) -> None:
 
 
 def test_empty_file_round_trips(bucket: str) -> None:
-    checkpoint = BucketCheckpoint(TINY)
+    checkpoint = BucketCheckpoint(config=TINY)
     uri = f"memory://{bucket}/empty"
     with checkpoint.writer(uri):
         pass
@@ -160,7 +160,7 @@ def test_empty_file_round_trips(bucket: str) -> None:
 @pytest.mark.parametrize("method", ["multipart", "resumable"])
 def test_exception_in_with_block_aborts_and_keeps_previous(bucket: str, method: str) -> None:
     config = CheckpointConfig(part_size=PART, min_part_size=1, upload_method=method)  # type: ignore[arg-type]
-    checkpoint = BucketCheckpoint(config)
+    checkpoint = BucketCheckpoint(config=config)
     uri = f"memory://{bucket}/last.pt"
     previous = state_dict(scale=1)
     checkpoint.save(previous, uri)
@@ -174,7 +174,7 @@ def test_exception_in_with_block_aborts_and_keeps_previous(bucket: str, method: 
 
 
 def test_aborted_new_checkpoint_is_not_visible(bucket: str) -> None:
-    checkpoint = BucketCheckpoint(TINY)
+    checkpoint = BucketCheckpoint(config=TINY)
     uri = f"memory://{bucket}/new.pt"
     writer = checkpoint.writer(uri)
     writer.write(b"x" * (5 * PART))
@@ -184,7 +184,7 @@ def test_aborted_new_checkpoint_is_not_visible(bucket: str) -> None:
 
 
 def test_writer_lost_without_close_publishes_nothing(bucket: str) -> None:
-    checkpoint = BucketCheckpoint(TINY)
+    checkpoint = BucketCheckpoint(config=TINY)
     uri = f"memory://{bucket}/lost.pt"
     writer = checkpoint.writer(uri)
     writer.write(b"y" * (4 * PART + 10))
@@ -275,7 +275,7 @@ def test_crc_mismatch_raises_and_deletes_the_bad_object(bucket: str) -> None:
 
 
 def test_missing_checkpoint_is_not_found_with_uri(bucket: str) -> None:
-    checkpoint = BucketCheckpoint(TINY)
+    checkpoint = BucketCheckpoint(config=TINY)
     uri = f"memory://{bucket}/nope.pt"
     with pytest.raises(FileNotFoundError) as info:
         checkpoint.reader(uri)
@@ -315,7 +315,7 @@ def test_corrupt_download_is_detected(bucket: str) -> None:
 
 
 def test_writer_is_a_sequential_file(bucket: str) -> None:
-    checkpoint = BucketCheckpoint(TINY)
+    checkpoint = BucketCheckpoint(config=TINY)
     with checkpoint.writer(f"memory://{bucket}/f.bin") as f:
         assert f.writable() and not f.seekable() and not f.readable()
         f.write(b"abc")
@@ -360,7 +360,7 @@ def test_a_save_aborts_stale_uploads_to_the_same_object(bucket: str) -> None:
     runtime.run(store.multipart_initiate("last.pt"))
     runtime.run(store.multipart_initiate("other.pt"))
     config = CheckpointConfig(part_size=PART, min_part_size=1, stale_upload_age=0)
-    BucketCheckpoint(config).save({"x": 1}, f"memory://{bucket}/last.pt")
+    BucketCheckpoint(config=config).save({"x": 1}, f"memory://{bucket}/last.pt")
     assert [u.key for u in uploads_left(bucket)] == ["other.pt"]
 
 
@@ -395,7 +395,7 @@ def test_split_ranges_tile_the_object(size: int, chunk: int) -> None:
 def test_checkpoint_pickles_without_its_stores(bucket: str) -> None:
     import pickle
 
-    checkpoint = BucketCheckpoint(TINY)
+    checkpoint = BucketCheckpoint(config=TINY)
     checkpoint.save({"x": 1}, f"memory://{bucket}/p.pt")
     copy = pickle.loads(pickle.dumps(checkpoint))
     assert copy.config == TINY
@@ -407,7 +407,7 @@ def test_a_completion_without_an_answer_is_judged_by_the_object(
     bucket: str, monkeypatch: pytest.MonkeyPatch, completed: bool
 ) -> None:
     """Answers lost until the deadline: saved if the object holds what was written."""
-    ckpt = BucketCheckpoint(TINY)
+    ckpt = BucketCheckpoint(config=TINY)
     uri = f"memory://{bucket}/c.pt"
     ckpt.save({"old": torch.zeros(10)}, uri)
     original = MemoryStore.multipart_complete
@@ -438,7 +438,7 @@ def test_a_completion_without_an_answer_is_judged_by_the_object(
 def test_load_gives_writable_tensors_equal_to_the_saved_ones(
     bucket: str, mmap: bool | None
 ) -> None:
-    checkpoint = BucketCheckpoint(TINY)
+    checkpoint = BucketCheckpoint(config=TINY)
     uri = f"memory://{bucket}/mapped.pt"
     original = state_dict(scale=2)
     checkpoint.save(original, uri)
@@ -455,7 +455,7 @@ def test_load_gives_writable_tensors_equal_to_the_saved_ones(
 def test_load_leaves_no_file_descriptor_open(bucket: str) -> None:
     import os
 
-    checkpoint = BucketCheckpoint(TINY)
+    checkpoint = BucketCheckpoint(config=TINY)
     uri = f"memory://{bucket}/fds.pt"
     checkpoint.save(state_dict(), uri)
     checkpoint.load(uri, weights_only=True)  # opens the store
@@ -466,7 +466,7 @@ def test_load_leaves_no_file_descriptor_open(bucket: str) -> None:
 
 
 def test_load_reads_the_legacy_format(bucket: str) -> None:
-    checkpoint = BucketCheckpoint(TINY)
+    checkpoint = BucketCheckpoint(config=TINY)
     uri = f"memory://{bucket}/legacy.pt"
     with checkpoint.writer(uri) as f:
         torch.save({"x": torch.arange(6)}, f, _use_new_zipfile_serialization=False)
@@ -476,4 +476,6 @@ def test_load_reads_the_legacy_format(bucket: str) -> None:
 
 def test_load_of_a_missing_checkpoint_is_not_found(bucket: str) -> None:
     with pytest.raises(NotFoundError):
-        BucketCheckpoint(TINY).load(f"memory://{bucket}/absent.pt", weights_only=True, mmap=True)
+        BucketCheckpoint(config=TINY).load(
+            f"memory://{bucket}/absent.pt", weights_only=True, mmap=True
+        )

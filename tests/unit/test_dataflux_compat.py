@@ -218,8 +218,8 @@ def test_gcs_scheme_is_gs() -> None:
 @pytest.mark.parametrize(
     ("make", "parameter"),
     [
-        (lambda: BucketCheckpoint("my-project", "my-bucket"), "config"),  # type: ignore[arg-type]
-        (lambda: BucketCheckpoint(CheckpointConfig(), "my-bucket"), "gcs_config"),  # type: ignore[arg-type]
+        (lambda: BucketCheckpoint(config="my-project"), "config"),  # type: ignore[arg-type]
+        (lambda: BucketCheckpoint(config=CheckpointConfig(), gcs="my-bucket"), "gcs"),  # type: ignore[arg-type]
         (
             lambda: dataflux_checkpoint.DatafluxCheckpoint("p", 7),  # type: ignore[arg-type]
             "bucket_name",
@@ -230,8 +230,8 @@ def test_gcs_scheme_is_gs() -> None:
         ),
         (lambda: BucketMapDataset("gs://b/x"), "catalog"),  # type: ignore[arg-type]
         (
-            lambda: BucketMapDataset.from_prefix("memory://b/", gcs_config="p"),  # type: ignore[arg-type]
-            "gcs_config",
+            lambda: BucketMapDataset.from_prefix("memory://b/", gcs="p"),  # type: ignore[arg-type]
+            "gcs",
         ),
         (
             lambda: BucketIterableDataset.from_prefix("memory://b/", compose="yes"),  # type: ignore[arg-type]
@@ -255,7 +255,7 @@ def test_lightning_and_dcp_constructors_refuse_a_wrong_type() -> None:
     from torchbucket.lightning import AsyncBucketCheckpointIO, BucketCheckpointIO
 
     with pytest.raises(ConfigError, match=r"config must be .*DatafluxLightningCheckpoint"):
-        BucketCheckpointIO("my-project")  # type: ignore[arg-type]
+        BucketCheckpointIO(config="my-project")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="checkpoint must be"):
         AsyncBucketCheckpointIO(checkpoint="gs://b/x")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="max_pending must be"):

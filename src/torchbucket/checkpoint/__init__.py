@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from torchbucket.checkpoint._checkpoint import BucketCheckpoint
 from torchbucket.checkpoint._cleanup import abort_incomplete_uploads
-from torchbucket.checkpoint.config import CheckpointConfig
 from torchbucket.checkpoint._reader import CheckpointReader
 from torchbucket.checkpoint._writer import CheckpointWriter
+from torchbucket.checkpoint.config import CheckpointConfig
 
 __all__ = [
     "BucketCheckpoint",

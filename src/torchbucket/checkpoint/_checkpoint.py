@@ -6,12 +6,12 @@ import threading
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from torchbucket import runtime
-from torchbucket._checks import check_instance
+from torchbucket._checks import check_instance, renamed_configs
 from torchbucket._uri import parse_uri
 from torchbucket.checkpoint import _mapped as mapped
-from torchbucket.checkpoint.config import CheckpointConfig
 from torchbucket.checkpoint._reader import CheckpointReader
 from torchbucket.checkpoint._writer import CheckpointWriter
+from torchbucket.checkpoint.config import CheckpointConfig
 from torchbucket.errors import InvalidURIError, NotFoundError
 from torchbucket.storage import ObjectStore, store_for
 from torchbucket.storage.checks import check_gcs_config
@@ -38,18 +38,21 @@ class BucketCheckpoint:
 
     Args:
         config: Part sizes, parallelism and checks. Default ``CheckpointConfig()``.
-        gcs_config: Endpoint, credentials and retries for ``gs://`` URIs.
-            Default: ``GCSConfig()``.
+        gcs: Endpoint, credentials and retries for ``gs://`` URIs.
+            Default: ``GCSConfig()``. (``gcs_config=``, and both configs by
+            position, are accepted with a ``FutureWarning`` until the next
+            release.)
 
     Raises:
-        ConfigError: ``config`` or ``gcs_config`` is not a config object (for
+        ConfigError: ``config`` or ``gcs`` is not a config object (for
             example a project name: gcs-torch-dataflux's
             ``DatafluxCheckpoint(project_name, bucket_name)`` is
             :class:`torchbucket.dataflux.dataflux_checkpoint.DatafluxCheckpoint`).
     """
 
+    @renamed_configs(positional=("config", "gcs"), gcs_config="gcs")
     def __init__(
-        self, config: CheckpointConfig | None = None, gcs_config: GCSConfig | None = None
+        self, *, config: CheckpointConfig | None = None, gcs: GCSConfig | None = None
     ) -> None:
         hint = ""
         if isinstance(config, str):
@@ -60,18 +63,23 @@ class BucketCheckpoint:
         check_instance(
             config, CheckpointConfig, owner="BucketCheckpoint", parameter="config", hint=hint
         )
-        check_gcs_config(gcs_config, owner="BucketCheckpoint")
+        check_gcs_config(gcs, owner="BucketCheckpoint")
         self.config = config or CheckpointConfig()
-        self.gcs_config = gcs_config
+        self.gcs = gcs
         self._stores: dict[tuple[str, str], ObjectStore] = {}
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         # Stores hold connections; a copy in another process opens its own.
-        return {"config": self.config, "gcs_config": self.gcs_config}
+        return {"config": self.config, "gcs": self.gcs}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["config"], state["gcs_config"])  # type: ignore[misc]
+        self.__init__(config=state["config"], gcs=state["gcs"])  # type: ignore[misc]
+
+    @property
+    def gcs_config(self) -> GCSConfig | None:
+        """The ``gcs`` config (the attribute's name before the config rule)."""
+        return self.gcs
 
     def open(self, uri: str) -> tuple[ObjectStore, str]:
         """The store ``uri`` lives in and the key inside it.
@@ -86,8 +94,8 @@ class BucketCheckpoint:
             store = self._stores.get((parsed.scheme, parsed.bucket))
             if store is None:
                 options: dict[str, Any] = {}
-                if parsed.scheme == "gs" and self.gcs_config is not None:
-                    options["config"] = self.gcs_config
+                if parsed.scheme == "gs" and self.gcs is not None:
+                    options["config"] = self.gcs
                 store, _ = store_for(parsed, **options)
                 self._stores[(parsed.scheme, parsed.bucket)] = store
         return store, parsed.key

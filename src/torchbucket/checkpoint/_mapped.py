@@ -30,8 +30,8 @@ from types import TracebackType
 from typing import Any
 
 from torchbucket import runtime
-from torchbucket.checkpoint.config import CheckpointConfig
 from torchbucket.checkpoint._reader import MemoryFile, download, load_decoded
+from torchbucket.checkpoint.config import CheckpointConfig
 from torchbucket.storage.base import ObjectInfo, ObjectStore
 
 __all__ = ["MappedCheckpoint", "supported"]

@@ -45,7 +45,6 @@ from typing import Literal
 
 from torchbucket import runtime
 from torchbucket.checkpoint._cleanup import abort_uploads
-from torchbucket.checkpoint.config import CheckpointConfig
 from torchbucket.checkpoint._crc import Crc32c
 from torchbucket.checkpoint._parts import (
     BufferPool,
@@ -70,6 +69,7 @@ from torchbucket.checkpoint._upload import (
     list_stale_candidates,
     open_session,
 )
+from torchbucket.checkpoint.config import CheckpointConfig
 from torchbucket.errors import (
     DeadlineExceededError,
     RetryableError,

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import asyncio
 
+from torchbucket.compose._fetch import compose_allowed, fetch_group
+from torchbucket.compose._plan import plan_groups
 from torchbucket.compose.config import (
     COMPOSITE_PREFIX,
     DEFAULT_MAX_COMPOSITE_OBJECT_SIZE,
     ComposeConfig,
 )
-from torchbucket.compose._fetch import compose_allowed, fetch_group
-from torchbucket.compose._plan import plan_groups
 from torchbucket.errors import NotFoundError
 from torchbucket.storage.base import ObjectStore
 

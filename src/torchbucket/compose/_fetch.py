@@ -18,8 +18,8 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from torchbucket.compose.config import ComposeConfig
 from torchbucket.compose._softdelete import soft_delete_allows, soft_delete_blocked
+from torchbucket.compose.config import ComposeConfig
 from torchbucket.compose.registry import delete_in_background, register, unregister
 from torchbucket.errors import (
     DeadlineExceededError,

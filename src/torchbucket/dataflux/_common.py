@@ -75,9 +75,9 @@ def retry_config(value: Any) -> RetryConfig | None:
 
 
 def gcs_config_for(
-    owner: str, gcs_config: GCSConfig | None, retry: RetryConfig | None = None
+    owner: str, gcs: GCSConfig | None, retry: RetryConfig | None = None
 ) -> GCSConfig:
-    """The ``GCSConfig`` to use: ``gcs_config`` (default ``GCSConfig()``) with ``retry``.
+    """The ``GCSConfig`` to use: ``gcs`` (default ``GCSConfig()``) with ``retry``.
 
     dataflux's ``project_name`` is not sent as ``x-goog-user-project``: the
     ``google-cloud-storage`` client dataflux builds from it does not send it
@@ -85,10 +85,10 @@ def gcs_config_for(
     (https://cloud.google.com/apis/docs/system-parameters). A requester-pays
     bucket takes ``GCSConfig(project=...)``.
     """
-    check_gcs_config(gcs_config, owner=owner)
+    check_gcs_config(gcs, owner=owner)
     from torchbucket.storage.gcs import GCSConfig
 
-    resolved = gcs_config if gcs_config is not None else GCSConfig()
+    resolved = gcs if gcs is not None else GCSConfig()
     return dataclasses.replace(resolved, retry=retry) if retry is not None else resolved
 
 
@@ -227,7 +227,7 @@ class ListedObjects:
         config: ConfigBase,
         data_format_fn: Callable[[bytes], Any],
         storage_client: Any,
-        gcs_config: GCSConfig | None,
+        gcs: GCSConfig | None,
     ) -> tuple[Catalog, ComposeConfig]:
         """Check and keep dataflux's public attributes; list the prefix."""
         from torchbucket.datasets.catalog import Catalog
@@ -241,9 +241,9 @@ class ListedObjects:
         self.data_format_fn = data_format_fn
         self.storage_client = None  # never pickled, never used
         uri = bucket_uri(bucket_name, config.prefix or "")
-        resolved = gcs_config_for(owner, gcs_config, config.retry())
+        resolved = gcs_config_for(owner, gcs, config.retry())
         # dataflux gives an empty dataset for an empty prefix.
-        self._listed = Catalog.from_prefix(uri, gcs_config=resolved, allow_empty=True)
+        self._listed = Catalog.from_prefix(uri, gcs=resolved, allow_empty=True)
         self._objects = None
         return self._listed, config.compose_config()
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from torchbucket._checks import check_instance
+from torchbucket._checks import check_instance, renamed_configs
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointReader, CheckpointWriter
 from torchbucket.dataflux._common import bucket_uri, check_names, gcs_config_for
 
@@ -38,7 +38,8 @@ class DatafluxCheckpoint:
         bucket_name: The bucket (or, as an extension, a torchbucket URI such
             as ``memory://name`` or ``file:///dir``).
         storage_client: Accepted, ignored: requests go through aiohttp.
-        gcs_config: Extension: how to reach GCS.
+        gcs: Extension: how to reach GCS. (``gcs_config=`` is accepted with
+            a ``FutureWarning`` until the next release.)
         checkpoint: Extension: the :class:`BucketCheckpoint` to use (its
             configuration: part sizes, parallelism).
 
@@ -46,13 +47,14 @@ class DatafluxCheckpoint:
         ConfigError: An argument is not of its type.
     """
 
+    @renamed_configs(gcs_config="gcs")
     def __init__(
         self,
         project_name: str,
         bucket_name: str,
         storage_client: Any = None,
         *,
-        gcs_config: GCSConfig | None = None,
+        gcs: GCSConfig | None = None,
         checkpoint: BucketCheckpoint | None = None,
     ) -> None:
         owner = type(self).__name__
@@ -61,9 +63,7 @@ class DatafluxCheckpoint:
         self.project_name = project_name
         self.bucket_name = bucket_name
         self.storage_client = None
-        self.checkpoint = checkpoint or BucketCheckpoint(
-            gcs_config=gcs_config_for(owner, gcs_config)
-        )
+        self.checkpoint = checkpoint or BucketCheckpoint(gcs=gcs_config_for(owner, gcs))
 
     def uri(self, object_name: str) -> str:
         """The URI of ``object_name`` (bucket-relative, as in dataflux)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from torchbucket._checks import check_instance
+from torchbucket._checks import check_instance, renamed_configs
 from torchbucket.dataflux._common import ConfigBase, ListedObjects, data_format_default
 from torchbucket.datasets import BucketIterableDataset
 
@@ -85,12 +85,15 @@ class DataFluxIterableDataset(ListedObjects, BucketIterableDataset):
         config: A :class:`Config`; default ``Config()``.
         data_format_fn: Bytes to sample; default: unchanged.
         storage_client: Accepted, ignored: requests go through aiohttp.
-        gcs_config: Extension: how to reach GCS (endpoint, concurrency).
+        gcs: Extension: how to reach GCS (endpoint, concurrency).
+            (``gcs_config=`` is accepted with a ``FutureWarning`` until the
+            next release.)
 
     Raises:
         ConfigError: An argument is not of its type.
     """
 
+    @renamed_configs(gcs_config="gcs")
     def __init__(
         self,
         project_name: str | None,
@@ -99,12 +102,12 @@ class DataFluxIterableDataset(ListedObjects, BucketIterableDataset):
         data_format_fn: Callable[[bytes], Any] = data_format_default,
         storage_client: Any = None,
         *,
-        gcs_config: GCSConfig | None = None,
+        gcs: GCSConfig | None = None,
     ) -> None:
         check_instance(config, ConfigBase, owner=type(self).__name__, parameter="config")
         config = config if config is not None else Config()
         catalog, compose = self._adopt(
-            project_name, bucket_name, config, data_format_fn, storage_client, gcs_config
+            project_name, bucket_name, config, data_format_fn, storage_client, gcs
         )
         fn = None if data_format_fn is data_format_default else data_format_fn
         BucketIterableDataset.__init__(self, catalog, data_format_fn=fn, compose=compose)

@@ -74,7 +74,7 @@ def check_dataset_arguments(
 
 
 def check_source_arguments(
-    owner: str, gcs_config: Any, listing: Any = None, **configs: tuple[Any, type]
+    owner: str, gcs: Any, listing: Any = None, **configs: tuple[Any, type]
 ) -> None:
     """Check ``from_prefix`` / ``from_objects`` arguments before anything is listed.
 
@@ -85,7 +85,7 @@ def check_source_arguments(
     """
     from torchbucket.listing import ListingConfig
 
-    check_gcs_config(gcs_config, owner=owner)
+    check_gcs_config(gcs, owner=owner)
     check_instance(listing, ListingConfig, owner=owner, parameter="listing")
     for parameter, (value, expected) in configs.items():
         check_instance(value, expected, owner=owner, parameter=parameter)

@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from torchbucket import runtime
+from torchbucket._checks import renamed_configs
 from torchbucket.accounting import RequestStats
 from torchbucket.compose import ComposeConfig
 from torchbucket.compose.registry import drain_deletes
@@ -129,12 +130,13 @@ class BucketIterableDataset(IterableDataset[Any]):
         self._board = EpochBoard()
 
     @classmethod
+    @renamed_configs(gcs_config="gcs")
     def from_prefix(
         cls,
         uri: str,
         *,
         data_format_fn: DataFormatFn | None = None,
-        gcs_config: GCSConfig | None = None,
+        gcs: GCSConfig | None = None,
         listing: ListingConfig | None = None,
         shuffle: bool = False,
         seed: int = 0,
@@ -148,7 +150,9 @@ class BucketIterableDataset(IterableDataset[Any]):
             uri: ``gs://bucket/prefix``, ``memory://name/prefix`` or
                 ``file:///dir/prefix``.
             data_format_fn: See the class.
-            gcs_config: How to reach GCS, for ``gs://`` URIs. Default ``None``.
+            gcs: How to reach GCS, for ``gs://`` URIs. Default ``None``.
+                (``gcs_config=`` is accepted with a ``FutureWarning`` until
+                the next release.)
             listing: A ``torchbucket.listing.ListingConfig``. Default ``None``.
             shuffle: See the class.
             seed: See the class.
@@ -161,13 +165,13 @@ class BucketIterableDataset(IterableDataset[Any]):
         """
         check_source_arguments(
             f"{cls.__name__}.from_prefix",
-            gcs_config,
+            gcs,
             listing,
             compose=(compose, ComposeConfig),
             sharding=(sharding, ShardingConfig),
             fetch=(fetch, FetchConfig),
         )
-        catalog = Catalog.from_prefix(uri, gcs_config=gcs_config, listing_config=listing)
+        catalog = Catalog.from_prefix(uri, gcs=gcs, listing=listing)
         return cls(
             catalog,
             data_format_fn=data_format_fn,
@@ -179,12 +183,13 @@ class BucketIterableDataset(IterableDataset[Any]):
         )
 
     @classmethod
+    @renamed_configs(gcs_config="gcs")
     def from_objects(
         cls,
         uris: Sequence[str],
         *,
         data_format_fn: DataFormatFn | None = None,
-        gcs_config: GCSConfig | None = None,
+        gcs: GCSConfig | None = None,
         shuffle: bool = False,
         seed: int = 0,
         sharding: ShardingConfig | None = None,
@@ -199,13 +204,13 @@ class BucketIterableDataset(IterableDataset[Any]):
         """
         check_source_arguments(
             f"{cls.__name__}.from_objects",
-            gcs_config,
+            gcs,
             None,
             compose=(compose, ComposeConfig),
             sharding=(sharding, ShardingConfig),
             fetch=(fetch, FetchConfig),
         )
-        catalog = Catalog.from_objects(uris, gcs_config=gcs_config)
+        catalog = Catalog.from_objects(uris, gcs=gcs)
         return cls(
             catalog,
             data_format_fn=data_format_fn,

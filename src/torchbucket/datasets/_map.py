@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import Dataset
 
 from torchbucket import runtime
+from torchbucket._checks import renamed_configs
 from torchbucket.accounting import RequestStats
 from torchbucket.compose import ComposeConfig
 from torchbucket.compose.registry import drain_deletes
@@ -121,12 +122,13 @@ class BucketMapDataset(Dataset[Any]):
         self._board = EpochBoard()
 
     @classmethod
+    @renamed_configs(gcs_config="gcs")
     def from_prefix(
         cls,
         uri: str,
         *,
         data_format_fn: DataFormatFn | None = None,
-        gcs_config: GCSConfig | None = None,
+        gcs: GCSConfig | None = None,
         listing: ListingConfig | None = None,
         compose: ComposeConfig | None = None,
         fetch: FetchConfig | None = None,
@@ -137,7 +139,9 @@ class BucketMapDataset(Dataset[Any]):
             uri: ``gs://bucket/prefix``, ``memory://name/prefix`` or
                 ``file:///dir/prefix``.
             data_format_fn: See the class.
-            gcs_config: How to reach GCS, for ``gs://`` URIs. Default ``None``.
+            gcs: How to reach GCS, for ``gs://`` URIs. Default ``None``.
+                (``gcs_config=`` is accepted with a ``FutureWarning`` until
+                the next release.)
             listing: A ``torchbucket.listing.ListingConfig``. Default ``None``.
             compose: See the class.
             fetch: See the class.
@@ -148,21 +152,22 @@ class BucketMapDataset(Dataset[Any]):
         """
         check_source_arguments(
             f"{cls.__name__}.from_prefix",
-            gcs_config,
+            gcs,
             listing,
             compose=(compose, ComposeConfig),
             fetch=(fetch, FetchConfig),
         )
-        catalog = Catalog.from_prefix(uri, gcs_config=gcs_config, listing_config=listing)
+        catalog = Catalog.from_prefix(uri, gcs=gcs, listing=listing)
         return cls(catalog, data_format_fn=data_format_fn, compose=compose, fetch=fetch)
 
     @classmethod
+    @renamed_configs(gcs_config="gcs")
     def from_objects(
         cls,
         uris: Sequence[str],
         *,
         data_format_fn: DataFormatFn | None = None,
-        gcs_config: GCSConfig | None = None,
+        gcs: GCSConfig | None = None,
         compose: ComposeConfig | None = None,
         fetch: FetchConfig | None = None,
     ) -> BucketMapDataset:
@@ -174,12 +179,12 @@ class BucketMapDataset(Dataset[Any]):
         """
         check_source_arguments(
             f"{cls.__name__}.from_objects",
-            gcs_config,
+            gcs,
             None,
             compose=(compose, ComposeConfig),
             fetch=(fetch, FetchConfig),
         )
-        catalog = Catalog.from_objects(uris, gcs_config=gcs_config)
+        catalog = Catalog.from_objects(uris, gcs=gcs)
         return cls(catalog, data_format_fn=data_format_fn, compose=compose, fetch=fetch)
 
     def __len__(self) -> int:

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from torchbucket import listing, runtime
+from torchbucket import runtime
 from torchbucket._uri import parse_uri
 from torchbucket.errors import ConfigError, NotFoundError
+from torchbucket.listing import alist_objects
 from torchbucket.storage import store_for
 from torchbucket.storage.base import ObjectInfo, ObjectStore
 
@@ -48,11 +49,11 @@ def _crc_b64(value: int) -> str | None:
     return None if value == _NO_CRC else base64.b64encode(value.to_bytes(4, "big")).decode()
 
 
-def open_store(uri: str, gcs_config: GCSConfig | None) -> tuple[ObjectStore, str]:
-    """The store and key of ``uri``; ``gcs_config`` applies to ``gs://`` only."""
+def open_store(uri: str, gcs: GCSConfig | None) -> tuple[ObjectStore, str]:
+    """The store and key of ``uri``; ``gcs`` applies to ``gs://`` only."""
     parsed = parse_uri(uri)
-    if parsed.scheme == "gs" and gcs_config is not None:
-        return store_for(parsed, config=gcs_config)
+    if parsed.scheme == "gs" and gcs is not None:
+        return store_for(parsed, config=gcs)
     return store_for(parsed)
 
 
@@ -131,30 +132,30 @@ class Catalog:
         cls,
         uri: str,
         *,
-        gcs_config: GCSConfig | None = None,
-        listing_config: ListingConfig | None = None,
+        gcs: GCSConfig | None = None,
+        listing: ListingConfig | None = None,
         allow_empty: bool = False,
     ) -> Catalog:
         """List every object under a prefix URI.
 
         Args:
             uri: The prefix URI.
-            gcs_config: How to reach GCS, for ``gs://``.
-            listing_config: How to list.
+            gcs: How to reach GCS, for ``gs://``.
+            listing: How to list.
             allow_empty: Return an empty catalog when nothing is under the
                 prefix, instead of raising.
 
         Raises:
             NotFoundError: Nothing is under the prefix (unless ``allow_empty``).
         """
-        store, prefix = open_store(uri, gcs_config)
-        infos = runtime.run(listing.alist_objects(store, prefix, config=listing_config))
+        store, prefix = open_store(uri, gcs)
+        infos = runtime.run(alist_objects(store, prefix, config=listing))
         if not infos and not allow_empty:
             raise NotFoundError("no objects under this prefix", operation="list", uri=uri)
         return cls([store], [0] * len(infos), infos)
 
     @classmethod
-    def from_objects(cls, uris: Sequence[str], *, gcs_config: GCSConfig | None = None) -> Catalog:
+    def from_objects(cls, uris: Sequence[str], *, gcs: GCSConfig | None = None) -> Catalog:
         """Look up the objects named by ``uris`` (concurrently), in that order.
 
         Raises:
@@ -175,7 +176,7 @@ class Catalog:
             where = (parsed.scheme, parsed.bucket)
             if where not in stores:
                 stores[where] = len(store_list)
-                store_list.append(open_store(uri, gcs_config)[0])
+                store_list.append(open_store(uri, gcs)[0])
             store_ids.append(stores[where])
             keys.append(parsed.key)
 

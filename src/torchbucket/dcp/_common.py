@@ -44,9 +44,7 @@ def metadata_name(rank: int | None) -> str:
     return METADATA_NAME if rank is None else f"__{rank}{METADATA_NAME}"
 
 
-def check_dcp_arguments(
-    owner: object, uri: Any, config: Any, gcs_config: Any, checkpoint: Any
-) -> None:
+def check_dcp_arguments(owner: object, uri: Any, config: Any, gcs: Any, checkpoint: Any) -> None:
     """Check a DCP writer's or reader's common arguments at construction.
 
     Raises:
@@ -63,5 +61,5 @@ def check_dcp_arguments(
         )
     parse_uri(normalize(uri))
     check_instance(config, CheckpointConfig, owner=name, parameter="config")
-    check_gcs_config(gcs_config, owner=name)
+    check_gcs_config(gcs, owner=name)
     check_instance(checkpoint, BucketCheckpoint, owner=name, parameter="checkpoint")

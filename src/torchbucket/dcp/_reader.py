@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from torchbucket import runtime
-from torchbucket._checks import check_int
+from torchbucket._checks import check_int, renamed_configs
 from torchbucket._uri import is_bucket_uri
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.checkpoint.buffers import MemoryFile, allocate
@@ -186,26 +186,29 @@ class BucketStorageReader(StorageReader):
     Args:
         uri: The checkpoint's "directory".
         config: Read chunk size and parallelism. Default ``CheckpointConfig()``.
-        gcs_config: Endpoint and credentials for ``gs://``. Default ``GCSConfig()``.
+        gcs: Endpoint and credentials for ``gs://``. Default ``GCSConfig()``
+            (``gcs_config=`` is accepted with a ``FutureWarning`` until the
+            next release).
         checkpoint: A :class:`BucketCheckpoint` to use instead of making one.
         max_gap: Gaps of at most this many bytes between needed ranges of one
             file are read through rather than split. Default 1 MiB.
     """
 
+    @renamed_configs(gcs_config="gcs")
     def __init__(
         self,
         uri: str | os.PathLike[str],
         *,
         config: CheckpointConfig | None = None,
-        gcs_config: GCSConfig | None = None,
+        gcs: GCSConfig | None = None,
         checkpoint: BucketCheckpoint | None = None,
         max_gap: int = DEFAULT_MAX_GAP,
     ) -> None:
         super().__init__()
-        check_dcp_arguments(self, uri, config, gcs_config, checkpoint)
+        check_dcp_arguments(self, uri, config, gcs, checkpoint)
         check_int(max_gap, owner=type(self).__name__, parameter="max_gap", minimum=0)
         self.uri = normalize(uri)
-        self.checkpoint = checkpoint or BucketCheckpoint(config, gcs_config)
+        self.checkpoint = checkpoint or BucketCheckpoint(config=config, gcs=gcs)
         self.max_gap = max_gap
         self.storage_data: dict[Any, _StorageInfo] = {}
         self.load_id = uuid.uuid4().hex

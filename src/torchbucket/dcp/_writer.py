@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from torchbucket._checks import check_int
+from torchbucket._checks import check_int, renamed_configs
 from torchbucket._uri import is_bucket_uri
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.dcp._common import (
@@ -91,28 +91,31 @@ class BucketStorageWriter(StorageWriter):
     Args:
         uri: The checkpoint's "directory", for example ``gs://bucket/run/step-100``.
         config: Part sizes and parallelism. Default ``CheckpointConfig()``.
-        gcs_config: Endpoint and credentials for ``gs://``. Default ``GCSConfig()``.
+        gcs: Endpoint and credentials for ``gs://``. Default ``GCSConfig()``
+            (``gcs_config=`` is accepted with a ``FutureWarning`` until the
+            next release).
         checkpoint: A :class:`BucketCheckpoint` to use instead of making one.
         files_per_rank: Data files each rank writes, in parallel. Default 1: the
             parts of one file already upload in parallel.
         overwrite: Allow saving where a complete checkpoint exists. Default True.
     """
 
+    @renamed_configs(gcs_config="gcs")
     def __init__(
         self,
         uri: str | os.PathLike[str],
         *,
         config: CheckpointConfig | None = None,
-        gcs_config: GCSConfig | None = None,
+        gcs: GCSConfig | None = None,
         checkpoint: BucketCheckpoint | None = None,
         files_per_rank: int = 1,
         overwrite: bool = True,
     ) -> None:
         super().__init__()
-        check_dcp_arguments(self, uri, config, gcs_config, checkpoint)
+        check_dcp_arguments(self, uri, config, gcs, checkpoint)
         check_int(files_per_rank, owner=type(self).__name__, parameter="files_per_rank", minimum=1)
         self.uri = normalize(uri)
-        self.checkpoint = checkpoint or BucketCheckpoint(config, gcs_config)
+        self.checkpoint = checkpoint or BucketCheckpoint(config=config, gcs=gcs)
         self.files_per_rank = files_per_rank
         self.overwrite = overwrite
         self.save_id = uuid.uuid4().hex

@@ -345,12 +345,12 @@ def run_demo(config: DemoConfig) -> DemoResult:
         with requests.phase("listing"):
             train = Labelled(
                 BucketMapDataset.from_prefix(
-                    data_uri + "train/", data_format_fn=decode, gcs_config=gcs, compose=compose
+                    data_uri + "train/", data_format_fn=decode, gcs=gcs, compose=compose
                 )
             )
             val = Labelled(
                 BucketMapDataset.from_prefix(
-                    data_uri + "val/", data_format_fn=decode, gcs_config=gcs, compose=compose
+                    data_uri + "val/", data_format_fn=decode, gcs=gcs, compose=compose
                 )
             )
         result.list_s = time.perf_counter() - started
@@ -359,7 +359,7 @@ def run_demo(config: DemoConfig) -> DemoResult:
             f"{result.list_s:.2f} s"
         )
 
-        checkpoint = BucketCheckpoint(gcs_config=gcs)
+        checkpoint = BucketCheckpoint(gcs=gcs)
         checkpoint_prefix = f"{base}checkpoints/run-{uuid.uuid4().hex[:8]}/"
         common = dict(
             train=train,

@@ -12,7 +12,7 @@ import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from torchbucket._checks import check_instance, check_int
+from torchbucket._checks import check_instance, check_int, renamed_configs
 from torchbucket._uri import uri_text
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.lightning._filesystem import set_active_checkpoint
@@ -49,9 +49,12 @@ class BucketCheckpointIO(CheckpointIO):  # type: ignore[misc]
 
     Args:
         config: Part sizes and parallelism. Default ``CheckpointConfig()``.
-        gcs_config: Endpoint and credentials for ``gs://``. Default ``GCSConfig()``.
+        gcs: Endpoint and credentials for ``gs://``. Default ``GCSConfig()``.
         checkpoint: A :class:`BucketCheckpoint` to use instead of making one from
-            ``config`` and ``gcs_config``.
+            ``config`` and ``gcs``.
+
+    ``gcs_config=``, and ``config`` and ``gcs`` by position, are accepted with
+    a ``FutureWarning`` until the next release.
 
     Raises:
         ConfigError: An argument is not of its type (a project name where
@@ -60,11 +63,12 @@ class BucketCheckpointIO(CheckpointIO):  # type: ignore[misc]
             :class:`torchbucket.dataflux.lightning.DatafluxLightningCheckpoint`).
     """
 
+    @renamed_configs(positional=("config", "gcs"), gcs_config="gcs")
     def __init__(
         self,
-        config: CheckpointConfig | None = None,
-        gcs_config: GCSConfig | None = None,
         *,
+        config: CheckpointConfig | None = None,
+        gcs: GCSConfig | None = None,
         checkpoint: BucketCheckpoint | None = None,
     ) -> None:
         owner = type(self).__name__
@@ -75,10 +79,10 @@ class BucketCheckpointIO(CheckpointIO):  # type: ignore[misc]
                 "torchbucket.dataflux.lightning.DatafluxLightningCheckpoint"
             )
         check_instance(config, CheckpointConfig, owner=owner, parameter="config", hint=hint)
-        check_gcs_config(gcs_config, owner=owner)
+        check_gcs_config(gcs, owner=owner)
         check_instance(checkpoint, BucketCheckpoint, owner=owner, parameter="checkpoint")
         super().__init__()
-        self.checkpoint = checkpoint or BucketCheckpoint(config, gcs_config)
+        self.checkpoint = checkpoint or BucketCheckpoint(config=config, gcs=gcs)
         set_active_checkpoint(self.checkpoint)
 
     def save_checkpoint(
@@ -144,21 +148,22 @@ class AsyncBucketCheckpointIO(BucketCheckpointIO):
 
     Args:
         config: As for :class:`BucketCheckpointIO`.
-        gcs_config: As for :class:`BucketCheckpointIO`.
+        gcs: As for :class:`BucketCheckpointIO`.
         checkpoint: As for :class:`BucketCheckpointIO`.
         max_pending: Saves in the queue at once. Default 1.
     """
 
+    @renamed_configs(positional=("config", "gcs"), gcs_config="gcs")
     def __init__(
         self,
-        config: CheckpointConfig | None = None,
-        gcs_config: GCSConfig | None = None,
         *,
+        config: CheckpointConfig | None = None,
+        gcs: GCSConfig | None = None,
         checkpoint: BucketCheckpoint | None = None,
         max_pending: int = 1,
     ) -> None:
         check_int(max_pending, owner=type(self).__name__, parameter="max_pending", minimum=1)
-        super().__init__(config, gcs_config, checkpoint=checkpoint)
+        super().__init__(config=config, gcs=gcs, checkpoint=checkpoint)
         self.max_pending = max_pending
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: list[concurrent.futures.Future[None]] = []

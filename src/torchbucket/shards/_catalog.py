@@ -11,9 +11,10 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from torchbucket import listing, runtime
+from torchbucket import runtime
 from torchbucket._uri import parse_uri
 from torchbucket.errors import ConfigError, NotFoundError
+from torchbucket.listing import alist_objects
 from torchbucket.shards._index import MANIFEST_NAME, Manifest, ShardIndex, index_name
 from torchbucket.storage import store_for
 from torchbucket.storage.base import ObjectInfo, ObjectStore
@@ -27,11 +28,11 @@ __all__ = ["ShardSet", "open_store"]
 logger = logging.getLogger(__name__)
 
 
-def open_store(uri: str, gcs_config: GCSConfig | None) -> tuple[ObjectStore, str]:
-    """The store and key of ``uri``; ``gcs_config`` applies to ``gs://`` only."""
+def open_store(uri: str, gcs: GCSConfig | None) -> tuple[ObjectStore, str]:
+    """The store and key of ``uri``; ``gcs`` applies to ``gs://`` only."""
     parsed = parse_uri(uri)
-    if parsed.scheme == "gs" and gcs_config is not None:
-        return store_for(parsed, config=gcs_config)
+    if parsed.scheme == "gs" and gcs is not None:
+        return store_for(parsed, config=gcs)
     return store_for(parsed)
 
 
@@ -83,8 +84,8 @@ class ShardSet:
         cls,
         uri: str,
         *,
-        gcs_config: GCSConfig | None = None,
-        listing_config: ListingConfig | None = None,
+        gcs: GCSConfig | None = None,
+        listing: ListingConfig | None = None,
     ) -> ShardSet:
         """The shards of a manifest URI (``.../manifest.json``) or of a prefix.
 
@@ -95,20 +96,18 @@ class ShardSet:
             NotFoundError: No manifest and no ``.tar`` under the prefix, or a
                 shard of the manifest is missing.
         """
-        store, key = open_store(uri, gcs_config)
-        return runtime.run(_open(store, key, uri, listing_config))
+        store, key = open_store(uri, gcs)
+        return runtime.run(_open(store, key, uri, listing))
 
 
-async def _open(
-    store: ObjectStore, key: str, uri: str, listing_config: ListingConfig | None
-) -> ShardSet:
+async def _open(store: ObjectStore, key: str, uri: str, listing: ListingConfig | None) -> ShardSet:
     if key.endswith(".json"):
         prefix = key[: key.rfind("/") + 1]
         manifest_key: str | None = key
     else:
         prefix = key if not key or key.endswith("/") else key + "/"
         manifest_key = None
-    objects = await listing.alist_objects(store, prefix, config=listing_config)
+    objects = await alist_objects(store, prefix, config=listing)
     by_name = {o.name: o for o in objects}
     if manifest_key is None and prefix + MANIFEST_NAME in by_name:
         manifest_key = prefix + MANIFEST_NAME

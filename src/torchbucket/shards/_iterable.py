@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from torchbucket._checks import renamed_configs
 from torchbucket.datasets.config import ShardingConfig
 from torchbucket.errors import ConfigError
 from torchbucket.shards._catalog import ShardSet
@@ -115,12 +116,13 @@ class BucketShardDataset(IterableDataset[Any]):
         self._last_current = False
 
     @classmethod
+    @renamed_configs(gcs_config="gcs")
     def from_prefix(
         cls,
         uri: str,
         *,
         data_format_fn: SampleFormatFn | None = None,
-        gcs_config: GCSConfig | None = None,
+        gcs: GCSConfig | None = None,
         listing: ListingConfig | None = None,
         shuffle: bool = False,
         seed: int = 0,
@@ -133,7 +135,8 @@ class BucketShardDataset(IterableDataset[Any]):
             uri: ``gs://bucket/packed/`` or ``gs://bucket/packed/manifest.json``
                 (also ``memory://`` and ``file://``).
             data_format_fn: See the class.
-            gcs_config: How to reach GCS, for ``gs://`` URIs.
+            gcs: How to reach GCS, for ``gs://`` URIs. (``gcs_config=`` is
+                accepted with a ``FutureWarning`` until the next release.)
             listing: A ``ListingConfig`` for listing the prefix.
             shuffle: See the class.
             seed: See the class.
@@ -143,7 +146,7 @@ class BucketShardDataset(IterableDataset[Any]):
         Raises:
             NotFoundError: No manifest and no ``.tar`` under the prefix.
         """
-        shards = ShardSet.open(uri, gcs_config=gcs_config, listing_config=listing)
+        shards = ShardSet.open(uri, gcs=gcs, listing=listing)
         return cls(
             shards,
             data_format_fn=data_format_fn,

@@ -10,6 +10,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from torchbucket import runtime
+from torchbucket._checks import renamed_configs
 from torchbucket.errors import IntegrityError
 from torchbucket.shards._catalog import ShardSet
 from torchbucket.shards._stream import member_sample
@@ -58,12 +59,13 @@ class BucketShardMapDataset(Dataset[Any]):
         np.cumsum(counts, out=self._bounds[1:])
 
     @classmethod
+    @renamed_configs(gcs_config="gcs")
     def from_prefix(
         cls,
         uri: str,
         *,
         data_format_fn: Callable[[Any], Any] | None = None,
-        gcs_config: GCSConfig | None = None,
+        gcs: GCSConfig | None = None,
         listing: ListingConfig | None = None,
     ) -> BucketShardMapDataset:
         """The packed shards under a prefix, or of a manifest URI.
@@ -72,7 +74,7 @@ class BucketShardMapDataset(Dataset[Any]):
             NotFoundError: No manifest and no shards there.
             ConfigError: A shard has no index.
         """
-        shards = ShardSet.open(uri, gcs_config=gcs_config, listing_config=listing)
+        shards = ShardSet.open(uri, gcs=gcs, listing=listing)
         return cls(shards, data_format_fn=data_format_fn)
 
     def __len__(self) -> int:

@@ -21,8 +21,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from torchbucket import listing, runtime
+from torchbucket import runtime
+from torchbucket._checks import renamed_configs
 from torchbucket.errors import IntegrityError, NotFoundError
+from torchbucket.listing import ListingConfig, alist_objects
 from torchbucket.shards._catalog import open_store
 from torchbucket.shards._index import (
     INDEX_SUFFIX,
@@ -39,7 +41,6 @@ from torchbucket.storage.base import ObjectInfo, ObjectStore, Part
 from torchbucket.storage.crc32c import Crc32c, extend
 
 if TYPE_CHECKING:
-    from torchbucket.listing import ListingConfig
     from torchbucket.storage.gcs import GCSConfig
 
 __all__ = ["PackResult", "apack", "pack"]
@@ -266,6 +267,7 @@ async def _complete(
     return _manifest_entry(shard, index.shard_crc32c or tar.crc32c or "")
 
 
+@renamed_configs(listing_config="listing")
 async def apack(
     src: ObjectStore,
     src_prefix: str,
@@ -273,7 +275,7 @@ async def apack(
     dst_prefix: str,
     *,
     config: PackConfig | None = None,
-    listing_config: ListingConfig | None = None,
+    listing: ListingConfig | None = None,
     progress: bool | Literal["auto"] = "auto",
     dry_run: bool = False,
 ) -> PackResult:
@@ -287,7 +289,8 @@ async def apack(
         dst_prefix: Where ``shard-000000.tar``, ``shard-000000.idx.json``...
             and ``manifest.json`` go (a ``/`` is added if missing).
         config: Shard size, grouping, concurrency; default ``PackConfig()``.
-        listing_config: How the source is listed.
+        listing: How the source is listed. (``listing_config=`` is accepted
+            with a ``FutureWarning`` until the next release.)
         progress: A bar of bytes packed on stderr: ``"auto"`` when stderr is a
             terminal, ``True`` always, ``False`` never.
         dry_run: Plan (and check which shards are complete), write nothing.
@@ -304,7 +307,7 @@ async def apack(
     config = config or PackConfig()
     t0 = time.perf_counter()
     dst_prefix = _folder(dst_prefix)
-    objects = await listing.alist_objects(src, src_prefix, config=listing_config)
+    objects = await alist_objects(src, src_prefix, config=listing)
     if dst.uri("") == src.uri(""):  # the destination may lie under the source
         objects = [o for o in objects if not o.name.startswith(dst_prefix)]
     if not objects:
@@ -312,8 +315,8 @@ async def apack(
     plan = plan_shards(
         objects, _member_base(src_prefix), shard_size=config.shard_size, group_by=config.group_by
     )
-    present = await listing.alist_objects(
-        dst, dst_prefix, config=listing.ListingConfig(progress=False, broadcast=False)
+    present = await alist_objects(
+        dst, dst_prefix, config=ListingConfig(progress=False, broadcast=False)
     )
     existing = {o.name: o for o in present}
     done = await asyncio.gather(*(_complete(dst, dst_prefix, s, existing) for s in plan))
@@ -402,13 +405,14 @@ async def _delete_stale(
             pass
 
 
+@renamed_configs(listing_config="listing", gcs_config="gcs")
 def pack(
     src: str,
     dst: str,
     *,
     config: PackConfig | None = None,
-    listing_config: ListingConfig | None = None,
-    gcs_config: GCSConfig | None = None,
+    listing: ListingConfig | None = None,
+    gcs: GCSConfig | None = None,
     progress: bool | Literal["auto"] = "auto",
     dry_run: bool = False,
 ) -> PackResult:
@@ -424,16 +428,18 @@ def pack(
         src: ``gs://bucket/prefix``, ``memory://name/prefix`` or ``file:///dir/``.
         dst: The destination prefix URI.
         config: See :func:`apack`.
-        listing_config: See :func:`apack`.
-        gcs_config: How to reach GCS, for ``gs://`` URIs.
+        listing: See :func:`apack`.
+        gcs: How to reach GCS, for ``gs://`` URIs. (``listing_config=`` and
+            ``gcs_config=`` are accepted with a ``FutureWarning`` until the
+            next release.)
         progress: See :func:`apack`.
         dry_run: See :func:`apack`.
 
     Raises:
         See :func:`apack`.
     """
-    src_store, src_prefix = open_store(src, gcs_config)
-    dst_store, dst_prefix = open_store(dst, gcs_config)
+    src_store, src_prefix = open_store(src, gcs)
+    dst_store, dst_prefix = open_store(dst, gcs)
     return runtime.run(
         apack(
             src_store,
@@ -441,7 +447,7 @@ def pack(
             dst_store,
             dst_prefix,
             config=config,
-            listing_config=listing_config,
+            listing=listing,
             progress=progress,
             dry_run=dry_run,
         )

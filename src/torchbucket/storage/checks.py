@@ -14,7 +14,7 @@ from torchbucket._checks import check_instance
 __all__ = ["check_gcs_config"]
 
 
-def check_gcs_config(value: Any, *, owner: str, parameter: str = "gcs_config") -> None:
+def check_gcs_config(value: Any, *, owner: str, parameter: str = "gcs") -> None:
     """:func:`~torchbucket._checks.check_instance` for a ``GCSConfig`` (or ``None``).
 
     Raises:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from torchbucket._checks import check_instance
+from torchbucket._checks import check_instance, renamed_configs
 from torchbucket.checkpoint import CheckpointConfig
 from torchbucket.dataflux._common import check_names, gcs_config_for
 from torchbucket.lightning import AsyncBucketCheckpointIO, BucketCheckpointIO
@@ -34,7 +34,7 @@ def _configs(
     storage_client: Any,
     disable_multipart: bool,
     config: CheckpointConfig | None,
-    gcs_config: GCSConfig | None,
+    gcs: GCSConfig | None,
 ) -> tuple[CheckpointConfig, GCSConfig]:
     """Check and keep dataflux's attributes; the configs the plugin runs with."""
     owner = type(plugin).__name__
@@ -48,7 +48,7 @@ def _configs(
     if disable_multipart:
         # dataflux then writes one stream; so does a resumable upload.
         resolved = dataclasses.replace(resolved, upload_method="resumable")
-    return resolved, gcs_config_for(owner, gcs_config)
+    return resolved, gcs_config_for(owner, gcs)
 
 
 class DatafluxLightningCheckpoint(BucketCheckpointIO):
@@ -60,12 +60,14 @@ class DatafluxLightningCheckpoint(BucketCheckpointIO):
         disable_multipart: Upload each checkpoint as one stream (a resumable
             upload) instead of parallel parts. Default ``False``.
         config: Extension: part sizes and parallelism.
-        gcs_config: Extension: how to reach GCS.
+        gcs: Extension: how to reach GCS. (``gcs_config=`` is accepted with
+            a ``FutureWarning`` until the next release.)
 
     Raises:
         ConfigError: An argument is not of its type.
     """
 
+    @renamed_configs(gcs_config="gcs")
     def __init__(
         self,
         project_name: str,
@@ -73,12 +75,12 @@ class DatafluxLightningCheckpoint(BucketCheckpointIO):
         disable_multipart: bool = False,
         *,
         config: CheckpointConfig | None = None,
-        gcs_config: GCSConfig | None = None,
+        gcs: GCSConfig | None = None,
     ) -> None:
-        configs = _configs(
-            self, project_name, storage_client, disable_multipart, config, gcs_config
+        checkpoint_config, gcs = _configs(
+            self, project_name, storage_client, disable_multipart, config, gcs
         )
-        super().__init__(*configs)
+        super().__init__(config=checkpoint_config, gcs=gcs)
 
 
 class DatafluxLightningAsyncCheckpoint(AsyncBucketCheckpointIO):
@@ -93,12 +95,14 @@ class DatafluxLightningAsyncCheckpoint(AsyncBucketCheckpointIO):
         storage_client: Accepted, ignored.
         disable_multipart: As for :class:`DatafluxLightningCheckpoint`.
         config: Extension: part sizes and parallelism.
-        gcs_config: Extension: how to reach GCS.
+        gcs: Extension: how to reach GCS. (``gcs_config=`` is accepted with
+            a ``FutureWarning`` until the next release.)
 
     Raises:
         ConfigError: An argument is not of its type.
     """
 
+    @renamed_configs(gcs_config="gcs")
     def __init__(
         self,
         project_name: str,
@@ -106,9 +110,9 @@ class DatafluxLightningAsyncCheckpoint(AsyncBucketCheckpointIO):
         disable_multipart: bool = False,
         *,
         config: CheckpointConfig | None = None,
-        gcs_config: GCSConfig | None = None,
+        gcs: GCSConfig | None = None,
     ) -> None:
-        configs = _configs(
-            self, project_name, storage_client, disable_multipart, config, gcs_config
+        checkpoint_config, gcs = _configs(
+            self, project_name, storage_client, disable_multipart, config, gcs
         )
-        super().__init__(*configs)
+        super().__init__(config=checkpoint_config, gcs=gcs)

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from torchbucket import runtime
-from torchbucket._checks import check_instance
+from torchbucket._checks import check_instance, renamed_configs
 from torchbucket._uri import is_bucket_uri, parse_uri, uri_text
 from torchbucket.checkpoint import BucketCheckpoint
 from torchbucket.dataflux._common import check_names, gcs_config_for
@@ -71,17 +71,19 @@ class GCSFileSystem:
         project_name: The GCP project (kept as an attribute).
         debug: Log each stream opened at INFO (dataflux printed it).
         storage_client: Accepted, ignored.
-        gcs_config: Extension: how to reach GCS.
+        gcs: Extension: how to reach GCS. (``gcs_config=`` is accepted with
+            a ``FutureWarning`` until the next release.)
         checkpoint: Extension: the :class:`BucketCheckpoint` to use.
     """
 
+    @renamed_configs(gcs_config="gcs")
     def __init__(
         self,
         project_name: str,
         debug: bool,
         storage_client: Any = None,
         *,
-        gcs_config: GCSConfig | None = None,
+        gcs: GCSConfig | None = None,
         checkpoint: BucketCheckpoint | None = None,
     ) -> None:
         owner = type(self).__name__
@@ -90,9 +92,7 @@ class GCSFileSystem:
         self.project_name = project_name
         self.storage_client = None
         self.debug = bool(debug)
-        self.checkpoint = checkpoint or BucketCheckpoint(
-            gcs_config=gcs_config_for(owner, gcs_config)
-        )
+        self.checkpoint = checkpoint or BucketCheckpoint(gcs=gcs_config_for(owner, gcs))
 
     @contextmanager
     def create_stream(self, path: Path, mode: str) -> Iterator[IO[bytes]]:
@@ -163,7 +163,8 @@ class GCSDistributedWriter(BucketStorageWriter):
         project_name: The GCP project (kept as an attribute).
         storage_client: Accepted, ignored.
         debug: As for :class:`GCSFileSystem`.
-        gcs_config: Extension: how to reach GCS.
+        gcs: Extension: how to reach GCS. (``gcs_config=`` is accepted with
+            a ``FutureWarning`` until the next release.)
         **kwargs: ``FileSystemWriter``'s options, as dataflux passes them on:
             ``thread_count`` is the number of data files per rank (uploaded in
             parallel), ``overwrite`` as in torch; the others
@@ -175,6 +176,7 @@ class GCSDistributedWriter(BucketStorageWriter):
         TypeError: An option ``FileSystemWriter`` does not have.
     """
 
+    @renamed_configs(gcs_config="gcs")
     def __init__(
         self,
         path: Path,
@@ -182,11 +184,11 @@ class GCSDistributedWriter(BucketStorageWriter):
         storage_client: Any = None,
         debug: bool | None = False,
         *,
-        gcs_config: GCSConfig | None = None,
+        gcs: GCSConfig | None = None,
         **kwargs: Any,
     ) -> None:
         _options(type(self).__name__, kwargs, _WRITER_OPTIONS)
-        self.fs = GCSFileSystem(project_name, bool(debug), storage_client, gcs_config=gcs_config)
+        self.fs = GCSFileSystem(project_name, bool(debug), storage_client, gcs=gcs)
         super().__init__(
             path,
             checkpoint=self.fs.checkpoint,
@@ -205,7 +207,8 @@ class GCSDistributedReader(BucketStorageReader):
         project_name: The GCP project (kept as an attribute).
         storage_client: Accepted, ignored.
         debug: As for :class:`GCSFileSystem`.
-        gcs_config: Extension: how to reach GCS.
+        gcs: Extension: how to reach GCS. (``gcs_config=`` is accepted with
+            a ``FutureWarning`` until the next release.)
         **kwargs: ``FileSystemReader``'s options; accepted and not used.
 
     Raises:
@@ -213,6 +216,7 @@ class GCSDistributedReader(BucketStorageReader):
         TypeError: An option ``FileSystemReader`` does not have.
     """
 
+    @renamed_configs(gcs_config="gcs")
     def __init__(
         self,
         path: Path,
@@ -220,10 +224,10 @@ class GCSDistributedReader(BucketStorageReader):
         storage_client: Any = None,
         debug: bool | None = False,
         *,
-        gcs_config: GCSConfig | None = None,
+        gcs: GCSConfig | None = None,
         **kwargs: Any,
     ) -> None:
         _options(type(self).__name__, kwargs, _READER_OPTIONS)
-        self.fs = GCSFileSystem(project_name, bool(debug), storage_client, gcs_config=gcs_config)
+        self.fs = GCSFileSystem(project_name, bool(debug), storage_client, gcs=gcs)
         super().__init__(path, checkpoint=self.fs.checkpoint)
         self.project_name = project_name

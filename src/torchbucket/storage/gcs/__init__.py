@@ -17,7 +17,7 @@ store):
 
 from __future__ import annotations
 
-from torchbucket.storage.gcs.config import DEFAULT_ENDPOINT, GCSConfig
 from torchbucket.storage.gcs._store import GCSStore
+from torchbucket.storage.gcs.config import DEFAULT_ENDPOINT, GCSConfig
 
 __all__ = ["DEFAULT_ENDPOINT", "GCSConfig", "GCSStore"]

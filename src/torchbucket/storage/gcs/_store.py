@@ -32,9 +32,9 @@ from torchbucket.errors import NotFoundError
 from torchbucket.storage._common import check_range
 from torchbucket.storage.base import ListPage, MultipartUpload, ObjectInfo, Part
 from torchbucket.storage.gcs import _bucket, _objects, _reads, _resumable, _simple
-from torchbucket.storage.gcs.config import GCSConfig
 from torchbucket.storage.gcs._multipart import XMLMultipart
 from torchbucket.storage.gcs._transport import GCSTransport
+from torchbucket.storage.gcs.config import GCSConfig
 
 __all__ = ["GCSStore"]
 

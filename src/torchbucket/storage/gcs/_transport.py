@@ -32,9 +32,9 @@ from torchbucket.errors import (
 )
 from torchbucket.storage.base import ObjectInfo
 from torchbucket.storage.gcs import _errors, _hedge, _rawget, _session
-from torchbucket.storage.gcs.config import GCSConfig
 from torchbucket.storage.gcs._credentials import shared_credentials
 from torchbucket.storage.gcs._wire import INFO_FIELDS, quote_name
+from torchbucket.storage.gcs.config import GCSConfig
 
 __all__ = ["TRANSPORT_ERRORS", "GCSTransport", "Response"]
 

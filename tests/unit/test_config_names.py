@@ -1,0 +1,157 @@
+"""The config rule: keyword-only config parameters named after their type.
+
+The names before the rule (``gcs_config=``, ``listing_config=``, configs by
+position) still work for one release, each with one ``FutureWarning`` per
+process; option checks raise ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from torchbucket import _checks, runtime
+from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
+from torchbucket.compose import plan_groups
+from torchbucket.errors import ConfigError
+from torchbucket.listing import ListingConfig, list_objects
+from torchbucket.storage import MemoryStore
+from torchbucket.storage.gcs import GCSConfig
+from torchbucket.storage.memory import delete_memory_bucket
+from torchbucket.storage.ranges import split_ranges
+
+GCS = GCSConfig(endpoint="http://127.0.0.1:1")
+
+
+@pytest.fixture(autouse=True)
+def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    # "Once per process": each test starts as a new process would.
+    monkeypatch.setattr(_checks, "_WARNED", set())
+
+
+@pytest.fixture
+def bucket() -> Iterator[str]:
+    name = "config-names"
+    store = MemoryStore(name)
+    runtime.run(store.put("d/a", b"a" * 10))
+    runtime.run(store.put("d/b", b"b" * 20))
+    yield name
+    delete_memory_bucket(name)
+
+
+def _calls(
+    fn: Callable[[], Any], times: int = 2
+) -> tuple[list[Any], list[warnings.WarningMessage]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = [fn() for _ in range(times)]
+    return results, [w for w in caught if issubclass(w.category, FutureWarning)]
+
+
+def test_gcs_config_still_works_and_warns_once() -> None:
+    (first, second), caught = _calls(lambda: BucketCheckpoint(gcs_config=GCS))
+    assert first.gcs is GCS and second.gcs is GCS
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert "BucketCheckpoint" in message and "gcs_config=" in message and "gcs=" in message
+    # The warning points at the caller, not at torchbucket.
+    assert caught[0].filename == __file__
+
+
+def test_positional_configs_still_work_and_warn_once() -> None:
+    config = CheckpointConfig(part_size=8 << 20)
+    (first, _), caught = _calls(lambda: BucketCheckpoint(config, GCS))  # type: ignore[misc]
+    assert first.config is config and first.gcs is GCS
+    assert len(caught) == 1
+    assert "by position" in str(caught[0].message)
+    assert "config=, gcs=" in str(caught[0].message)
+
+
+def test_a_project_name_by_position_still_names_the_dataflux_class() -> None:
+    with pytest.warns(FutureWarning), pytest.raises(ConfigError, match="DatafluxCheckpoint"):
+        BucketCheckpoint("my-project", "my-bucket")  # type: ignore[misc]
+
+
+def test_old_and_new_name_together_is_an_error_naming_both() -> None:
+    with pytest.raises(TypeError, match="gcs_config= and gcs="):
+        BucketCheckpoint(gcs_config=GCS, gcs=GCS)  # type: ignore[call-arg]
+
+
+def test_list_objects_and_datasets_take_the_old_names(bucket: str) -> None:
+    from torchbucket.datasets import BucketMapDataset
+
+    uri = f"memory://{bucket}/d/"
+    (listed, _), caught = _calls(lambda: list_objects(uri, gcs_config=None))  # type: ignore[call-arg]
+    assert [o.name for o in listed] == ["d/a", "d/b"]
+    assert len(caught) == 1 and "list_objects(): gcs_config=" in str(caught[0].message)
+
+    (ds, _), caught = _calls(
+        lambda: BucketMapDataset.from_prefix(uri, gcs_config=GCS, listing=ListingConfig())  # type: ignore[call-arg]
+    )
+    assert len(ds) == 2 and ds[1] == b"b" * 20
+    assert len(caught) == 1 and "BucketMapDataset.from_prefix" in str(caught[0].message)
+
+
+def test_pack_takes_listing_config_and_gcs_config(bucket: str) -> None:
+    from torchbucket.shards import PackConfig, pack
+
+    def run() -> Any:
+        return pack(  # type: ignore[call-arg]
+            f"memory://{bucket}/d/",
+            f"memory://{bucket}/packed/",
+            config=PackConfig(group_by="none"),
+            listing_config=ListingConfig(progress=False),
+            gcs_config=GCS,
+            progress=False,
+        )
+
+    (result, _), caught = _calls(run)
+    assert result.shards
+    assert sorted(str(w.message).split(":")[1].split("=")[0].strip() for w in caught) == [
+        "gcs_config",
+        "listing_config",
+    ]
+
+
+def test_config_parameters_are_keyword_only_and_named_after_their_type() -> None:
+    from torchbucket.datasets import BucketIterableDataset, BucketMapDataset
+    from torchbucket.dcp import BucketStorageReader, BucketStorageWriter
+    from torchbucket.lightning import AsyncBucketCheckpointIO, BucketCheckpointIO
+    from torchbucket.shards import BucketShardDataset, BucketShardMapDataset, apack, pack
+
+    for fn in (
+        BucketCheckpoint,
+        BucketCheckpointIO,
+        AsyncBucketCheckpointIO,
+        BucketStorageWriter,
+        BucketStorageReader,
+        BucketMapDataset.from_prefix,
+        BucketMapDataset.from_objects,
+        BucketIterableDataset.from_prefix,
+        BucketIterableDataset.from_objects,
+        BucketShardDataset.from_prefix,
+        BucketShardMapDataset.from_prefix,
+        list_objects,
+        pack,
+        apack,
+    ):
+        parameters = inspect.signature(fn).parameters
+        assert "gcs_config" not in parameters and "listing_config" not in parameters, fn
+        for name in ("config", "gcs", "listing", "compose", "fetch", "sharding", "read"):
+            if name in parameters:
+                assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY, (fn, name)
+
+
+def test_option_checks_raise_config_error() -> None:
+    from torchbucket.dcp import merge_ranges
+
+    with pytest.raises(ConfigError, match="max_sources"):
+        plan_groups([1, 2], max_composite_object_size=10, max_sources=0)
+    with pytest.raises(ConfigError, match="max_gap"):
+        merge_ranges([(0, 1)], max_gap=-1)
+    with pytest.raises(ConfigError, match="chunk"):
+        split_ranges(10, 0)
