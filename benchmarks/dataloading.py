@@ -297,6 +297,8 @@ def run_one(
         "requests_per_obj": (server["class_a"] + server["class_b"]) / objects,
         "client_cpu_ms_per_obj": d["cpu_s"] / objects * 1e3,
         "workers_cpu_ms_per_obj": d.get("cpu_children_s", math.nan) / objects * 1e3,
+        # The consumer's CRC32C check of each sample, inside client CPU (loader contenders).
+        "check_cpu_ms_per_obj": d.get("check_cpu_s", math.nan) / objects * 1e3,
         "server_cpu_ms_per_obj": server["cpu_s"] / objects * 1e3,
         "server_cpu_s": server["cpu_s"],
         "peak_rss_worker_mb": run.peak_rss_worker_mb,
@@ -512,6 +514,12 @@ def main(argv: list[str] | None = None) -> int:
         if ds.size >= LARGE:
             result[f"client_cpu_ms_per_mib_{ds.key}"] = (
                 round(summary[tb_key]["client_cpu_ms_per_obj"] / (ds.size / LARGE), 3)
+                if tb_key
+                else None
+            )
+            # Of which the consumer's CRC32C check (the same code for every contender).
+            result[f"check_cpu_ms_per_mib_{ds.key}"] = (
+                round(summary[tb_key]["check_cpu_ms_per_obj"] / (ds.size / LARGE), 3)
                 if tb_key
                 else None
             )
