@@ -65,9 +65,9 @@ class ComposeConfig:
       requests or client CPU matter more.
     - With a :class:`~torchbucket.datasets.BucketBatchSampler` the map-style
       dataset reads ahead across batches and composes by default, as the
-      iterable dataset does: in one run, compose gave 9,359 objects/s against
-      5,006 direct at 10 KiB (1.87x) and 3,616 against 2,300 at 100 KiB
-      (1.57x), for 0.45x and 0.71x the client CPU.
+      iterable dataset does: in two runs, compose gave 1.9-2.0x the
+      objects/s of direct reads at 10 KiB (9,359 against 5,006) and 1.3-1.6x
+      at 100 KiB (3,616 against 2,300), for 0.45x and 0.7x the client CPU.
 
     Request cost: GCS bills a compose as a class A operation (12.5x a class
     B GET at Standard-class list prices; deletes are free): the iterable

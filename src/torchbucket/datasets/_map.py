@@ -65,19 +65,21 @@ class BucketMapDataset(Dataset[Any]):
     DataLoader worker keeps the batches it will be asked for next in flight
     (requests across batch boundaries, and while a batch is collated and
     handed over), as :class:`BucketIterableDataset` does. Memory: per worker
-    (or in the main process without workers), at most ``2 x fetch.prefetch``
-    objects and ``fetch.prefetch_bytes`` bytes held ahead, in flight or
-    arrived (with compose on, up to ``prefetch // 8`` composed groups of up
-    to 32 objects); by default 256 objects and 256 MiB, whichever is smaller
-    (25 MiB of 100 KiB objects). With any other sampler, or a batch out of the
-    expected turn, a batch is fetched when asked for, as before.
+    (or in the main process without workers), what :class:`FetchConfig`
+    bounds, ahead of what was handed over, in flight or arrived: at most
+    ``fetch.prefetch_bytes`` (256 MiB), and ``2 x fetch.prefetch`` objects
+    reading directly (256: 25 MiB of 100 KiB objects) or, composing, twice
+    the ``prefetch // 8`` groups of up to 32 objects in flight (1,024: 100 MiB
+    of 100 KiB objects); plus a hand-over chunk of up to 32 objects. With any
+    other sampler, or a batch out of the expected turn, a batch is fetched
+    when asked for, as before.
 
     Compose by default, by measurement (``benchmarks/dataloading.py
     --quick``, the emulator's same-region model, 2 workers, batch 64; see
     :class:`~torchbucket.compose.ComposeConfig`): on when reading ahead with
     a ``BucketBatchSampler``, where the window hides the compose round trip
-    as in the iterable dataset (objects/s 1.9x at 10 KiB and 1.6x at 100 KiB
-    over direct reads, with fewer requests and less client CPU); off batch
+    as in the iterable dataset (objects/s 1.9-2.0x at 10 KiB and 1.3-1.6x at
+    100 KiB over direct reads, with fewer requests and less client CPU); off batch
     at a time, where each batch would wait for its compose (objects/s cut to
     about a third). An explicit ``compose`` applies to both.
 
