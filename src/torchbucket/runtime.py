@@ -129,6 +129,18 @@ async def _run_hooks() -> None:
             logger.warning("torchbucket shutdown hook %r failed", callback, exc_info=True)
 
 
+async def _cancel_pending() -> None:
+    # Work still in flight at exit (a prefetch window nobody will read, an
+    # iterator dropped mid-epoch) is cancelled and awaited, so that stopping the
+    # loop does not leave tasks for the interpreter to report as destroyed.
+    current = asyncio.current_task()
+    pending = [task for task in asyncio.all_tasks() if task is not current]
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.wait(pending, timeout=1.0)
+
+
 def shutdown() -> None:
     """Run the shutdown hooks and stop the loop. Called at interpreter exit."""
     global _loop, _thread, _pid
@@ -140,6 +152,10 @@ def shutdown() -> None:
             asyncio.run_coroutine_threadsafe(_run_hooks(), loop).result(_SHUTDOWN_TIMEOUT)
         except Exception:
             logger.warning("torchbucket shutdown hooks did not finish", exc_info=True)
+    try:
+        asyncio.run_coroutine_threadsafe(_cancel_pending(), loop).result(_SHUTDOWN_TIMEOUT)
+    except Exception:
+        logger.debug("torchbucket: pending tasks did not end at exit", exc_info=True)
     loop.call_soon_threadsafe(loop.stop)
     thread.join(timeout=5)
     _loop = _thread = _pid = None

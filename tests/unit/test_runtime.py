@@ -4,6 +4,9 @@ import asyncio
 import multiprocessing as mp
 import os
 import pickle
+import subprocess
+import sys
+import textwrap
 import traceback
 
 import pytest
@@ -78,3 +81,29 @@ def test_a_store_pickles_as_its_configuration() -> None:
     clone = pickle.loads(pickle.dumps(store))
     assert clone.bucket == "runtime-pickle"
     assert runtime.run(clone.get("x")) == b"1"
+
+
+def test_work_still_in_flight_at_exit_is_cancelled_quietly() -> None:
+    # A prefetch window that nobody reads to the end leaves tasks on the loop;
+    # at exit they are cancelled and awaited, not reported as destroyed.
+    script = textwrap.dedent(
+        """
+        import asyncio
+        from torchbucket import runtime
+
+        async def forever():
+            await asyncio.sleep(3600)
+
+        async def start():
+            return asyncio.get_running_loop().create_task(forever())
+
+        task = runtime.run(start())
+        print("started", flush=True)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "started"
+    assert "destroyed" not in result.stderr, result.stderr
