@@ -51,6 +51,13 @@ them: ``save_speedup_vs_gcsfs``, ``load_speedup_vs_gcsfs``,
 checkpoint's size; goal <= 1.2: the loaded tensors themselves are 1.0) and
 ``dcp_load_peak_extra_rss_fraction`` (a DCP load into an existing state dict,
 over the largest rank's own part of it; goal <= 0.5).
+
+Latency (issue 19): ``--latency`` takes presets run in turn, by default
+``same-region`` (constant) then ``same-region-tail`` (a log-normal tail with
+p99 = 5x the median and 1 request in 1,000 stalled 2 s). The first preset's
+figures are the keys above; RESULT adds ``tail_slowdown_{save,load}_{key}``
+(time under the tail over time under the constant preset, for torchbucket,
+dataflux and both DCP contenders) and ``*_speedup_vs_dataflux_tail``.
 """
 
 from __future__ import annotations
@@ -144,7 +151,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="torchbucket CheckpointConfig fields as JSON, e.g. '{\"max_parts_in_flight\": 16}'",
     )
+    p.add_argument(
+        "--latency",
+        default="same-region,same-region-tail",
+        help="comma-separated emulator latency presets, each run in turn (default both: the "
+        "constant same-region and same-region-tail, its medians with a tail and stalls); the "
+        "first one's figures are the main RESULT keys",
+    )
     args = p.parse_args(argv)
+    args.presets = [x for x in args.latency.split(",") if x]
     if args.size_mib is None:
         args.size_mib = 32 if args.smoke else 512 if args.quick else 1024
     if args.smoke:
@@ -281,50 +296,64 @@ def main(argv: list[str] | None = None) -> int:
         print(notes[-1])
     size = args.size_mib * MiB
     print(
-        f"checkpoint ({mode}): state dict of {args.size_mib} MiB, same-region latency model, "
+        f"checkpoint ({mode}): state dict of {args.size_mib} MiB, latency "
+        f"{' then '.join(args.presets)}, "
         f"every load checked tensor by tensor; DCP on {args.ranks} ranks (gloo); "
         f"{args.repeats} save+load per contender ({args.fsspec_repeats} for gcsfs and "
         "torch's fsspec DCP), medians."
     )
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
-        c.key: {"save": [], "load": []} for c in selected
+    runs_by: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {
+        preset: {c.key: {"save": [], "load": []} for c in selected} for preset in args.presets
     }
     # The originals' digests: single-file and DCP (per rank), from the first saves.
     expected: dict[bool, Any] = {}
-    latency: Any = "same-region"
-    if args.bandwidth:
-        from torchbucket.emulator import PRESETS
+    from torchbucket.emulator import PRESETS
 
-        latency = dataclasses.replace(PRESETS["same-region"], bandwidth=args.bandwidth)
-        notes.append(f"latency model: same-region with {args.bandwidth:g} bytes/s per body")
+    def model(preset: str) -> Any:
+        if not args.bandwidth:
+            return preset
+        return dataclasses.replace(PRESETS[preset], bandwidth=args.bandwidth)
+
+    if args.bandwidth:
+        notes.append(f"latency models with {args.bandwidth:g} bytes/s per body")
     if args.tb_config:
         notes.append(f"torchbucket CheckpointConfig: {args.tb_config}")
-    with h.emulator(latency=latency) as emu:
+    with h.emulator(latency=model(args.presets[0])) as emu:
         emu.create_bucket(BUCKET)
-        for rep in range(args.repeats):
-            order = selected[rep % len(selected) :] + selected[: rep % len(selected)]
-            for c in order:
-                if c.fsspec and rep >= args.fsspec_repeats:
-                    continue
-                print(f"  {c.key} run {rep + 1}: save", end="", flush=True)
-                saved = run_one(emu, c, "save", rep, args, bench_py)
-                digests = saved.pop("digests")
-                if digests is not None:
-                    if c.dcp not in expected:
-                        expected[c.dcp] = digests
-                    elif digests != expected[c.dcp]:
-                        raise SystemExit(f"{c.key}: the generated state dict differs")
-                runs[c.key]["save"].append(saved)
-                print(f" {saved['wall_s']:.2f} s, load", end="", flush=True)
-                loaded = run_one(emu, c, "load", rep, args, bench_py)
-                loaded["mismatched"] = check_load(c, loaded, expected)
-                runs[c.key]["load"].append(loaded)
-                _delete_prefix(emu, f"{c.key}/")
-                status = "ok" if not loaded["mismatched"] else f"{loaded['mismatched']} DIFFER"
-                print(f" {loaded['wall_s']:.2f} s, {status}", flush=True)
+        for preset in args.presets:
+            emu.set_latency(model(preset))
+            runs = runs_by[preset]
+            for rep in range(args.repeats):
+                order = selected[rep % len(selected) :] + selected[: rep % len(selected)]
+                for c in order:
+                    if c.fsspec and rep >= args.fsspec_repeats:
+                        continue
+                    print(f"  {preset} {c.key} run {rep + 1}: save", end="", flush=True)
+                    saved = run_one(emu, c, "save", rep, args, bench_py)
+                    digests = saved.pop("digests")
+                    if digests is not None:
+                        if c.dcp not in expected:
+                            expected[c.dcp] = digests
+                        elif digests != expected[c.dcp]:
+                            raise SystemExit(f"{c.key}: the generated state dict differs")
+                    runs[c.key]["save"].append(saved)
+                    print(f" {saved['wall_s']:.2f} s, load", end="", flush=True)
+                    loaded = run_one(emu, c, "load", rep, args, bench_py)
+                    loaded["mismatched"] = check_load(c, loaded, expected)
+                    runs[c.key]["load"].append(loaded)
+                    _delete_prefix(emu, f"{c.key}/")
+                    status = "ok" if not loaded["mismatched"] else f"{loaded['mismatched']} DIFFER"
+                    print(f" {loaded['wall_s']:.2f} s, {status}", flush=True)
 
-    summary = {c.key: {op: summarize(runs[c.key][op], size) for op in ("save", "load")}
-               for c in selected}  # fmt: skip
+    summaries = {
+        preset: {
+            c.key: {op: summarize(runs_by[preset][c.key][op], size) for op in ("save", "load")}
+            for c in selected
+        }
+        for preset in args.presets
+    }
+    summary = summaries[args.presets[0]]
+    runs = runs_by[args.presets[0]]
 
     def wall(key: str, op: str) -> float:
         return summary.get(key, {}).get(op, {}).get("wall_s", math.nan)
@@ -364,7 +393,10 @@ def main(argv: list[str] | None = None) -> int:
             wall("dataflux_compat", "load"), wall("torchbucket", "load")
         ),
         "mismatched_tensors": sum(
-            s[op]["mismatched_tensors"] for s in summary.values() for op in ("save", "load")
+            s[op]["mismatched_tensors"]
+            for by_contender in summaries.values()
+            for s in by_contender.values()
+            for op in ("save", "load")
         ),
     }
     for key in (
@@ -379,6 +411,25 @@ def main(argv: list[str] | None = None) -> int:
             busy = summary.get(key, {}).get(op, {}).get("server_busy")
             if busy is not None:
                 result[f"server_busy_{op}_{key}"] = busy
+    if len(args.presets) > 1:
+        # Under the tail preset (the last) against the first: time under the tail
+        # over time without it (1.0: the tail costs nothing), and the leads then.
+        tail = summaries[args.presets[-1]]
+
+        def tail_wall(key: str, op: str) -> float:
+            return tail.get(key, {}).get(op, {}).get("wall_s", math.nan)
+
+        for key in ("torchbucket", "dataflux", "dcp_torchbucket", "dcp_dataflux"):
+            for op in ("save", "load"):
+                result[f"tail_slowdown_{op}_{key}"] = h.ratio(tail_wall(key, op), wall(key, op))
+        for op in ("save", "load"):
+            result[f"{op}_speedup_vs_dataflux_tail"] = h.ratio(
+                tail_wall("dataflux", op), tail_wall("torchbucket", op)
+            )
+            result[f"dcp_{op}_speedup_vs_dataflux_tail"] = h.ratio(
+                tail_wall("dcp_dataflux", op), tail_wall("dcp_torchbucket", op)
+            )
+        result["latency_presets"] = args.presets
     result = {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
     result["goals"] = {
         "save_ge_1_5x": result["save_speedup_vs_dataflux"] >= GOALS["save"],
@@ -489,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "result": result,
             "summary": summary,
+            "summary_by_latency": summaries,
             "figure": h.rel(png),
             "contenders": {c.key: c.label for c in selected},
             "runs": runs,
