@@ -66,6 +66,11 @@ def test_dataloading_smoke_reports_the_issue_keys(tmp_path: Path) -> None:
         "speedup_vs_gcsfs_10kib",
     ):
         assert key in result  # null when those contenders were not run
+    # Issue 19: both latency presets run by default and the tail figures are there.
+    assert result["latency_presets"] == ["same-region", "same-region-tail"]
+    assert result["tail_slowdown_100kib"] > 0
+    assert result["p99_batch_s_map_no_readahead_100kib"] > 0
+    assert 0 <= result["hedged_request_fraction"] <= 1
 
 
 def test_shards_smoke_reports_the_issue_keys(tmp_path: Path) -> None:
