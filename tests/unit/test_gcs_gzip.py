@@ -6,7 +6,7 @@ import gzip
 
 import pytest
 
-from torchbucket._manifest import decode_objects, encode_objects
+from torchbucket.listing._columns import decode_objects, encode_objects
 from torchbucket.errors import IntegrityError, StorageError
 from torchbucket.storage.base import ObjectInfo
 from torchbucket.storage.gcs._gzip import GzipDecoder, gunzip

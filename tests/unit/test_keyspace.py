@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchbucket._keyspace import Columns, KeyScale, common_prefix, midpoint
+from torchbucket.listing._keyspace import Columns, KeyScale, common_prefix, midpoint
 
 # Names as they occur: mostly printable ASCII, some below "0" and above "z",
 # some multi-byte UTF-8 (2, 3 and 4 bytes), no surrogates.

@@ -28,8 +28,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 # The layers, bottom first. A module belongs to the first layer with a prefix
-# equal to its name or a dotted parent of it (``torchbucket.listing`` covers
-# ``listing.py`` today and a ``listing/`` package once it is one).
+# equal to its name or a dotted parent of it (``listing`` covers the package
+# ``torchbucket.listing`` and every module in it).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # errors, plain configs, URIs, argument checks: import nothing above.
     ("core", ("_version", "errors", "config", "_uri", "_checks")),
@@ -40,7 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("storage", ("storage",)),
     # operations over many objects: parallel listing (and its cache), and
     # composing small objects.
-    ("operations", ("listing", "_lister", "_keyspace", "_manifest", "compose")),
+    ("operations", ("listing", "compose")),
     # what users construct: datasets, checkpoints, shards.
     ("features", ("datasets", "checkpoint", "shards")),
     # framework integrations and the dataflux-compatible API.

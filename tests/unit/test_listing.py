@@ -88,7 +88,7 @@ def _no_repairs() -> Iterable[None]:
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = records.append  # type: ignore[method-assign]
-    lister_log = logging.getLogger("torchbucket._lister")
+    lister_log = logging.getLogger("torchbucket.listing._lister")
     lister_log.addHandler(handler)
     try:
         yield

@@ -6,7 +6,7 @@
     objects = await alist_objects(store, "train/")
     objects = list_objects("gs://my-bucket/train/")          # from sync code
 
-How (see :mod:`torchbucket._lister`): the first page is fetched plainly, so a
+How (see :mod:`._lister`): the first page is fetched plainly, so a
 prefix that fits in one page costs one request. Beyond it, key ranges of the
 prefix are listed with ``startOffset``/``endOffset`` in one event loop: a probe
 looks past the last name seen, and once names are known past a range, the
@@ -20,36 +20,35 @@ is listed unless :attr:`ListingConfig.storage_classes` says otherwise.
 
 Listed once per job: when ``torch.distributed`` is initialised with more than
 one rank, rank 0 lists and broadcasts the result, and the other ranks wait for
-it instead of listing. Every rank must then call the listing (it is a
-collective). With :attr:`ListingConfig.cache` a restarted job can read the
+it instead of listing (:mod:`._broadcast`). Every rank must then call the
+listing (it is a collective). With :attr:`ListingConfig.cache` a restarted job can read the
 listing back from a manifest instead of listing again.
 
 Failures: each page request is retried by the store's own policy
-(:mod:`torchbucket.retry` for GCS); a page that still fails fails the whole
+(:mod:`torchbucket.runtime.retry` for GCS); a page that still fails fails the whole
 listing with an error of the same type naming the prefix URI, after the other
 listers are cancelled. A partial listing is never returned.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 import sys
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from torchbucket import runtime
 from torchbucket._checks import renamed_configs
-from torchbucket._lister import ListingStats, list_parallel
-from torchbucket._manifest import ManifestLocation, decode_objects, encode_objects
-from torchbucket.errors import ConfigError, StorageError, ThrottledError
+from torchbucket.errors import StorageError, ThrottledError
+from torchbucket.listing._broadcast import shared_listing, world
+from torchbucket.listing._lister import ListingStats, list_parallel
+from torchbucket.listing._manifest import ManifestLocation
+from torchbucket.listing.config import ListingConfig
 from torchbucket.storage.base import HIDDEN_PREFIXES, ObjectInfo, ObjectStore
 
 if TYPE_CHECKING:
     from torchbucket.storage.gcs import GCSConfig
 
-__all__ = ["ListingConfig", "ListingStats", "ProgressBar", "alist_objects", "list_objects"]
+__all__ = ["ProgressBar", "alist_objects", "list_objects"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,92 +64,6 @@ class ProgressBar(Protocol):
     def update(self, n: int) -> Any:
         """Count ``n`` more objects found."""
         ...
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ListingConfig:
-    """How a prefix is listed.
-
-    Attributes:
-        parallelism: Most page requests in flight at once. Default 64: at 60 ms
-            a page, parsing the pages (about 2 ms of CPU each) rather than the
-            round trips sets the pace, so 100k objects list in about 0.45 s
-            (0.49 s at 32; emulator, same-region latency); that is about 1,000
-            list calls/s while it lasts, a small fraction of what a bucket
-            serves. Requests go out only for ranges the names seen so far
-            call for, so a small prefix never sees 64.
-        page_size: Objects asked for per page. Default 1000, the most GCS
-            returns.
-        include_hidden: Also list torchbucket's temporary composites
-            (``dataflux-composed-objects/``) and the local store's multipart
-            staging entries. Default ``False``.
-        include_folders: Also list folder placeholders (names ending in ``/``).
-            Default ``False``.
-        storage_classes: List only objects in these storage classes
-            (``{"STANDARD", "NEARLINE"}``...), or ``None`` for all. Objects whose
-            store reports no class (memory and local stores) are always listed.
-            Default ``None``.
-        progress: A progress bar of objects found on stderr: ``"auto"`` shows
-            it when stderr is a terminal, ``True`` always, ``False`` never.
-            Default ``"auto"``.
-        broadcast: Under ``torch.distributed`` with more than one rank, rank 0
-            lists and the others receive its listing: ``"auto"`` does so when a
-            process group is initialised, ``False`` lists on every rank (and
-            lets a single rank list alone). Default ``"auto"``.
-        cache: Where to keep a manifest of the listing: a local path,
-            ``file:///path`` or an object URI (``gs://bucket/manifests/train.json.gz``).
-            When it holds a listing of the same prefix with the same filters,
-            it is used instead of listing; otherwise the listing is written
-            there. The manifest is not refreshed: objects added or removed
-            since it was written are not seen (delete it, or set
-            ``cache_max_age``). Default ``None`` (no cache).
-        cache_max_age: Seconds after which a manifest is ignored and the prefix
-            listed again, or ``None`` for no limit. Default ``None``.
-    """
-
-    parallelism: int = 64
-    page_size: int = 1000
-    include_hidden: bool = False
-    include_folders: bool = False
-    storage_classes: frozenset[str] | None = None
-    progress: bool | Literal["auto"] = "auto"
-    broadcast: bool | Literal["auto"] = "auto"
-    cache: str | os.PathLike[str] | None = None
-    cache_max_age: float | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.parallelism, int) or self.parallelism < 1:
-            raise ConfigError(f"ListingConfig.parallelism must be >= 1, got {self.parallelism!r}")
-        if not isinstance(self.page_size, int) or not 1 <= self.page_size <= 1000:
-            raise ConfigError(f"ListingConfig.page_size must be in 1..1000, got {self.page_size!r}")
-        if self.storage_classes is not None:
-            if isinstance(self.storage_classes, str):
-                raise ConfigError(
-                    "ListingConfig.storage_classes takes a set of class names, "
-                    f"got the string {self.storage_classes!r}"
-                )
-            classes = frozenset(str(c).upper() for c in self.storage_classes)
-            if not classes:
-                raise ConfigError("ListingConfig.storage_classes is empty: nothing would list")
-            object.__setattr__(self, "storage_classes", classes)
-        for name in ("progress", "broadcast"):
-            if getattr(self, name) not in (True, False, "auto"):
-                raise ConfigError(
-                    f"ListingConfig.{name} must be True, False or 'auto', "
-                    f"got {getattr(self, name)!r}"
-                )
-        if self.cache_max_age is not None and self.cache_max_age < 0:
-            raise ConfigError(
-                f"ListingConfig.cache_max_age must be >= 0, got {self.cache_max_age!r}"
-            )
-
-    def _filters(self) -> dict[str, Any]:
-        classes = self.storage_classes
-        return {
-            "include_hidden": self.include_hidden,
-            "include_folders": self.include_folders,
-            "storage_classes": None if classes is None else sorted(classes),
-        }
 
 
 def _is_staging(name: str) -> bool:
@@ -188,38 +101,6 @@ def _filter(objects: list[ObjectInfo], config: ListingConfig) -> list[ObjectInfo
             continue
         out.append(obj)
     return out
-
-
-def _world() -> tuple[int, int]:
-    """(rank, world size) of an initialised default process group, else (0, 1).
-
-    A DataLoader worker inherits its rank's process group through ``fork`` but
-    must never join a collective with it: there it is (0, 1).
-    """
-    dist = sys.modules.get("torch.distributed")
-    # Without torch imported there can be no process group: do not import it.
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return 0, 1
-    data = sys.modules.get("torch.utils.data")
-    if data is not None and data.get_worker_info() is not None:
-        return 0, 1
-    return dist.get_rank(), dist.get_world_size()
-
-
-def _broadcast(payload: object) -> object:
-    """Rank 0's ``payload`` on every rank (run in a worker thread)."""
-    import torch
-    import torch.distributed as dist
-
-    device = None
-    if dist.get_backend() == "nccl":
-        # NCCL moves the pickled listing through a GPU, and this thread has
-        # no current device of its own: use the rank's, as torchrun numbers it.
-        local = os.environ.get("LOCAL_RANK")
-        device = torch.device("cuda", int(local) if local else torch.cuda.current_device())
-    box = [payload]
-    dist.broadcast_object_list(box, src=0, device=device)
-    return box[0]
 
 
 def _progress_bar(
@@ -327,37 +208,12 @@ async def alist_objects(
             listing is broadcast.
     """
     config = config or ListingConfig()
-    rank, world = _world() if config.broadcast is not False else (0, 1)
-    if world == 1:
+    rank, size = world() if config.broadcast is not False else (0, 1)
+    if size == 1:
         return await _list_here(store, prefix, config, progress, stats)
-    payload: object = None
-    if rank == 0:
-        try:
-            payload = encode_objects(await _list_here(store, prefix, config, progress, stats))
-        except Exception as exc:
-            # The other ranks are waiting for a listing: fail them too.
-            failure = (
-                exc
-                if isinstance(exc, StorageError)
-                else StorageError(
-                    f"rank 0 failed to list: {exc!r}", operation="list", uri=store.uri(prefix)
-                )
-            )
-            await asyncio.to_thread(_broadcast, failure)
-            raise
-    received = await asyncio.to_thread(_broadcast, payload)
-    if isinstance(received, StorageError):
-        raise received
-    if rank == 0:
-        assert isinstance(payload, dict)
-        return decode_objects(payload)
-    if not isinstance(received, dict):
-        raise StorageError(
-            f"rank 0 broadcast {type(received).__name__}, not a listing",
-            operation="list",
-            uri=store.uri(prefix),
-        )
-    return decode_objects(received)
+    return await shared_listing(
+        rank, store.uri(prefix), lambda: _list_here(store, prefix, config, progress, stats)
+    )
 
 
 @renamed_configs(gcs_config="gcs")

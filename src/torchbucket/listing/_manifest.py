@@ -1,9 +1,9 @@
 """The listing cache: a manifest of one listing, to skip listing again.
 
 A manifest is one gzipped JSON document holding the prefix URI it lists, the
-filters applied, when it was written and the objects, column by column (names,
-sizes, generations, CRC32Cs, storage classes): a million objects take about
-30 MB before compression. It lives in a local file or in an object of a bucket.
+filters applied, when it was written and the objects, column by column
+(:mod:`._columns`: names, sizes, generations, CRC32Cs, storage classes): a
+million objects take about 30 MB before compression. It lives in a local file or in an object of a bucket.
 
 Staleness is the user's choice: a manifest is read back as it was written, so
 objects added, changed or removed since are not seen. That is why the cache is
@@ -25,9 +25,10 @@ from typing import Any
 
 from torchbucket._uri import parse_uri
 from torchbucket.errors import NotFoundError, StorageError
+from torchbucket.listing._columns import decode_objects, encode_objects
 from torchbucket.storage.base import ObjectInfo, ObjectStore
 
-__all__ = ["ManifestLocation", "decode_objects", "encode_objects"]
+__all__ = ["ManifestLocation"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,47 +36,6 @@ _FORMAT = "torchbucket-listing"
 # 2: objects carry their content encodings (a version 1 manifest lacks them,
 # and would have gzip objects composed: it is listed again).
 _VERSION = 2
-
-
-def encode_objects(objects: Sequence[ObjectInfo]) -> dict[str, list[Any]]:
-    """The objects as columns: compact to pickle, broadcast or store."""
-    classes = sorted({o.storage_class for o in objects if o.storage_class is not None})
-    index = {c: i for i, c in enumerate(classes)}
-    return {
-        "names": [o.name for o in objects],
-        "sizes": [o.size for o in objects],
-        "generations": [o.generation for o in objects],
-        "crc32c": [o.crc32c for o in objects],
-        "classes": classes,
-        "class_index": [-1 if o.storage_class is None else index[o.storage_class] for o in objects],
-        # Rare: [position, encoding] of the objects that have one.
-        "encodings": [
-            [i, o.content_encoding] for i, o in enumerate(objects) if o.content_encoding is not None
-        ],
-    }
-
-
-def decode_objects(columns: Mapping[str, Sequence[Any]]) -> list[ObjectInfo]:
-    """The inverse of :func:`encode_objects`.
-
-    Raises:
-        ValueError: The columns are malformed.
-    """
-    names, sizes = columns["names"], columns["sizes"]
-    generations, crcs = columns["generations"], columns["crc32c"]
-    classes, class_index = columns["classes"], columns["class_index"]
-    if not len(names) == len(sizes) == len(generations) == len(crcs) == len(class_index):
-        raise ValueError("manifest columns differ in length")
-    objects = [
-        ObjectInfo(n, int(s), g, c, None if k < 0 else str(classes[k]))
-        for n, s, g, c, k in zip(names, sizes, generations, crcs, class_index)
-    ]
-    for position, encoding in columns.get("encodings", ()):
-        info = objects[position]
-        objects[position] = ObjectInfo(
-            info.name, info.size, info.generation, info.crc32c, info.storage_class, str(encoding)
-        )
-    return objects
 
 
 class ManifestLocation:
