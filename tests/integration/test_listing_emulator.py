@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from torchbucket import runtime
-from torchbucket.config import RetryConfig
+from torchbucket.config import HedgeConfig, RetryConfig
 from torchbucket.emulator import Emulator, LatencyModel
 from torchbucket.errors import DeadlineExceededError, PermissionDeniedError
 from torchbucket.listing import ListingConfig, ListingStats, alist_objects, list_objects
@@ -124,7 +124,8 @@ def test_list_objects_with_a_gcs_uri(emulator: Emulator, bucket_name: str) -> No
 
 
 def test_cache_in_the_bucket(emulator: Emulator, gcs_bucket_factory: Callable[..., Any]) -> None:
-    store = gcs_bucket_factory(emulator)
+    # No hedged reads: the manifest must be one GET (a slow one would be hedged).
+    store = gcs_bucket_factory(emulator, hedge=HedgeConfig(enabled=False))
     emulator.seed(store.bucket, {f"c/{i:03d}": b"" for i in range(250)})
     manifest = f"gs://{store.bucket}/c/_listing.json.gz"
     config = ListingConfig(progress=False, page_size=50, cache=manifest)

@@ -11,7 +11,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from torchbucket.cli import main
-from torchbucket.config import RetryConfig
+from torchbucket.config import HedgeConfig, RetryConfig
 from torchbucket.emulator import Emulator
 from torchbucket.errors import IntegrityError
 from torchbucket.shards import (
@@ -49,8 +49,13 @@ def bucket(emulator: Emulator) -> str:
     return name
 
 
-def _gcs(emulator: Emulator) -> GCSConfig:
-    return GCSConfig(endpoint=emulator.endpoint, anonymous=True, retry=RETRY)
+def _gcs(emulator: Emulator, hedge: bool = True) -> GCSConfig:
+    return GCSConfig(
+        endpoint=emulator.endpoint,
+        anonymous=True,
+        retry=RETRY,
+        hedge=HedgeConfig(enabled=hedge),
+    )
 
 
 def _key(sample: dict[str, Any]) -> str:
@@ -87,7 +92,11 @@ def test_cli_pack_then_an_epoch_through_workers_reads_each_sample_once(
     shards = [n for n in emulator.object_names(bucket, "packed/") if n.endswith(".tar")]
     assert len(shards) >= 4
     ds = BucketShardDataset.from_prefix(
-        f"gs://{bucket}/packed/", gcs=_gcs(emulator), shuffle=True, seed=2
+        # No hedged reads: the test bounds the requests (a slow read would be hedged).
+        f"gs://{bucket}/packed/",
+        gcs=_gcs(emulator, hedge=False),
+        shuffle=True,
+        seed=2,
     )
     loader = DataLoader(
         ds,
@@ -109,7 +118,10 @@ def test_cli_pack_then_an_epoch_through_workers_reads_each_sample_once(
 def test_map_dataset_with_a_shuffling_sampler(emulator: Emulator, bucket: str) -> None:
     _pack(emulator, bucket)
     m = BucketShardMapDataset.from_prefix(
-        f"gs://{bucket}/packed/manifest.json", gcs=_gcs(emulator), data_format_fn=_key
+        # No hedged reads: the test bounds the requests (a slow read would be hedged).
+        f"gs://{bucket}/packed/manifest.json",
+        gcs=_gcs(emulator, hedge=False),
+        data_format_fn=_key,
     )
     loader = DataLoader(
         m, batch_size=16, shuffle=True, num_workers=2, multiprocessing_context="spawn"

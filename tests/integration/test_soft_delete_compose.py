@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from torchbucket.compose import ComposeConfig, _softdelete
+from torchbucket.config import HedgeConfig
 from torchbucket.datasets import BucketIterableDataset
 from torchbucket.emulator import Emulator
 from torchbucket.storage import gcs as gcs_module
@@ -37,7 +38,8 @@ def _bucket(emu: Emulator, soft_delete_seconds: int) -> str:
 
 
 def _epoch(emu: Emulator, bucket: str, compose: ComposeConfig | None = None) -> dict[str, int]:
-    config = GCSConfig(endpoint=emu.endpoint, anonymous=True)
+    # No hedged reads: the test counts GETs exactly (a slow read would be hedged).
+    config = GCSConfig(endpoint=emu.endpoint, anonymous=True, hedge=HedgeConfig(enabled=False))
     ds = BucketIterableDataset.from_prefix(f"gs://{bucket}/d/", gcs=config, compose=compose)
     emu.reset_stats()
     data = list(ds)
