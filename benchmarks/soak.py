@@ -13,7 +13,7 @@ the server is a subprocess with its own CPU):
   object must arrive exactly once per epoch;
 - the server's counters per epoch: GETs answered 2xx, 429s;
 - the client's retries, counted in each worker: the retry notices the library
-  logs (``torchbucket.retry``, one per retried attempt) and the adaptive
+  logs (``torchbucket.runtime.retry``, one per retried attempt) and the adaptive
   limiter's ``throttle_events``, carried to the consumer with each sample;
 - RSS of the main process and of each worker, sampled every 0.25 s and at the
   end of every epoch.
@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 class _RetryCounter(logging.Handler):
-    """Counts the retry notices ``torchbucket.retry`` logs (one per retried attempt)."""
+    """Counts the retry notices ``torchbucket.runtime.retry`` logs (one per retried attempt)."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
@@ -95,7 +95,7 @@ def worker_init(worker_id: int) -> None:
     """Install the retry counter in a DataLoader worker."""
     global _counter
     _counter = _RetryCounter()
-    log = logging.getLogger("torchbucket.retry")
+    log = logging.getLogger("torchbucket.runtime.retry")
     log.addHandler(_counter)
     log.setLevel(logging.DEBUG)
 
@@ -109,7 +109,8 @@ class Tagged:
     def __call__(self, data: bytes) -> tuple[bytes, int, int, int]:
         global _limiter
         if _limiter is None:
-            from torchbucket import retry, runtime
+            from torchbucket import runtime
+            from torchbucket.runtime import retry
 
             async def find() -> Any:
                 return retry.get_limiter(self.endpoint)
@@ -404,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                 "lets at most cap x span + one burst through, so a full bucket does not flatter "
                 "it. The per-epoch 'of cap' figures are over each epoch's own time and can "
                 "exceed 1 by the tokens saved up between epochs.",
-                "Client retries: retry notices logged by torchbucket.retry in the workers "
+                "Client retries: retry notices logged by torchbucket.runtime.retry in the workers "
                 "(one per retried attempt); throttle events: the workers' adaptive limiters.",
                 "RSS growth: main + workers at the end of the first capped epoch to the end "
                 "of the last.",

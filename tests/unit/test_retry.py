@@ -6,7 +6,6 @@ import random
 
 import pytest
 
-from torchbucket import retry
 from torchbucket.config import ConcurrencyConfig, RetryConfig
 from torchbucket.errors import (
     ConfigError,
@@ -16,6 +15,7 @@ from torchbucket.errors import (
     ThrottledError,
     TransientError,
 )
+from torchbucket.runtime import retry
 
 FAST = RetryConfig(initial_backoff=0.001, max_backoff=0.002, deadline=5.0)
 
@@ -127,7 +127,7 @@ def test_backoff_past_float_range_stays_at_the_cap() -> None:
 def test_one_warning_per_episode(caplog: pytest.LogCaptureFixture) -> None:
     retry._episodes._last.clear()
     calls, fn = _flaky([TransientError("a"), TransientError("b"), TransientError("c")])
-    with caplog.at_level(logging.DEBUG, logger="torchbucket.retry"):
+    with caplog.at_level(logging.DEBUG, logger="torchbucket.runtime.retry"):
         asyncio.run(retry.call(fn, config=FAST, operation="get", uri="gs://b/k"))  # type: ignore[arg-type]
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(calls) == 4

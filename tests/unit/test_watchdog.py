@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from torchbucket import _watchdog
+from torchbucket.runtime import watchdog
 
 
 async def _watched(timeout: float | None, quiet: float | None = None) -> str:
-    dog = _watchdog.watchdog()
+    dog = watchdog.watchdog()
     watch = dog.start(timeout, quiet=quiet)
     try:
         await asyncio.sleep(5)
@@ -51,7 +51,7 @@ def test_a_cancellation_from_outside_stays_a_cancellation() -> None:
 
 def test_a_finished_watch_leaves_the_task_alone() -> None:
     async def main() -> str:
-        dog = _watchdog.watchdog()
+        dog = watchdog.watchdog()
         watch = dog.start(0.02)
         dog.stop(watch)
         await asyncio.sleep(0.05)  # past the deadline: no cancellation arrives

@@ -139,7 +139,7 @@ def _configure_logging(verbosity: int) -> None:
 
 
 def _print_stats(since: Any) -> None:
-    from torchbucket import accounting, cost
+    from torchbucket.runtime import accounting, cost
 
     stats = accounting.snapshot() - since
     print(f"torchbucket: {stats.summary()}", file=sys.stderr)
@@ -174,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
     _configure_logging(args.verbose)
     configure_gcs(endpoint=args.endpoint, deadline=args.deadline)
-    from torchbucket import accounting
+    from torchbucket.runtime import accounting
 
     started = accounting.snapshot()
     try:

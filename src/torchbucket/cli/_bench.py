@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 
-from torchbucket import accounting, runtime
+from torchbucket import runtime
 from torchbucket._uri import join_key
 from torchbucket.cli._common import (
     CommandError,
@@ -29,6 +29,7 @@ from torchbucket.cli._common import (
 )
 from torchbucket.errors import NotFoundError
 from torchbucket.listing import alist_objects
+from torchbucket.runtime import accounting
 from torchbucket.storage import ObjectStore, Part
 
 __all__ = ["BenchRow", "add_bench", "run_bench"]
@@ -270,7 +271,7 @@ def add_bench(
 
 def format_cost(stats: accounting.RequestStats) -> str:
     """Two lines: the requests by class, and their cost at list prices."""
-    from torchbucket.cost import estimate
+    from torchbucket.runtime.cost import estimate
 
     retries = f", {stats.retries} retried" if stats.retries else ""
     return (

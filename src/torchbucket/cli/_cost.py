@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from torchbucket import accounting, cost, runtime
+from torchbucket import runtime
 from torchbucket.cli._common import (
     EXIT_NOT_FOUND,
     CommandError,
@@ -17,6 +17,7 @@ from torchbucket.cli._common import (
     positive_int,
 )
 from torchbucket.cli._ls import list_target
+from torchbucket.runtime import accounting, cost
 
 __all__ = ["add_cost"]
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from torchbucket import retry, runtime
+from torchbucket import runtime
 from torchbucket.cli._common import (
     EXIT_NOT_FOUND,
     CommandError,
@@ -47,6 +47,7 @@ from torchbucket.cli._common import (
 from torchbucket.config import RetryConfig
 from torchbucket.errors import IntegrityError, NotFoundError
 from torchbucket.listing import alist_objects
+from torchbucket.runtime import retry
 
 __all__ = ["CopyStats", "add_cp", "copy"]
 

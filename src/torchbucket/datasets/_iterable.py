@@ -13,7 +13,6 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from torchbucket import runtime
 from torchbucket._checks import renamed_configs
-from torchbucket.accounting import RequestStats
 from torchbucket.compose import ComposeConfig
 from torchbucket.compose.registry import drain_deletes
 from torchbucket.datasets._common import (
@@ -30,6 +29,7 @@ from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig, ShardingConfig
 from torchbucket.datasets.sharding import IndexArray, epoch_order, shard_of
 from torchbucket.errors import ConfigError
+from torchbucket.runtime.accounting import RequestStats
 
 if TYPE_CHECKING:
     from torchbucket.listing import ListingConfig

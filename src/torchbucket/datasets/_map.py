@@ -10,7 +10,6 @@ from torch.utils.data import Dataset
 
 from torchbucket import runtime
 from torchbucket._checks import renamed_configs
-from torchbucket.accounting import RequestStats
 from torchbucket.compose import ComposeConfig
 from torchbucket.compose.registry import drain_deletes
 from torchbucket.datasets._common import (
@@ -28,6 +27,7 @@ from torchbucket.datasets._sampler import BatchPlan
 from torchbucket.datasets._stats import EpochBoard
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig
+from torchbucket.runtime.accounting import RequestStats
 
 if TYPE_CHECKING:
     from torchbucket.listing import ListingConfig

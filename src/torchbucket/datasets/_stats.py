@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch.utils.data import get_worker_info
 
-from torchbucket import accounting
-from torchbucket.accounting import RequestStats
+from torchbucket.runtime import accounting
+from torchbucket.runtime.accounting import RequestStats
 
 __all__ = ["MAX_WORKERS", "EpochBoard"]
 

@@ -17,16 +17,16 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from torchbucket import accounting
 from torchbucket.checkpoint import BucketCheckpoint
 from torchbucket.compose import ComposeConfig
-from torchbucket.cost import estimate
 from torchbucket.datasets import BucketMapDataset
 from torchbucket.demo._bucket import find_leftovers, human_bytes, list_uris, plural, upload_folder
 from torchbucket.demo._data import CLASSES, decode, generate
 from torchbucket.demo._model import SmallCNN
 from torchbucket.demo._train import Labelled, evaluate, make_loader, train_epoch
 from torchbucket.errors import ConfigError
+from torchbucket.runtime import accounting
+from torchbucket.runtime.cost import estimate
 from torchbucket.storage import HIDDEN_PREFIXES
 from torchbucket.storage.gcs import GCSConfig
 

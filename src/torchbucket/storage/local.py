@@ -29,11 +29,11 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TypeVar
 
-from torchbucket import accounting
 from torchbucket.errors import (
     NotFoundError,
     StorageError,
 )
+from torchbucket.runtime import accounting
 from torchbucket.storage import _localfs as _fs
 from torchbucket.storage._common import (
     check_compose_sources,

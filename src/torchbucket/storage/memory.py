@@ -18,13 +18,13 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from torchbucket import accounting
 from torchbucket.errors import (
     BucketNotFoundError,
     NotFoundError,
     PreconditionFailedError,
     StorageError,
 )
+from torchbucket.runtime import accounting
 from torchbucket.storage._common import (
     check_compose_sources,
     check_page_size,

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING
 import aiohttp
 import yarl
 
-from torchbucket import accounting
 from torchbucket.errors import IntegrityError, StorageError
+from torchbucket.runtime import accounting
 from torchbucket.storage.gcs._wire import (
     content_range,
     crc_b64,

@@ -34,8 +34,8 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-from torchbucket import accounting
 from torchbucket.config import HedgeConfig
+from torchbucket.runtime import accounting
 
 __all__ = ["Hedger", "get_hedger"]
 

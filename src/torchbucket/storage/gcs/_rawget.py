@@ -48,8 +48,9 @@ from dataclasses import dataclass
 
 import yarl
 
-from torchbucket import _watchdog, accounting, runtime
+from torchbucket import runtime
 from torchbucket.errors import IntegrityError, TransientError
+from torchbucket.runtime import accounting, watchdog
 from torchbucket.storage.gcs import _errors, _session
 from torchbucket.storage.gcs._rawconn import FALLBACK, TOO_LONG, Connection, content_length
 from torchbucket.storage.gcs._wire import (
@@ -203,7 +204,7 @@ class RawGetter:
         self, conn: Connection, request: bytes, buffer: memoryview, uri: str, quiet: float
     ) -> str:
         answer = conn.send(request, buffer)
-        dog = _watchdog.watchdog(self._loop)
+        dog = watchdog.watchdog(self._loop)
         watch = dog.start(quiet=quiet, progress=lambda: conn.received)
         clean = False
         try:
@@ -258,7 +259,7 @@ class RawGetter:
         return await self._connect(uri, connect_timeout), False
 
     async def _connect(self, uri: str, timeout: float) -> Connection:
-        dog = _watchdog.watchdog(self._loop)
+        dog = watchdog.watchdog(self._loop)
         watch = dog.start(timeout)
         try:
             transport, conn = await self._loop.create_connection(

@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import yarl
 
-from torchbucket import accounting
 from torchbucket.errors import IntegrityError, StorageError
+from torchbucket.runtime import accounting
 from torchbucket.storage.gcs import _errors, _gzip, _rawget
 from torchbucket.storage.gcs._transport import TRANSPORT_ERRORS, GCSTransport
 from torchbucket.storage.gcs._wire import (

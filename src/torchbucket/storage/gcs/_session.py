@@ -49,7 +49,7 @@ class SessionKey:
 
     The session itself has no read timeout: requests that stream a body pass
     ``read_timeout`` as aiohttp's ``sock_read``; whole-answer requests are
-    watched by the loop's :mod:`~torchbucket._watchdog` instead (see
+    watched by the loop's :mod:`~torchbucket.runtime.watchdog` instead (see
     ``GCSTransport.request``).
 
     ``trust`` is the TLS trust named by the environment when the store was made

@@ -22,7 +22,6 @@ import aiohttp
 import yarl
 from multidict import CIMultiDictProxy
 
-from torchbucket import _watchdog, accounting, retry
 from torchbucket.errors import (
     IntegrityError,
     NotFoundError,
@@ -30,6 +29,7 @@ from torchbucket.errors import (
     StorageError,
     TransientError,
 )
+from torchbucket.runtime import accounting, retry, watchdog
 from torchbucket.storage.base import ObjectInfo
 from torchbucket.storage.gcs import _errors, _hedge, _rawget, _session
 from torchbucket.storage.gcs._credentials import shared_credentials
@@ -47,7 +47,7 @@ Response = tuple[int, "CIMultiDictProxy[str]", bytes]
 #: What aiohttp and asyncio raise for a failed exchange (mapped by :mod:`._errors`).
 TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 _LoopState = tuple[
-    asyncio.AbstractEventLoop, aiohttp.ClientSession, retry.AdaptiveLimiter, _watchdog.Watchdog
+    asyncio.AbstractEventLoop, aiohttp.ClientSession, retry.AdaptiveLimiter, watchdog.Watchdog
 ]
 _HEAD_QUERY = "fields=" + quote_name(INFO_FIELDS)
 
@@ -158,7 +158,7 @@ class GCSTransport:
                 loop,
                 _session.acquire_session(self._session_key),
                 retry.get_limiter(self._endpoint, self._concurrency),
-                _watchdog.watchdog(loop),
+                watchdog.watchdog(loop),
             )
         return state
 

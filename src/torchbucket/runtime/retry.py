@@ -21,7 +21,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from torchbucket import _watchdog, accounting
 from torchbucket.config import ConcurrencyConfig, RetryConfig
 from torchbucket.errors import (
     DeadlineExceededError,
@@ -31,6 +30,7 @@ from torchbucket.errors import (
     ThrottledError,
     TransientError,
 )
+from torchbucket.runtime import accounting, watchdog
 
 __all__ = ["AdaptiveLimiter", "backoff_delay", "call", "get_limiter", "is_retryable"]
 
@@ -240,7 +240,7 @@ async def call(
     deadline = start + config.deadline
     attempt = 0
     last: StorageError | None = None  # the previous attempt's error
-    dog = _watchdog.watchdog()
+    dog = watchdog.watchdog()
     while True:
         remaining = deadline - time.monotonic()
         # The attempt's own limit, or what is left before the deadline if less.

@@ -1,0 +1,27 @@
+"""The runtime tier: what every request of every store goes through.
+
+The user API is the process's event loop, run from synchronous code::
+
+    from torchbucket import runtime
+
+    objects = runtime.run(alist_objects(store, "train/"))
+
+Its modules, which the layers above may use (``storage`` and up):
+:mod:`.loop` (one background loop per process; ``run``/``submit`` below are
+its), :mod:`.retry` (retries, backoff, the adaptive concurrency limit),
+:mod:`.watchdog` (time limits of many requests on one timer),
+:mod:`.accounting` (request counts, also :mod:`torchbucket.accounting`),
+:mod:`.prices` and :mod:`.cost` (list prices and plans, also
+:mod:`torchbucket.cost`).
+"""
+
+from torchbucket.runtime.loop import (
+    at_shutdown,
+    get_loop,
+    in_loop_thread,
+    run,
+    shutdown,
+    submit,
+)
+
+__all__ = ["at_shutdown", "get_loop", "in_loop_thread", "run", "shutdown", "submit"]

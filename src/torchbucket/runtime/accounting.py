@@ -1,0 +1,417 @@
+"""Request accounting: what this process asked of its stores, by operation and class.
+
+Every store counts each request it sends (the GCS backend at the one place it
+sends a request, every attempt of a retried one included; the memory and local
+stores once per operation, as GCS would be asked), classified as Google
+classifies them for billing:
+
+- class A: writes, listings, compose, copy/rewrite, patches, bucket creation and
+  listing, and the XML multipart calls (initiate, part, complete, list);
+- class B: object reads and metadata reads, bucket metadata, permission checks;
+- free: deletes (of objects, buckets and multipart uploads).
+
+Source: https://cloud.google.com/storage/pricing#operations-by-class (the JSON
+and XML operations table; read 2026-12-01). The emulator's server-side counters
+(``/_emulator/stats``) use the same operation names and classes, so the two can
+be compared.
+
+Besides requests: bytes received and sent (bodies), retries, hedges (the
+second GET of a slow read, see ``torchbucket.config.HedgeConfig``; each is
+also counted as the ``get`` it is, class B), throttled answers (429/503) and
+the backoff slept after them.
+
+Cost: plain integer increments on module state. The library's requests run on
+one event loop per process (:mod:`torchbucket.runtime`), so there is no lock on
+the hot path; a user who drives stores from several threads' loops at once may
+lose an increment now and then (the GIL makes each ``+=`` a read and a write).
+A forked child starts from zero: its counts are its own.
+
+Reading::
+
+    before = accounting.snapshot()
+    ...
+    spent = accounting.snapshot() - before
+
+    with accounting.measure() as m:
+        ...
+    print(m.stats.class_a, m.stats.class_b)
+
+Across DataLoader workers, datasets sum their workers' counts themselves (see
+``BucketIterableDataset.last_epoch_stats``); across DDP ranks,
+:func:`all_ranks` sums one snapshot per rank.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "OPERATIONS",
+    "OP_CLASS",
+    "Measurement",
+    "RequestStats",
+    "all_ranks",
+    "classify",
+    "measure",
+    "snapshot",
+]
+
+#: Operation -> GCS billing class ("A", "B" or "free"); the emulator's names.
+OP_CLASS: Mapping[str, str] = {
+    "list": "A",
+    "put": "A",
+    "resumable": "A",
+    "compose": "A",
+    "copy": "A",
+    "patch": "A",
+    "mpu_initiate": "A",
+    "mpu_part": "A",
+    "mpu_complete": "A",
+    "mpu_list": "A",
+    "mpu_parts": "A",
+    "bucket_create": "A",
+    "bucket_list": "A",
+    "get": "B",
+    "head": "B",
+    "iam": "B",
+    "bucket_get": "B",
+    "delete": "free",
+    "mpu_abort": "free",
+    "bucket_delete": "free",
+}
+
+#: Every operation name, in a fixed order (shared-memory layouts rely on it).
+OPERATIONS: tuple[str, ...] = tuple(OP_CLASS)
+
+
+class _Counters:
+    """This process's counters (one instance, module state)."""
+
+    __slots__ = (
+        "bytes_in",
+        "bytes_out",
+        "hedges",
+        "ops",
+        "retries",
+        "retry_wait_s",
+        "throttle_wait_s",
+        "throttled",
+    )
+
+    def __init__(self) -> None:
+        self.ops: dict[str, int] = {}
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.retries = 0
+        self.hedges = 0
+        self.throttled = 0
+        self.retry_wait_s = 0.0
+        self.throttle_wait_s = 0.0
+
+
+_c = _Counters()
+
+
+def count(op: str, bytes_out: int = 0) -> None:
+    """Record one request of operation ``op`` sending ``bytes_out`` body bytes."""
+    c = _c
+    c.ops[op] = c.ops.get(op, 0) + 1
+    if bytes_out:
+        c.bytes_out += bytes_out
+
+
+def received(n: int) -> None:
+    """Record ``n`` body bytes received."""
+    _c.bytes_in += n
+
+
+def retried(wait: float, *, throttled: bool) -> None:
+    """Record one retry after ``wait`` seconds of backoff (after a 429/503 if ``throttled``)."""
+    c = _c
+    c.retries += 1
+    c.retry_wait_s += wait
+    if throttled:
+        c.throttle_wait_s += wait
+
+
+def hedged() -> None:
+    """Record one hedge: a second request sent for a slow read (its GET is counted apart)."""
+    _c.hedges += 1
+
+
+def throttle() -> None:
+    """Record one throttled answer (429 or 503)."""
+    _c.throttled += 1
+
+
+def _reset() -> None:
+    global _c
+    _c = _Counters()
+
+
+os.register_at_fork(after_in_child=_reset)
+
+
+def classify(method: str, path: str, query: str) -> str:
+    """The operation of a GCS JSON or XML API request (the emulator's names).
+
+    Args:
+        method: HTTP method, upper case.
+        path: The raw (percent-encoded) URL path.
+        query: The raw query string.
+    """
+    i = path.find("/storage/v1/b")
+    if i >= 0:
+        upload = path.startswith("/upload", max(0, i - 7)) and i >= 7
+        if upload:
+            if "upload_id=" in query or "uploadType=resumable" in query:
+                return "resumable"
+            return "put"
+        rest = path[i + 13 :]
+        if rest in ("", "/"):
+            return "bucket_create" if method == "POST" else "bucket_list"
+        tail = rest[1:].partition("/")[2]
+        if not tail:
+            return "bucket_delete" if method == "DELETE" else "bucket_get"
+        if tail in ("o", "o/"):
+            return "list" if method == "GET" else "put"
+        if tail == "iam/testPermissions":
+            return "iam"
+        if "/rewriteTo/b/" in tail or "/copyTo/b/" in tail:
+            return "copy"
+        if method == "POST" and tail.endswith("/compose"):
+            return "compose"
+        if method == "GET":
+            return "get" if "alt=media" in query else "head"
+        if method == "DELETE":
+            return "delete"
+        return "patch"
+    # XML API: /{bucket} or /{bucket}/{object}
+    has_key = bool(path[1:].partition("/")[2])
+    if "uploadId=" in query:
+        if method == "PUT":
+            return "mpu_part"
+        if method == "POST":
+            return "mpu_complete"
+        if method == "DELETE":
+            return "mpu_abort"
+        return "mpu_parts"
+    if any(part == "uploads" or part.startswith("uploads=") for part in query.split("&")):
+        return "mpu_initiate" if method == "POST" else "mpu_list"
+    if not has_key:
+        return "list" if method == "GET" else "bucket_create"
+    if method == "GET":
+        return "get"
+    if method == "HEAD":
+        return "head"
+    if method == "DELETE":
+        return "delete"
+    return "put"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RequestStats:
+    """Counts of requests and bytes, as a snapshot or a difference of two.
+
+    Attributes:
+        by_op: Requests by operation (see :data:`OP_CLASS`); zero counts omitted.
+        bytes_in: Body bytes received.
+        bytes_out: Body bytes sent.
+        retries: Attempts repeated after a failure.
+        throttled: Answers that were 429 or 503.
+        retry_wait_s: Seconds of backoff slept before retries.
+        throttle_wait_s: The part of ``retry_wait_s`` after throttled answers.
+        hedges: Second requests sent for slow reads (each also in ``by_op``
+            as the ``get`` it is).
+    """
+
+    by_op: Mapping[str, int] = field(default_factory=dict)
+    bytes_in: int = 0
+    bytes_out: int = 0
+    retries: int = 0
+    throttled: int = 0
+    retry_wait_s: float = 0.0
+    throttle_wait_s: float = 0.0
+    hedges: int = 0
+
+    def _by_class(self, cls: str) -> int:
+        return sum(n for op, n in self.by_op.items() if OP_CLASS.get(op) == cls)
+
+    @property
+    def class_a(self) -> int:
+        """Class A requests."""
+        return self._by_class("A")
+
+    @property
+    def class_b(self) -> int:
+        """Class B requests."""
+        return self._by_class("B")
+
+    @property
+    def free(self) -> int:
+        """Requests that are not billed (deletes)."""
+        return self._by_class("free")
+
+    @property
+    def requests(self) -> int:
+        """All requests."""
+        return sum(self.by_op.values())
+
+    def _combine(self, other: RequestStats, sign: int) -> RequestStats:
+        ops = dict(self.by_op)
+        for op, n in other.by_op.items():
+            ops[op] = ops.get(op, 0) + sign * n
+        return RequestStats(
+            by_op={op: n for op, n in ops.items() if n},
+            bytes_in=self.bytes_in + sign * other.bytes_in,
+            bytes_out=self.bytes_out + sign * other.bytes_out,
+            retries=self.retries + sign * other.retries,
+            throttled=self.throttled + sign * other.throttled,
+            retry_wait_s=self.retry_wait_s + sign * other.retry_wait_s,
+            throttle_wait_s=self.throttle_wait_s + sign * other.throttle_wait_s,
+            hedges=self.hedges + sign * other.hedges,
+        )
+
+    def __add__(self, other: RequestStats) -> RequestStats:
+        return self._combine(other, 1)
+
+    def __sub__(self, other: RequestStats) -> RequestStats:
+        return self._combine(other, -1)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict, with the class totals."""
+        return {
+            "requests": self.requests,
+            "by_class": {"A": self.class_a, "B": self.class_b, "free": self.free},
+            "by_op": dict(sorted(self.by_op.items())),
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "retries": self.retries,
+            "throttled": self.throttled,
+            "retry_wait_s": round(self.retry_wait_s, 6),
+            "throttle_wait_s": round(self.throttle_wait_s, 6),
+            "hedges": self.hedges,
+        }
+
+    def to_vector(self) -> list[float]:
+        """The counts in a fixed order (:data:`OPERATIONS`, then the rest)."""
+        return [
+            *(float(self.by_op.get(op, 0)) for op in OPERATIONS),
+            float(self.bytes_in),
+            float(self.bytes_out),
+            float(self.retries),
+            float(self.throttled),
+            self.retry_wait_s,
+            self.throttle_wait_s,
+            float(self.hedges),
+        ]
+
+    @classmethod
+    def from_vector(cls, values: Any) -> RequestStats:
+        """The inverse of :meth:`to_vector` (any sequence of numbers)."""
+        v = [float(x) for x in values]
+        n = len(OPERATIONS)
+        return cls(
+            by_op={op: round(v[i]) for i, op in enumerate(OPERATIONS) if round(v[i])},
+            bytes_in=round(v[n]),
+            bytes_out=round(v[n + 1]),
+            retries=round(v[n + 2]),
+            throttled=round(v[n + 3]),
+            retry_wait_s=v[n + 4],
+            throttle_wait_s=v[n + 5],
+            hedges=round(v[n + 6]),
+        )
+
+    def summary(self) -> str:
+        """One line: requests by class, bytes, retries and throttling."""
+        line = (
+            f"requests: {self.requests} (class A {self.class_a}, class B {self.class_b}, "
+            f"free {self.free}); {self.bytes_in:,} bytes in, {self.bytes_out:,} out; "
+            f"{self.retries} retries"
+        )
+        if self.hedges:
+            line += f", {self.hedges} hedged"
+        if self.throttled:
+            line += f", {self.throttled} throttled ({self.throttle_wait_s:.2f} s waited)"
+        return line
+
+
+#: Length of :meth:`RequestStats.to_vector`.
+VECTOR_LEN = len(OPERATIONS) + 7
+
+
+def snapshot() -> RequestStats:
+    """This process's counts since it started (or was forked)."""
+    c = _c
+    return RequestStats(
+        by_op={op: n for op, n in c.ops.items() if n},
+        bytes_in=c.bytes_in,
+        bytes_out=c.bytes_out,
+        retries=c.retries,
+        throttled=c.throttled,
+        retry_wait_s=c.retry_wait_s,
+        throttle_wait_s=c.throttle_wait_s,
+        hedges=c.hedges,
+    )
+
+
+class Measurement:
+    """What :func:`measure` yields; ``stats`` is final when the block ends."""
+
+    def __init__(self) -> None:
+        self._start = snapshot()
+        self._stats: RequestStats | None = None
+
+    @property
+    def stats(self) -> RequestStats:
+        """The counts of the block (so far, while it runs)."""
+        return self._stats if self._stats is not None else snapshot() - self._start
+
+    def _finish(self) -> None:
+        self._stats = snapshot() - self._start
+
+
+@contextmanager
+def measure() -> Iterator[Measurement]:
+    """The requests this process made during a ``with`` block (all its threads).
+
+    Example::
+
+        with torchbucket.accounting.measure() as m:
+            store.list_all()
+        print(m.stats.summary())
+    """
+    m = Measurement()
+    try:
+        yield m
+    finally:
+        m._finish()
+
+
+def all_ranks(stats: RequestStats, group: Any = None) -> RequestStats:
+    """``stats`` summed over the ranks of ``torch.distributed`` (a collective).
+
+    Every rank must call it. Without an initialised process group it returns
+    ``stats`` unchanged.
+
+    Args:
+        stats: This rank's counts (a snapshot or a difference).
+        group: The process group; default the world.
+    """
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return stats
+    if not (dist.is_available() and dist.is_initialized()):
+        return stats
+    device = "cpu"
+    if dist.get_backend(group) == "nccl":
+        device = f"cuda:{torch.cuda.current_device()}"
+    tensor = torch.tensor(stats.to_vector(), dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, group=group)
+    return RequestStats.from_vector(tensor.cpu().tolist())
