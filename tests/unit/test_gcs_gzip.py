@@ -6,8 +6,8 @@ import gzip
 
 import pytest
 
-from torchbucket.listing._columns import decode_objects, encode_objects
 from torchbucket.errors import IntegrityError, StorageError
+from torchbucket.listing._columns import decode_objects, encode_objects
 from torchbucket.storage.base import ObjectInfo
 from torchbucket.storage.gcs._gzip import GzipDecoder, gunzip
 from torchbucket.storage.gcs._wire import object_info, verify_crc32c

@@ -3,8 +3,10 @@
 The object's metadata is read first; every range is then pinned to that
 generation, so a checkpoint rewritten during the load fails the load instead of
 mixing bytes of two checkpoints. The ranges land in one preallocated buffer
-(never returned from a coroutine: see DESIGN.md), which
-:class:`CheckpointReader` serves to ``torch.load`` without another copy.
+(never returned from a coroutine: on Python 3.11 the loop reprs a finished
+coroutine's result while restoring the SIGINT handler, 15 s of CPU for a 512
+MiB buffer), which :class:`CheckpointReader` serves to ``torch.load`` without
+another copy.
 """
 
 from __future__ import annotations

@@ -26,7 +26,6 @@ compose writes and deletes is therefore billed for the longer of the two, which
 :func:`estimate` adds as ``retained_bytes``.
 """
 
-
 from __future__ import annotations
 
 import math
