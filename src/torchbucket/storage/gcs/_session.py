@@ -61,6 +61,12 @@ class SessionKey:
     read_timeout: float
     connect_timeout: float
     trust: tuple[str | None, ...] = field(default_factory=lambda: ca_environment())
+    #: Whether the endpoint is HTTPS. A plain-HTTP session (an emulator) does
+    #: not build a TLS context of its own: loading the system's CAs costs
+    #: ~50-100 ms of CPU, which a one-page listing in a fresh process paid in
+    #: full. (Should it ever meet an https URL, aiohttp's default verified
+    #: context, made when aiohttp is imported, applies.)
+    tls: bool = True
 
 
 @dataclass(slots=True)
@@ -145,7 +151,7 @@ def acquire_session(key: SessionKey) -> aiohttp.ClientSession:
             use_dns_cache=True,
             keepalive_timeout=30.0,
             socket_factory=_keepalive_socket_factory,
-            ssl=ssl_context(key.trust),
+            ssl=ssl_context(key.trust) if key.tls else True,
         )
         session = aiohttp.ClientSession(
             connector=connector,

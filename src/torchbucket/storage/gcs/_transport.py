@@ -82,6 +82,7 @@ class GCSTransport:
             limit=config.concurrency.maximum,
             read_timeout=config.retry.read_timeout,
             connect_timeout=config.connect_timeout,
+            tls=endpoint.startswith("https:"),
         )
         #: Seconds without a byte before a read is cut short.
         self.read_timeout = session_key.read_timeout
