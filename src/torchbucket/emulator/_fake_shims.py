@@ -2,7 +2,8 @@
 
 fake-gcs-server ignores generation preconditions on uploads, compose, reads,
 deletes and copies, answers a compose of a missing source with 500,
-and deletes the live object whatever ``generation`` says. Before forwarding
+deletes the live object whatever ``generation`` says, and has no
+``objects.move`` (served here as a copy and a delete: :meth:`PreconditionShim.move`). Before forwarding
 such a call, the proxy reads the objects' current generations and answers the
 way GCS would (404 or 412). The check and the call are not atomic, which is
 good enough for tests at small scale; the model store is exact.
@@ -13,10 +14,12 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 from aiohttp import web
+from multidict import CIMultiDict
 
-from torchbucket.emulator._http import ApiError, Call, json_call
+from torchbucket.emulator._http import ApiError, Call, Route, json_call
 from torchbucket.emulator._model_store import MAX_COMPOSE_SOURCES
 
 __all__ = ["PreconditionShim"]
@@ -110,6 +113,55 @@ class PreconditionShim:
             name = call.route.name or _multipart_name(call)
             gen = await self.generation(call.route.bucket, name, call.host)
             _check(gen, q, "if", "live object")
+
+    async def move(self, call: Call) -> web.Response:
+        """``objects.move`` as a copy and a delete: fake-gcs-server has no ``moveTo``.
+
+        GCS moves atomically
+        (https://cloud.google.com/storage/docs/json_api/v1/objects/move); this
+        cannot: between the copy and the delete a reader sees both names. It is
+        still no kinder than GCS (a client sees more, never less, than on GCS),
+        the preconditions are checked as GCS checks them (source 404, source and
+        destination generation 412, equal names 400), and a failed delete
+        removes the copy again, so a failed move leaves the source where it was
+        (a destination it replaced is gone: fake-gcs-server keeps no versions).
+        The model store's move is atomic; use it where that matters.
+        """
+        route, q, host = call.route, call.query, call.host
+        if route.name == route.name2:
+            raise ApiError(
+                400,
+                f"The source and destination object names must differ: {route.bucket}/{route.name}",
+            )
+        src = await self.generation(route.bucket, route.name, host)
+        wanted = _int(q.get("sourceGeneration"), "sourceGeneration")
+        if src is None or (wanted is not None and wanted != src):
+            raise ApiError(404, f"No such object: {route.bucket}/{route.name}")
+        _check(src, q, "ifSource", "source object")
+        if "ifGenerationMatch" in q or "ifGenerationNotMatch" in q:
+            dst = await self.generation(route.bucket, route.name2, host)
+            _check(dst, q, "if", "destination object")
+        qb = quote(route.bucket, safe="")
+        path = f"/storage/v1/b/{qb}/o/{quote(route.name, safe='')}/copyTo/b/{qb}/o/"
+        copy = Call(
+            "POST",
+            Route("copy", "copy", route.bucket, route.name, route.bucket, route.name2),
+            path + quote(route.name2, safe=""),
+            {},
+            CIMultiDict({"Host": host, "Content-Type": "application/json"}),
+            b"{}",
+            host,
+        )
+        copied = await self.forward(copy)
+        if copied.status >= 400:
+            return copied
+        deleted = await self.forward(
+            json_call("DELETE", "delete", route.bucket, route.name, host=host)
+        )
+        if deleted.status >= 400 and deleted.status != 404:
+            await self.forward(json_call("DELETE", "delete", route.bucket, route.name2, host=host))
+            return deleted
+        return copied
 
     async def _compose(self, call: Call) -> None:
         try:

@@ -195,6 +195,8 @@ class FakeGcsBackend:
                 return await self._resumable.start(call)
             if kind == "resumable_chunk":
                 return await self._resumable.chunk(call)
+            if kind == "move":
+                return await self._shim.move(call)  # fake-gcs-server has no moveTo
             if kind == "upload_multipart":
                 _check_declared_hashes(call)  # fake-gcs-server stores any bytes it gets
             await self._shim.check(call)

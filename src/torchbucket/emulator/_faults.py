@@ -45,6 +45,7 @@ OPERATIONS = frozenset(
         "compose",
         "delete",
         "copy",
+        "move",
         "patch",
         "mpu_initiate",
         "mpu_part",

@@ -55,6 +55,7 @@ class ModelBackend:
             "delete": self._delete,
             "rewrite": self._rewrite,
             "copy": self._copy,
+            "move": self._move,
             "patch": self._patch,
             "bucket_create": self._bucket_create,
             "bucket_get": self._bucket_get,
@@ -289,6 +290,26 @@ class ModelBackend:
     async def _copy(self, call: Call) -> web.Response:
         return _object_response(call, self._copy_object(call))
 
+    async def _move(self, call: Call) -> web.Response:
+        # objects.move answers with the destination's object resource
+        # (https://cloud.google.com/storage/docs/json_api/v1/objects/move).
+        route = call.route
+        q = call.query
+        gen = q.get("sourceGeneration")
+        try:
+            source_generation = int(gen) if gen else None
+        except ValueError:
+            raise ApiError(400, f"Invalid value for sourceGeneration: {gen!r}") from None
+        obj = self.store.move(
+            route.bucket,
+            route.name,
+            route.name2,
+            source_generation=source_generation,
+            source_pre=Preconditions.from_query(q, "ifSource"),
+            pre=Preconditions.from_query(q),
+        )
+        return _object_response(call, obj)
+
     async def _patch(self, call: Call) -> web.Response:
         obj = self.store.get(call.route.bucket, call.route.name)
         Preconditions.from_query(call.query).check(obj, "object")
@@ -388,16 +409,20 @@ def parse_multipart_related(call: Call) -> tuple[dict[str, Any], bytes, str | No
     if len(parts) < 2:
         raise ApiError(400, "multipart upload needs a metadata part and a media part")
 
+    # Lines end in CRLF (RFC 2046) or, from some clients (gcsfs), in a bare LF,
+    # which GCS accepts too: the first part's delimiter line says which.
+    eol = b"\n" if parts[0].startswith(b"\n") else b"\r\n"
+
     def split_part(part: bytes) -> tuple[dict[str, str], bytes]:
-        if part.startswith(b"\r\n"):
-            part = part[2:]
-        head, sep, content = part.partition(b"\r\n\r\n")
+        if part.startswith(eol):
+            part = part[len(eol) :]
+        head, sep, content = part.partition(eol + eol)
         if not sep:
             raise ApiError(400, "malformed multipart part")
-        if content.endswith(b"\r\n"):
-            content = content[:-2]
+        if content.endswith(eol):  # the line break before a delimiter is the delimiter's
+            content = content[: -len(eol)]
         headers = {}
-        for line in head.decode("latin-1").split("\r\n"):
+        for line in head.decode("latin-1").split(eol.decode()):
             k, _, v = line.partition(":")
             if k:
                 headers[k.strip().lower()] = v.strip()

@@ -86,17 +86,24 @@ def check_soft_delete(seconds: Any) -> int:
 class Preconditions:
     """Generation preconditions of a write or a read (GCS query parameters)."""
 
-    __slots__ = ("if_generation_match", "if_generation_not_match", "if_metageneration_match")
+    __slots__ = (
+        "if_generation_match",
+        "if_generation_not_match",
+        "if_metageneration_match",
+        "if_metageneration_not_match",
+    )
 
     def __init__(
         self,
         if_generation_match: int | None = None,
         if_generation_not_match: int | None = None,
         if_metageneration_match: int | None = None,
+        if_metageneration_not_match: int | None = None,
     ) -> None:
         self.if_generation_match = if_generation_match
         self.if_generation_not_match = if_generation_not_match
         self.if_metageneration_match = if_metageneration_match
+        self.if_metageneration_not_match = if_metageneration_not_match
 
     @classmethod
     def from_query(cls, query: Mapping[str, str], prefix: str = "if") -> Preconditions:
@@ -105,6 +112,7 @@ class Preconditions:
             _int_param(query, f"{prefix}GenerationMatch"),
             _int_param(query, f"{prefix}GenerationNotMatch"),
             _int_param(query, f"{prefix}MetagenerationMatch"),
+            _int_param(query, f"{prefix}MetagenerationNotMatch"),
         )
 
     def check(self, current: ModelObject | None, what: str) -> None:
@@ -122,6 +130,10 @@ class Preconditions:
             current is None or current.metageneration != self.if_metageneration_match
         ):
             raise ApiError(412, f"{what} metageneration does not match")
+        if self.if_metageneration_not_match is not None and (
+            current is None or current.metageneration == self.if_metageneration_not_match
+        ):
+            raise ApiError(412, f"{what} metageneration matches (ifMetagenerationNotMatch)")
 
 
 def _int_param(query: Mapping[str, str], key: str) -> int | None:
@@ -132,6 +144,13 @@ def _int_param(query: Mapping[str, str], key: str) -> int | None:
         return int(value)
     except ValueError:
         raise ApiError(400, f"Invalid value for {key}: {value!r}") from None
+
+
+def _unlink(found: ModelBucket, name: str) -> None:
+    """Remove live object ``name`` from ``found`` (its dict and its sorted names)."""
+    del found.objects[name]
+    keys = found.keys
+    del keys[bisect.bisect_left(keys, name)]
 
 
 def encode_token(name: str) -> str:
@@ -265,10 +284,51 @@ class ModelStore:
         if obj is None or (generation is not None and obj.generation != generation):
             raise ApiError(404, f"No such object: {bucket}/{name}")
         pre.check(obj, "live object")
-        del found.objects[name]
-        keys = found.keys
-        idx = bisect.bisect_left(keys, name)
-        del keys[idx]
+        _unlink(found, name)
+
+    def move(
+        self,
+        bucket: str,
+        source: str,
+        dest: str,
+        *,
+        source_generation: int | None,
+        source_pre: Preconditions,
+        pre: Preconditions,
+    ) -> ModelObject:
+        """Rename ``source`` to ``dest`` in one step (GCS's ``objects.move``).
+
+        https://cloud.google.com/storage/docs/json_api/v1/objects/move: the
+        move is atomic; the destination gets the source's data and metadata with
+        a new generation, metageneration 1 and new timestamps, and replaces a
+        live destination unless a precondition says otherwise; the source must
+        exist and differ from the destination. Every check runs before anything
+        changes, and nothing awaits in between, so no request sees both names
+        or neither.
+        """
+        if source == dest:
+            raise ApiError(
+                400,
+                f"The source and destination object names must differ: {bucket}/{source}",
+            )
+        found = self.bucket(bucket)
+        src = found.objects.get(source)
+        if src is None or (source_generation is not None and src.generation != source_generation):
+            raise ApiError(404, f"No such object: {bucket}/{source}")
+        source_pre.check(src, "source object")
+        moved = self.put(
+            bucket,
+            dest,
+            src.data,
+            content_type=src.content_type,
+            metadata=dict(src.metadata) if src.metadata is not None else None,
+            pre=pre,
+            component_count=src.component_count,
+            hashes=(src.crc32c, src.md5),
+            content_encoding=src.content_encoding,
+        )
+        _unlink(found, source)
+        return moved
 
     def compose(
         self,

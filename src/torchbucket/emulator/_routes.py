@@ -68,6 +68,13 @@ def _json_route(method: str, rest: str, query: Mapping[str, str]) -> Route:
     if not tail.startswith("o/"):
         return Route("unknown", "unknown", bucket)
     obj = tail[2:]
+    if method == "POST":
+        # objects.move: POST .../b/{bucket}/o/{source}/moveTo/o/{destination}
+        # (https://cloud.google.com/storage/docs/json_api/v1/objects/move).
+        idx = obj.find("/moveTo/o/")
+        if idx >= 0:
+            source, dest = unquote(obj[:idx]), unquote(obj[idx + 10 :])
+            return Route("move", "move", bucket, source, bucket, dest)
     for marker, op in (("/rewriteTo/b/", "rewrite"), ("/copyTo/b/", "copy")):
         idx = obj.find(marker)
         if idx >= 0:

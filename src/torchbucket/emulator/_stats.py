@@ -1,6 +1,6 @@
 """Request counters by GCS operation class, operation and status, and server CPU.
 
-Classes follow GCS pricing: class A are writes, lists, compose, copy/rewrite,
+Classes follow GCS pricing: class A are writes, lists, compose, copy/rewrite/move,
 bucket creation and the XML multipart calls; class B are reads, metadata reads,
 bucket reads and permission checks; deletes (of objects, buckets and
 multipart uploads) are free, as on GCS, and counted under ``"free"``.
@@ -21,6 +21,9 @@ OP_CLASS: dict[str, str] = {
     "resumable": "A",
     "compose": "A",
     "copy": "A",
+    # objects.move: a write that creates the destination, priced as class A
+    # with copy and rewrite (https://cloud.google.com/storage/pricing#operations-by-class).
+    "move": "A",
     "patch": "A",
     "mpu_initiate": "A",
     "mpu_part": "A",
