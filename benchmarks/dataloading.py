@@ -67,11 +67,16 @@ under the constant preset over under the tail; also ``tail_slowdown_map_*``,
 ``speedup_vs_dataflux_tail_*``, ``p99_batch_s_map_100kib`` and
 ``p50_batch_s_map_100kib`` (the time between two batches of the map-style
 dataset with a ``BucketBatchSampler``, under the tail; ``_no_readahead`` for
-the plain sampler) and ``hedged_request_fraction`` (hedged GETs over
-torchbucket's GETs under the tail; ``_same_region`` under the constant one).
+the plain sampler), ``p50_wait_s_map_100kib``, ``p99_wait_s_map_100kib`` and
+``mean_wait_s_map_100kib`` (the time the consumer waited for each batch, from
+asking for it to having it: what a training step feels; ``_constant`` for the
+same under the constant preset), and ``hedged_request_fraction`` (hedged GETs
+over torchbucket's GETs under the tail; ``_same_region`` under the constant one).
 Goals: tail slowdown <= 1.15 for the map-style and iterable datasets, the lead
-over dataflux kept under the tail, p99 batch time <= 2x its median, hedges <=
-5% of reads. ``--no-hedge`` runs torchbucket with hedged reads off.
+over dataflux kept under the tail, p99 batch time <= 2x its median (see
+docs/benchmarks.md on what that ratio measures), hedges <= 5% of reads.
+``--no-hedge`` runs torchbucket with hedged reads off; ``--hedge-factor`` and
+``--hedge-floor`` set ``HedgeConfig.factor`` and ``.floor`` for an A/B.
 """
 
 from __future__ import annotations
@@ -207,6 +212,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="torchbucket contenders with hedged reads off (GCSConfig.hedge)",
     )
+    p.add_argument(
+        "--hedge-factor",
+        type=float,
+        default=None,
+        help="HedgeConfig.factor for the torchbucket contenders (default: the library's)",
+    )
+    p.add_argument(
+        "--hedge-floor",
+        type=float,
+        default=None,
+        help="HedgeConfig.floor in seconds for the torchbucket contenders (default: the library's)",
+    )
     args = p.parse_args(argv)
     args.presets = [x for x in args.latency.split(",") if x]
     args.slow_repeats = args.repeats  # dataflux and the plain Dataset
@@ -246,6 +263,7 @@ def run_one(
     bench_py: str | None,
     timeout: float,
     hedge: bool = True,
+    hedge_tuning: dict[str, float | None] | None = None,
 ) -> dict[str, Any]:
     """Run one contender once on one dataset; return its figures."""
     spec: dict[str, Any] = {
@@ -259,6 +277,7 @@ def run_one(
         "num_workers": NUM_WORKERS,
         "pid_file": str(Path(tempfile.gettempdir()) / f"tb-bench-{os.getpid()}-{c.key}.pids"),
         "hedge": hedge,
+        **{f"hedge_{k}": v for k, v in (hedge_tuning or {}).items() if v is not None},
         **c.spec,
     }
     if c.family == "naive" or c.spec.get("sampled"):
@@ -309,6 +328,10 @@ def run_one(
         "failures": {k: v for k, v in server["by_status"].items() if not k.startswith("2")},
         "batch_s_p50": d.get("batch_s_p50") or math.nan,
         "batch_s_p99": d.get("batch_s_p99") or math.nan,
+        # The time the consumer waited for each batch (run_epoch): what a step feels.
+        "wait_s_p50": d.get("wait_s_p50", math.nan),
+        "wait_s_p99": d.get("wait_s_p99", math.nan),
+        "wait_s_mean": d.get("wait_s_mean", math.nan),
         # torchbucket only: second GETs of slow reads, over the library's own GETs.
         "hedges": d.get("hedges", math.nan),
         "client_gets": d.get("client_gets", math.nan),
@@ -406,6 +429,15 @@ def tail_figures(
                 result[f"p99_batch_s_map{suffix}_{ds.key}"] = round(p99, 4)
                 result[f"p50_batch_s_map{suffix}_{ds.key}"] = round(p50, 4)
                 result[f"p99_over_p50_batch_map{suffix}_{ds.key}"] = round(h.ratio(p99, p50), 2)
+                # The consumer's wait for a batch: with read-ahead most batches are
+                # ready (a wait of microseconds), so p99 over p50 of the wait is no
+                # measure; its p99 and mean in seconds are, beside the constant preset's.
+                for p, name in ((tail, ""), (base, "_constant")):
+                    w = under[p].get(key) or {}
+                    for q in ("p50", "p99", "mean"):
+                        value = w.get(f"wait_s_{q}", math.nan)
+                        if not math.isnan(value):
+                            result[f"{q}_wait_s_map{suffix}{name}_{ds.key}"] = round(value, 4)
         print(
             f"{ds.label}, {tail} against {base}: torchbucket's best slowed by "
             f"{result[f'tail_slowdown_{ds.key}']}x (map {result[f'tail_slowdown_map_{ds.key}']}x,"
@@ -413,7 +445,9 @@ def tail_figures(
             f"{result[f'tail_slowdown_dataflux_{ds.key}']}x; lead over dataflux {lead_base:.2f}x "
             f"-> {lead_tail:.2f}x; map-style (BucketBatchSampler) batch p50/p99 "
             f"{result.get(f'p50_batch_s_map_{ds.key}')}/{result.get(f'p99_batch_s_map_{ds.key}')}"
-            f" s; hedged {result['hedged_request_fraction']:.2%} of torchbucket's GETs"
+            f" s (wait p99 {result.get(f'p99_wait_s_map_{ds.key}')} s, constant preset "
+            f"{result.get(f'p99_wait_s_map_constant_{ds.key}')} s); hedged "
+            f"{result['hedged_request_fraction']:.2%} of torchbucket's GETs"
         )
     result["goals_tail"] = {
         "tail_slowdown_le_1_15": all(
@@ -480,7 +514,14 @@ def main(argv: list[str] | None = None) -> int:
                             flush=True,
                         )
                         r = run_one(
-                            emu, ds, c, rep, bench_py, args.timeout, hedge=not args.no_hedge
+                            emu,
+                            ds,
+                            c,
+                            rep,
+                            bench_py,
+                            args.timeout,
+                            hedge=not args.no_hedge,
+                            hedge_tuning={"factor": args.hedge_factor, "floor": args.hedge_floor},
                         )
                         runs[c.key].append(r)
                         print(f" {r['samples_per_s']:,.0f} samples/s", file=sys.stderr, flush=True)

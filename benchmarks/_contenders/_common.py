@@ -312,13 +312,18 @@ def run_epoch(
         (samples after the first batch over the time from the first batch to
         the last); ``batch_s_p50`` / ``batch_s_p99``: quantiles of the time
         between two batches after the first (the consumer's check included);
+        ``wait_s_p50`` / ``wait_s_p99`` / ``wait_s_mean``: of the time the
+        consumer waited for each batch after the first, from asking for it to
+        having it (what a training step feels: a batch read ahead takes
+        microseconds, so its median is near zero and a ratio to it means little);
         ``check_cpu_s``: the CPU the consumer's checks took (part of the
         phase's client CPU).
     """
     gaps: list[float] = []
+    waits: list[float] = []
     batches = 0
     t0 = time.perf_counter()
-    t_first = t_last = t0
+    t_first = t_last = t_ask = t0
     first_len = 0
     total = 0
     check_cpu = 0.0
@@ -326,6 +331,7 @@ def run_epoch(
         now = time.perf_counter()
         if batches:
             gaps.append(now - t_last)
+            waits.append(now - t_ask)
         t_last = now
         if batches == 0:
             t_first = t_last
@@ -342,8 +348,11 @@ def run_epoch(
             else:
                 verifier.check(sample)
         check_cpu += time.process_time() - c0
+        t_ask = time.perf_counter()
     span = t_last - t_first
     gaps.sort()
+    mean_wait = sum(waits) / len(waits) if waits else None
+    waits.sort()
     return {
         "batch_s_p50": gaps[len(gaps) // 2] if gaps else None,
         "batch_s_p99": gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))] if gaps else None,
@@ -351,6 +360,9 @@ def run_epoch(
         "check_cpu_s": check_cpu,
         "first_batch_s": t_first - t0,
         "steady_samples_per_s": (total - first_len) / span if span > 0 else None,
+        "wait_s_mean": mean_wait,
+        "wait_s_p50": waits[len(waits) // 2] if waits else None,
+        "wait_s_p99": waits[min(len(waits) - 1, int(0.99 * len(waits)))] if waits else None,
     }
 
 

@@ -35,8 +35,11 @@ from torchbucket.storage.gcs import GCSConfig
 def main() -> None:
     spec = load_spec()
     uri = f"gs://{spec['bucket']}/{spec['prefix']}"
-    # spec "hedge": False turns hedged reads off (dataloading.py --no-hedge).
-    gcs = GCSConfig(endpoint=spec["endpoint"], hedge=HedgeConfig(enabled=spec.get("hedge", True)))
+    # spec "hedge": False turns hedged reads off (dataloading.py --no-hedge);
+    # "hedge_factor" / "hedge_floor" set HedgeConfig's (--hedge-factor, --hedge-floor).
+    tuned = {k: spec[f"hedge_{k}"] for k in ("factor", "floor") if spec.get(f"hedge_{k}")}
+    hedge = HedgeConfig(enabled=spec.get("hedge", True), **tuned)
+    gcs = GCSConfig(endpoint=spec["endpoint"], hedge=hedge)
     compose = ComposeConfig(disable=not spec["compose"])
     output = spec.get("output", "bytes")
     fetch = FetchConfig(output=output)
