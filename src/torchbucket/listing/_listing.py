@@ -33,6 +33,7 @@ listers are cancelled. A partial listing is never returned.
 from __future__ import annotations
 
 import logging
+import operator
 import sys
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -57,6 +58,8 @@ logger = logging.getLogger(__name__)
 # a store hands them out anyway.
 _LOCAL_STAGING_MARKS = (".tbupload-", ".tbtmp-")
 
+_name = operator.attrgetter("name")
+
 
 class ProgressBar(Protocol):
     """Anything with ``update(n)``, such as a ``tqdm`` bar the caller owns."""
@@ -79,7 +82,7 @@ def _filter(objects: list[ObjectInfo], config: ListingConfig) -> list[ObjectInfo
     if classes is None:
         # Usually nothing is left out: find that out with a few scans in C
         # instead of a Python test per name.
-        text = "\n" + "\n".join(o.name for o in objects) + "\n"
+        text = "\n" + "\n".join(map(_name, objects)) + "\n"
         drop_folders = not folders and "/\n" in text
         drop_hidden = not hidden and (
             ".tb" in text or any("\n" + p in text for p in HIDDEN_PREFIXES)
