@@ -186,3 +186,26 @@ def raw_http() -> Callable[..., Reply]:
         return http_call(emu.endpoint, method, path, body, **kw)
 
     return call
+
+
+@pytest.fixture
+def torchbucket_gs() -> Iterator[None]:
+    """fsspec's ``gs://`` and ``gcs://`` served by torchbucket for one test.
+
+    The test environment has gcsfs (the emulator is tested with it), which
+    ``torchbucket.lightning`` leaves in charge by default; tests of Lightning
+    against the emulator take ``gs://`` over as a user would, with
+    ``register_filesystem(force=True)``, and the registry is put back after.
+    """
+    import importlib
+
+    from torchbucket.lightning import register_filesystem
+
+    # fsspec's package exports a read-only view named ``registry`` that hides
+    # the module of that name.
+    _fsspec_registry = importlib.import_module("fsspec.registry")
+    saved = dict(_fsspec_registry._registry)
+    assert register_filesystem(force=True)
+    yield
+    _fsspec_registry._registry.clear()
+    _fsspec_registry._registry.update(saved)

@@ -66,7 +66,11 @@ def make_trainer(plugin: Any, dirpath: str, tmp_path: Any, epochs: int) -> L.Tra
 
 @pytest.mark.parametrize("plugin_type", [BucketCheckpointIO, AsyncBucketCheckpointIO])
 def test_fit_top_k_and_resume_in_gs(
-    emulator: Emulator, gcs_bucket_factory: Callable[..., Any], tmp_path: Any, plugin_type: Any
+    emulator: Emulator,
+    gcs_bucket_factory: Callable[..., Any],
+    tmp_path: Any,
+    plugin_type: Any,
+    torchbucket_gs: None,
 ) -> None:
     store = gcs_bucket_factory(emulator, prefix="light")
     dirpath = f"gs://{store.bucket}/run"

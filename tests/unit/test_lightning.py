@@ -151,15 +151,52 @@ def test_async_removal_waits_for_the_save_before_it(bucket: str) -> None:
 
 
 def test_gs_dirpath_needs_no_gcsfs() -> None:
+    # In a fresh process where gcsfs cannot be imported (it is no dependency of
+    # ours), importing torchbucket.lightning serves gs:// itself, so that a
+    # ModelCheckpoint on gs:// is accepted (plain fsspec would raise ImportError).
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['gcsfs'] = None\n"
+        "import importlib.util\n"
+        "importlib.util.find_spec = lambda name, *a, _f=importlib.util.find_spec: "
+        "None if name == 'gcsfs' else _f(name, *a)\n"
+        "import fsspec\n"
+        "from lightning.fabric.utilities.cloud_io import get_filesystem\n"
+        "from lightning.pytorch.callbacks import ModelCheckpoint\n"
+        "from torchbucket.lightning import BucketFileSystem\n"
+        "assert fsspec.get_filesystem_class('gs') is BucketFileSystem\n"
+        "assert isinstance(get_filesystem('gs://bucket/run/'), BucketFileSystem)\n"
+        "ModelCheckpoint(dirpath='gs://bucket/run/')\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_an_installed_gcsfs_keeps_gs_unless_forced() -> None:
+    import importlib
+
     import fsspec
-    from lightning.fabric.utilities.cloud_io import get_filesystem
+    import gcsfs
 
-    from torchbucket.lightning import BucketFileSystem
+    from torchbucket.lightning import BucketFileSystem, register_filesystem
 
-    # gcsfs is not installed in this environment (it is no dependency of ours).
-    assert fsspec.get_filesystem_class("gs") is BucketFileSystem
-    assert isinstance(get_filesystem("gs://bucket/run/"), BucketFileSystem)
-    ModelCheckpoint(dirpath="gs://bucket/run/")  # would raise ImportError with plain fsspec
+    # gcsfs is in the test environment: importing torchbucket.lightning left it
+    # in charge of gs://, since other code in the process may rely on it.
+    assert not register_filesystem()
+    assert fsspec.get_filesystem_class("gs") is gcsfs.GCSFileSystem
+    _fsspec_registry = importlib.import_module("fsspec.registry")
+    saved = dict(_fsspec_registry._registry)
+    try:
+        assert register_filesystem(force=True)
+        assert fsspec.get_filesystem_class("gs") is BucketFileSystem
+        assert fsspec.get_filesystem_class("gcs") is BucketFileSystem
+    finally:
+        _fsspec_registry._registry.clear()
+        _fsspec_registry._registry.update(saved)
 
 
 def test_missing_lightning_names_the_extra() -> None:

@@ -5,7 +5,10 @@ directory (``exists``, ``ls``, ``isdir``) even when a ``CheckpointIO`` does the
 saving. fsspec maps ``gs://`` to ``gcsfs``, which torchbucket does not need; when
 ``gcsfs`` is not installed, :func:`register_filesystem` (run on import of
 :mod:`torchbucket.lightning`) registers this filesystem for ``gs://`` instead.
-Where ``gcsfs`` is installed it is left in charge. ``memory://`` stays fsspec's
+Where ``gcsfs`` is installed it is left in charge (other code in the process may
+rely on it), unless the user asks with ``register_filesystem(force=True)``: then
+Lightning's checks go through the same store, endpoint and credentials as the
+saves (an emulator that gcsfs does not know of, for one). ``memory://`` stays fsspec's
 own in-memory filesystem, which does not see torchbucket's memory store:
 Lightning's existence checks there always answer "no", which costs nothing but
 the ``-v1`` version suffix and ``ckpt_path="last"`` lookups.
@@ -128,13 +131,17 @@ class BucketFileSystem(AbstractFileSystem):  # type: ignore[misc]
         raise ValueError(f"{self._uri(path)}: mode {mode!r} is not supported (only rb and wb)")
 
 
-def register_filesystem() -> bool:
+def register_filesystem(*, force: bool = False) -> bool:
     """Serve ``gs://`` and ``gcs://`` in fsspec through torchbucket unless ``gcsfs`` is installed.
+
+    Args:
+        force: Take ``gs://`` and ``gcs://`` over from an installed ``gcsfs``
+            too, for the whole process.
 
     Returns:
         Whether this filesystem is now fsspec's ``gs://`` implementation.
     """
-    if importlib.util.find_spec("gcsfs") is not None:
+    if not force and importlib.util.find_spec("gcsfs") is not None:
         logger.debug("gcsfs is installed; leaving fsspec's gs:// to it")
         return False
     for protocol in BucketFileSystem.protocol:
