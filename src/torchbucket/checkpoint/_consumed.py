@@ -27,9 +27,10 @@ import itertools
 import logging
 import mmap
 import struct
-import sys
 import zipfile
 from collections.abc import Callable
+
+from torchbucket._madvise import MADV_DONTNEED, madvise
 
 logger = logging.getLogger(__name__)
 
@@ -38,25 +39,11 @@ __all__ = ["ConsumedPages", "record_ranges"]
 _PAGE = mmap.PAGESIZE
 #: Bytes copied between two releases: the most a read holds twice at once.
 PIECE = 4 << 20
-# madvise(2): drop the pages of a private anonymous range (they read as zeros).
-_MADV_DONTNEED = 4
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 _LOCAL_MAGIC = b"PK\x03\x04"
 
 
-def _madvise() -> Callable[[int, int, int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        function = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    function.restype = ctypes.c_int
-    return function  # type: ignore[no-any-return]
-
-
-_madvise_fn = _madvise()
+_madvise_fn = madvise
 
 
 def supported() -> bool:
@@ -197,7 +184,7 @@ class ConsumedPages:
         last = (self._base + end) // _PAGE * _PAGE
         if last <= first or _madvise_fn is None:
             return
-        if _madvise_fn(first, last - first, _MADV_DONTNEED) != 0:
+        if _madvise_fn(first, last - first, MADV_DONTNEED) != 0:
             return
         lo, hi = first - self._base, last - self._base
         if self._released and self._released[-1][1] == lo:

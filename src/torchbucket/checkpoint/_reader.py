@@ -15,7 +15,6 @@ import ctypes
 import io
 import logging
 import mmap
-import sys
 from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from torchbucket import runtime
+from torchbucket._madvise import MADV_POPULATE_WRITE, madvise
 from torchbucket.checkpoint import _consumed
 from torchbucket.checkpoint._crc import Crc32c
 from torchbucket.checkpoint.config import CheckpointConfig
@@ -41,8 +41,6 @@ _MAPPED_MIN = 64 << 20
 #: readinto targets at least this large are prefaulted before the copy.
 _PREFAULT_MIN = 1 << 20
 _PAGE = mmap.PAGESIZE
-# madvise(2) advice: allocate the pages of a range as a write to them would.
-_MADV_POPULATE_WRITE = 23
 
 __all__ = [
     "CheckpointReader",
@@ -75,19 +73,7 @@ def allocate(size: int) -> memoryview:
     return view.cast("B")
 
 
-def _madvise() -> Callable[[int, int, int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        function = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    function.restype = ctypes.c_int
-    return function  # type: ignore[no-any-return]
-
-
-_madvise_fn = _madvise()
+_madvise_fn = madvise
 
 
 def prefault(buffer: memoryview, piece: int, stop: Callable[[], bool]) -> None:
@@ -116,7 +102,7 @@ def prefault(buffer: memoryview, piece: int, stop: Callable[[], bool]) -> None:
     end = (base + len(buffer)) // _PAGE * _PAGE
     piece = max(_PAGE, piece // _PAGE * _PAGE)
     for address in range(first, end, piece):
-        if stop() or madvise(address, min(piece, end - address), _MADV_POPULATE_WRITE) != 0:
+        if stop() or madvise(address, min(piece, end - address), MADV_POPULATE_WRITE) != 0:
             return  # done, or a kernel without MADV_POPULATE_WRITE
 
 

@@ -32,8 +32,7 @@ import errno
 import logging
 import math
 import mmap
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -41,6 +40,7 @@ import torch
 import torch.multiprocessing  # registers the shared-memory storages of _new_shared
 from torch.utils.data import get_worker_info
 
+from torchbucket._madvise import MADV_POPULATE_WRITE, madvise
 from torchbucket.datasets.config import FetchConfig
 from torchbucket.errors import IntegrityError, NotFoundError
 from torchbucket.storage.base import ObjectInfo, ObjectStore
@@ -58,23 +58,7 @@ Sample = bytes | torch.Tensor
 _ATTEMPTS = 2
 
 
-#: ``madvise`` advice that maps a range's pages in writable (Linux >= 5.14).
-_MADV_POPULATE_WRITE = 23
-
-
-def _load_madvise() -> Callable[[int, int, int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        madvise = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    madvise.restype = ctypes.c_int
-    return madvise  # type: ignore[no-any-return]
-
-
-_madvise = _load_madvise()
+_madvise = madvise
 
 
 def _prefault(tensor: torch.Tensor) -> None:
@@ -88,7 +72,7 @@ def _prefault(tensor: torch.Tensor) -> None:
     address = tensor.data_ptr()
     if _madvise is None or address % mmap.PAGESIZE:
         return
-    failed = _madvise(address, tensor.numel(), _MADV_POPULATE_WRITE) != 0
+    failed = _madvise(address, tensor.numel(), MADV_POPULATE_WRITE) != 0
     if failed and ctypes.get_errno() == errno.EINVAL:  # advice unknown to this kernel
         _madvise = None
 
