@@ -71,10 +71,17 @@ the plain sampler), ``p50_wait_s_map_100kib``, ``p99_wait_s_map_100kib`` and
 ``mean_wait_s_map_100kib`` (the time the consumer waited for each batch, from
 asking for it to having it: what a training step feels; ``_constant`` for the
 same under the constant preset), and ``hedged_request_fraction`` (hedged GETs
-over torchbucket's GETs under the tail; ``_same_region`` under the constant one).
+over torchbucket's GETs under the tail; ``_same_region`` under the constant one),
+and ``p50_/p99_batch_fetch_s_map_100kib`` with their ratio: each
+``__getitems__`` in the DataLoader workers, timed by the benchmark, for the
+plain sampler (a batch's fetch, from its first request to its slowest answer:
+where a straggler holds a map-style batch); ``_map_readahead``,
+``_dataflux_map`` and ``_gcsfs_cat`` for the others, ``_constant`` under the
+constant preset.
 Goals: tail slowdown <= 1.15 for the map-style and iterable datasets, the lead
-over dataflux kept under the tail, p99 batch time <= 2x its median (see
-docs/benchmarks.md on what that ratio measures), hedges <= 5% of reads.
+over dataflux kept under the tail, p99 batch time <= 2x its median (judged on
+the batch's fetch; the time between batches the consumer sees is reported
+too, see docs/benchmarks.md on what that ratio measures), hedges <= 5% of reads.
 ``--no-hedge`` runs torchbucket with hedged reads off; ``--hedge-factor`` and
 ``--hedge-floor`` set ``HedgeConfig.factor`` and ``.floor`` for an A/B.
 """
@@ -332,6 +339,10 @@ def run_one(
         "wait_s_p50": d.get("wait_s_p50", math.nan),
         "wait_s_p99": d.get("wait_s_p99", math.nan),
         "wait_s_mean": d.get("wait_s_mean", math.nan),
+        # Map-style contenders: each __getitems__ in the workers (BatchTimes):
+        # with a plain sampler, a batch's fetch, as long as its slowest read.
+        "fetch_s_p50": d.get("fetch_s_p50", math.nan),
+        "fetch_s_p99": d.get("fetch_s_p99", math.nan),
         # torchbucket only: second GETs of slow reads, over the library's own GETs.
         "hedges": d.get("hedges", math.nan),
         "client_gets": d.get("client_gets", math.nan),
@@ -438,6 +449,25 @@ def tail_figures(
                         value = w.get(f"wait_s_{q}", math.nan)
                         if not math.isnan(value):
                             result[f"{q}_wait_s_map{suffix}{name}_{ds.key}"] = round(value, 4)
+        # A batch's fetch (each __getitems__ in the workers): with the plain
+        # sampler it lasts until the batch's slowest read answers, which is
+        # what a straggler costs a map-style batch (issue 19).
+        for key, name in (
+            ("tb_map", "map"),
+            ("tb_map_fast", "map_readahead"),
+            ("df_map_t8", "dataflux_map"),
+            ("gcsfs_cat", "gcsfs_cat"),
+        ):
+            for p, pname in ((tail, ""), (base, "_constant")):
+                s = under[p].get(key) or {}
+                p50, p99 = s.get("fetch_s_p50", math.nan), s.get("fetch_s_p99", math.nan)
+                if math.isnan(p50):
+                    continue
+                result[f"p50_batch_fetch_s_{name}{pname}_{ds.key}"] = round(p50, 4)
+                result[f"p99_batch_fetch_s_{name}{pname}_{ds.key}"] = round(p99, 4)
+                result[f"p99_over_p50_batch_fetch_{name}{pname}_{ds.key}"] = round(
+                    h.ratio(p99, p50), 2
+                )
         print(
             f"{ds.label}, {tail} against {base}: torchbucket's best slowed by "
             f"{result[f'tail_slowdown_{ds.key}']}x (map {result[f'tail_slowdown_map_{ds.key}']}x,"
@@ -447,7 +477,11 @@ def tail_figures(
             f"{result.get(f'p50_batch_s_map_{ds.key}')}/{result.get(f'p99_batch_s_map_{ds.key}')}"
             f" s (wait p99 {result.get(f'p99_wait_s_map_{ds.key}')} s, constant preset "
             f"{result.get(f'p99_wait_s_map_constant_{ds.key}')} s); hedged "
-            f"{result['hedged_request_fraction']:.2%} of torchbucket's GETs"
+            f"{result['hedged_request_fraction']:.2%} of torchbucket's GETs; a batch's fetch "
+            f"(plain sampler, p50/p99) {result.get(f'p50_batch_fetch_s_map_{ds.key}')}/"
+            f"{result.get(f'p99_batch_fetch_s_map_{ds.key}')} s, constant preset "
+            f"{result.get(f'p50_batch_fetch_s_map_constant_{ds.key}')}/"
+            f"{result.get(f'p99_batch_fetch_s_map_constant_{ds.key}')} s"
         )
     result["goals_tail"] = {
         "tail_slowdown_le_1_15": all(
@@ -462,6 +496,9 @@ def tail_figures(
         ),
         "p99_batch_le_2x_median": all(
             (result.get(f"p99_over_p50_batch_map_{d.key}") or math.inf) <= 2 for d in sets
+        ),
+        "p99_batch_fetch_le_2x_median": all(
+            (result.get(f"p99_over_p50_batch_fetch_map_{d.key}") or math.inf) <= 2 for d in sets
         ),
         "hedged_le_5_percent": (result.get("hedged_request_fraction") or 0) <= 0.05,
     }

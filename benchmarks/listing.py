@@ -32,7 +32,11 @@ time over the sequential list's, the worse distribution), and
 distribution's); these are the issue's figures, over the sequential and hashed
 names. ``speedup_vs_gcsfs_100k`` is over every name shape (the worst), and
 ``wall_over_cpu_torchbucket_100k`` is torchbucket's wall time over its own
-client CPU time (the worst shape; near 1, no round trip left unhidden). The folders get their own: ``speedup_vs_dataflux_folders_100k``,
+client CPU time (the worst shape; near 1, no round trip left unhidden);
+``fanout_s_torchbucket_100k`` is when it first had ``FANOUT_IN_FLIGHT``
+requests in flight (the round trips before that find where the names are, the
+client idle meanwhile) and ``wall_after_fanout_over_cpu_torchbucket_100k`` the
+time after that over the client's CPU (both the worst shape). The folders get their own: ``speedup_vs_dataflux_folders_100k``,
 ``speedup_vs_sequential_folders_100k`` and ``list_calls_torchbucket_folders_100k``.
 
 Run with a JSON spec as its only argument, this file is the contender itself
@@ -80,16 +84,58 @@ def object_names(distribution: str, count: int) -> list[str]:
 # ------------------------------------------------------------------ contenders
 
 
+# Figures a contender adds to its CONTENDER line (torchbucket's fan-out).
+_EXTRA: dict[str, Any] = {}
+
+# In flight at once from which a listing counts as fanned out: more than the
+# first page, a probe and a continuation (the chain that finds the names).
+FANOUT_IN_FLIGHT = 8
+
+
+def fanout_s(spans: list[tuple[float, float]], t0: float) -> float:
+    """When ``FANOUT_IN_FLIGHT`` requests were first in flight together, from ``t0``.
+
+    ``spans`` are the requests' (sent, answered) times; ``nan`` if never.
+    """
+    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    level = 0
+    for t, step in edges:
+        level += step
+        if level >= FANOUT_IN_FLIGHT:
+            return t - t0
+    return float("nan")
+
+
 def _contender_torchbucket(spec: dict[str, Any]) -> tuple[Any, list[str]]:
+    import time
+
     from torchbucket import runtime
     from torchbucket.listing import ListingConfig, alist_objects
     from torchbucket.storage.gcs import GCSConfig, GCSStore
 
     store = GCSStore(spec["bucket"], config=GCSConfig(endpoint=spec["endpoint"], anonymous=True))
     config = ListingConfig(progress=False, **spec.get("options", {}))
+    # Each page request's (sent, answered) times: when the listing fanned out,
+    # i.e. how long the round trips that find where the names are took.
+    spans: list[tuple[float, float]] = []
+
+    def timed(call: Any) -> Any:
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            sent = time.perf_counter()
+            try:
+                return await call(*args, **kwargs)
+            finally:
+                spans.append((sent, time.perf_counter()))
+
+        return wrapper
+
+    store.list_page = timed(store.list_page)  # type: ignore[method-assign]
+    store.list_folder = timed(store.list_folder)  # type: ignore[method-assign]
     with _phase(spec) as phase:
+        t0 = time.perf_counter()
         objects = runtime.run(alist_objects(store, spec["prefix"], config=config))
     runtime.run(store.close())
+    _EXTRA["fanout_s"] = fanout_s(spans, t0)
     return phase, [o.name for o in objects]
 
 
@@ -160,6 +206,7 @@ def contender_main(spec: dict[str, Any]) -> None:
     result = phase.result()
     result["objects"] = len(names)
     result["list_calls"] = int((result.get("server") or {}).get("by_op", {}).get("list", 0))
+    result |= _EXTRA
     emit(result)
 
 
@@ -266,6 +313,7 @@ def main() -> None:
                     "list_calls": med.get("data.list_calls", float("nan")),
                     "cpu_s": med.get("data.cpu_s", float("nan")),
                     "server_cpu_s": med.get("data.server.cpu_s", float("nan")),
+                    "fanout_s": med.get("data.fanout_s", float("nan")),
                 }
             )
     h.print_table(
@@ -279,6 +327,7 @@ def main() -> None:
             ("list_calls", "list calls", ".0f"),
             ("cpu_s", "client CPU s", ".2f"),
             ("server_cpu_s", "server CPU s", ".2f"),
+            ("fanout_s", "fanned out at s", ".3f"),
         ],
     )
 
@@ -331,6 +380,17 @@ def main() -> None:
     )
     payload[f"wall_over_cpu_torchbucket_{suffix}"] = worst(
         [h.ratio(wall(c, "torchbucket"), cpu(c, "torchbucket")) for c in every], high=True
+    )
+
+    # Before the fan-out the client waits on the round trips that find where
+    # the names are (nothing to parse meanwhile); after it, on its own CPU.
+    def fanout(case: str) -> float:
+        return results.get(case, {}).get("torchbucket", {}).get("data.fanout_s", float("nan"))
+
+    payload[f"fanout_s_torchbucket_{suffix}"] = worst([fanout(c) for c in every], high=True)
+    payload[f"wall_after_fanout_over_cpu_torchbucket_{suffix}"] = worst(
+        [h.ratio(wall(c, "torchbucket") - fanout(c), cpu(c, "torchbucket")) for c in every],
+        high=True,
     )
     payload[f"speedup_vs_dataflux_every_shape_{suffix}"] = worst(
         [

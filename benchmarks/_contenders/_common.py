@@ -299,6 +299,67 @@ class WorkerPids:
             return [int(line) for line in f if line.strip()]
 
 
+class BatchTimes:
+    """Times each ``__getitems__`` call in the DataLoader workers, through a file.
+
+    A map-style dataset's ``__getitems__`` fetches one batch: with a plain
+    sampler the call lasts from the batch's first request to its slowest
+    answer, the time a straggler holds the batch (issue 19); with a dataset
+    that reads ahead it is the worker's wait for reads begun earlier. A
+    dataset without ``__getitems__`` is left as it is (nothing recorded).
+
+    Args:
+        path: A file the workers append each call's seconds to; ``None`` to
+            record nothing.
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        if path:
+            open(path, "w").close()
+
+    def wrap(self, dataset: Any) -> None:
+        """Time ``dataset.__getitems__`` (an instance attribute, which the
+        DataLoader's fetcher looks up as any attribute; forked workers inherit it)."""
+        original = getattr(dataset, "__getitems__", None)
+        if not self.path or original is None:
+            return
+        path = self.path
+        started: set[int] = set()  # pids whose first call (start-up) has passed
+
+        def timed(indices: Any) -> Any:
+            t0 = time.perf_counter()
+            items = original(indices)
+            # A worker's first batch also opens its session and connections:
+            # left out, as run_epoch leaves out the first batch.
+            pid = os.getpid()
+            if pid in started:
+                line = f"{time.perf_counter() - t0:.6f}\n".encode()
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+                try:
+                    os.write(fd, line)  # one short O_APPEND write: whole lines
+                finally:
+                    os.close(fd)
+            started.add(pid)
+            return items
+
+        dataset.__getitems__ = timed
+
+    def quantiles(self) -> dict[str, float]:
+        """``fetch_s_p50`` / ``fetch_s_p99`` of the calls, or nothing when none."""
+        if not self.path or not os.path.exists(self.path):
+            return {}
+        with open(self.path) as f:
+            times = sorted(float(line) for line in f if line.strip())
+        if not times:
+            return {}
+        return {
+            "fetch_s_p50": times[len(times) // 2],
+            "fetch_s_p99": times[min(len(times) - 1, int(0.99 * len(times)))],
+            "fetch_calls": len(times),
+        }
+
+
 def run_epoch(
     loader: Iterable[Any], verifier: Verifier, *, names_known: bool = False
 ) -> dict[str, Any]:
@@ -388,6 +449,8 @@ def measure_loader(
     if "batch_sampler" in kwargs:
         del kwargs["batch_size"]
     pids = WorkerPids(spec.get("pid_file"))
+    batch_times = BatchTimes(f"{spec['pid_file']}.batches" if spec.get("pid_file") else None)
+    batch_times.wrap(dataset)
     with Phase(spec["endpoint"]) as phase:
         loader = DataLoader(
             dataset,
@@ -409,6 +472,7 @@ def measure_loader(
             "objects": verifier.finish(),
             "bytes": verifier.bytes,
             **epoch,
+            **batch_times.quantiles(),
             "worker_pids": pids.pids(),
             **extra,
         }
