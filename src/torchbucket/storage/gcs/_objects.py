@@ -1,10 +1,16 @@
-"""Server-side object operations of the GCS store: compose, copy (rewrite), delete."""
+"""Server-side object operations of the GCS store: compose, copy (rewrite), delete.
+
+Also an object's creation time (:func:`created`), which ``torchbucket cleanup``
+asks for to tell a leftover from an object a running job still uses.
+"""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import calendar
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +24,12 @@ from torchbucket.storage.gcs import _errors, _uncertain
 from torchbucket.storage.gcs._transport import GCSTransport
 from torchbucket.storage.gcs._wire import INFO_FIELDS, crc_b64, object_info, quote_name
 
-__all__ = ["combined_crc32c", "compose", "copy", "delete"]
+__all__ = ["combined_crc32c", "compose", "copy", "created", "delete", "rfc3339_seconds"]
+
+# RFC 3339 as GCS writes times ("2024-05-01T12:00:00.123Z"), any fraction, any offset.
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(\.\d+)?(?:[Zz]|([+-])(\d\d):(\d\d))"
+)
 
 
 def combined_crc32c(sources: Sequence[ObjectInfo]) -> str | None:
@@ -102,6 +113,53 @@ async def compose(
         if_generation_match=if_generation_match,
         operation="compose",
     )
+
+
+def rfc3339_seconds(text: str) -> float | None:
+    """Seconds since the epoch of an RFC 3339 time, ``None`` if ``text`` is not one."""
+    match = _RFC3339.fullmatch(text.strip())
+    if match is None:
+        return None
+    year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
+    fraction, sign, off_h, off_m = match.groups()[6:]
+    try:
+        seconds = calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0))
+    except (ValueError, OverflowError):
+        return None
+    if sign is not None:
+        offset = int(off_h) * 3600 + int(off_m) * 60
+        seconds -= offset if sign == "+" else -offset
+    return seconds + (float(fraction) if fraction else 0.0)
+
+
+def _time_created(body: bytes) -> float | None:
+    value = json.loads(body).get("timeCreated")
+    return rfc3339_seconds(value) if isinstance(value, str) else None
+
+
+async def created(transport: GCSTransport, key: str, generation: int | None) -> float | None:
+    """When ``key`` (``generation`` of it, if given) was written: its ``timeCreated``.
+
+    ``timeCreated`` is the creation time of the object resource, which a
+    rewrite or a new upload replaces with a new generation
+    (https://cloud.google.com/storage/docs/json_api/v1/objects#resource).
+    One ``objects.get`` of metadata (class B).
+
+    Returns:
+        Seconds since the epoch, or ``None`` where the answer has no readable time.
+
+    Raises:
+        NotFoundError: No such object (or generation).
+    """
+    query = "fields=timeCreated" + ("" if generation is None else f"&generation={generation}")
+    url = transport.object_url(key, query)
+    uri = transport.uri(key)
+
+    async def attempt() -> float | None:
+        _, _, body = await transport.request("GET", url, operation="head", uri=uri)
+        return _errors.parse_body(_time_created, body, operation="head", uri=uri)
+
+    return await transport.call(attempt, "head", uri)
 
 
 async def delete(transport: GCSTransport, key: str, generation: int | None) -> None:

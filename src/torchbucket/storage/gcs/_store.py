@@ -234,6 +234,20 @@ class GCSStore:
     async def copy(self, source: str, destination: str) -> ObjectInfo:
         return await _objects.copy(self._transport, source, destination)
 
+    async def created(self, key: str, *, generation: int | None = None) -> float | None:
+        """When ``key`` (``generation`` of it, if given) was written, from its ``timeCreated``.
+
+        One metadata request (``objects.get``, class B). ``torchbucket cleanup``
+        asks it of the leftovers it finds, to spare those a running job may own.
+
+        Returns:
+            Seconds since the epoch, or ``None`` where the server gave no time.
+
+        Raises:
+            NotFoundError: No such object (or generation).
+        """
+        return await _objects.created(self._transport, key, generation)
+
     # ------------------------------------------------------------ multipart (XML API)
 
     async def multipart_initiate(self, key: str, *, content_type: str | None = None) -> str:
