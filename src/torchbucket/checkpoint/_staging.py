@@ -25,12 +25,16 @@ that deletes composites at exit and on SIGTERM) from before the completion, so
 a process that ends mid-save leaves nothing behind. One killed outright may
 leave an incomplete upload under the staging prefix, which the next save of the
 same checkpoint (``stale_upload_age``) or ``torchbucket cleanup`` aborts, or,
-killed in the moment between completion and delete, the hidden staged object.
+killed in the moment between completion and delete, the hidden staged object,
+which ``torchbucket cleanup`` deletes (``cli/_staged.py``: it takes exactly the
+names :func:`is_staging_name` accepts, and with ``--older-than`` only those
+whose creation time is older).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 
 from torchbucket.compose.registry import register, unregister
@@ -41,6 +45,7 @@ __all__ = [
     "STAGING_MARK",
     "check_holds",
     "drop",
+    "is_staging_name",
     "promote",
     "register_staging",
     "renamed",
@@ -53,6 +58,12 @@ logger = logging.getLogger(__name__)
 
 #: Marks a staging name (``listing`` hides a dot-name with it in any store).
 STAGING_MARK = ".tbtmp-"
+
+#: Hex digits of the id that :func:`staging_key` appends.
+_ID_DIGITS = 16
+
+# The last segment of exactly what staging_key makes: ".<name>.tbtmp-<16 hex>".
+_STAGING_NAME = re.compile(rf"\.[^/]+{re.escape(STAGING_MARK)}[0-9a-f]{{{_ID_DIGITS}}}")
 
 
 def stages_multipart(store: ObjectStore) -> bool:
@@ -72,7 +83,16 @@ def staging_prefix(key: str) -> str:
 
 def staging_key(key: str) -> str:
     """A fresh staging name for ``key``."""
-    return staging_prefix(key) + uuid.uuid4().hex[:16]
+    return staging_prefix(key) + uuid.uuid4().hex[:_ID_DIGITS]
+
+
+def is_staging_name(name: str) -> bool:
+    """Whether ``name``'s last segment is one :func:`staging_key` makes.
+
+    Exactly ``.<name>.tbtmp-`` and 16 lowercase hex digits: ``dir/.a.tbtmp``,
+    ``dir/a.tbtmp-0123456789abcdef`` or an id of another length are not.
+    """
+    return _STAGING_NAME.fullmatch(name.rpartition("/")[2]) is not None
 
 
 def check_holds(

@@ -1,10 +1,14 @@
 """``torchbucket cleanup``: remove what a crashed job left in a bucket.
 
-Two kinds of leftovers cost money and confuse listings: composed objects under
+Three kinds of leftovers cost money and confuse listings: composed objects under
 ``dataflux-composed-objects/`` (a dataset's coalesced reads; normally deleted at
-once, left behind only when a process is killed) and incomplete multipart
-uploads (a checkpoint save that died). Their parts are billed but invisible to a
-listing.
+once, left behind only when a process is killed), incomplete multipart
+uploads (a checkpoint save that died; their parts are billed but invisible to a
+listing), and staged checkpoint objects (``dir/.name.tbtmp-<16 hex>``: a
+multipart save on GCS killed between completing its upload under that hidden
+name and deleting it; found by listing every object under the prefix, see
+``_staged.py``). ``--older-than`` spares uploads and staged objects younger
+than it, which may belong to a save still running.
 
 Whether the bucket exists is asked of the bucket itself (a bucket GET where the
 store has one), never inferred from the multipart listing: an endpoint without
@@ -23,6 +27,7 @@ import time
 
 from torchbucket import runtime
 from torchbucket.cli._common import Target, human_bytes, open_target, plural
+from torchbucket.cli._staged import Staged, find_staged, remove_staged, when
 from torchbucket.errors import BucketNotFoundError, StorageError
 from torchbucket.storage import HIDDEN_PREFIXES, MultipartUpload, ObjectInfo, ObjectStore
 
@@ -126,14 +131,25 @@ async def find_leftovers(
 
 
 async def _remove(
-    store: ObjectStore, prefix: str, older_than: float, *, uploads: bool
-) -> tuple[int, int]:
+    store: ObjectStore, prefix: str, older_than: float, staged: list[Staged], *, uploads: bool
+) -> tuple[int, tuple[int, int], int]:
     from torchbucket.checkpoint import abort_incomplete_uploads
     from torchbucket.compose import cleanup_composites
 
     composites = await cleanup_composites(store)
+    removed = await remove_staged(store, staged)
     aborted = await abort_incomplete_uploads(store, prefix, older_than=older_than) if uploads else 0
-    return composites, aborted
+    return composites, removed, aborted
+
+
+def _staged_part(count: int, size: int) -> list[str]:
+    """The staged objects' words in a summary; none when there are none."""
+    return [f"{plural(count, 'staged checkpoint object')} ({human_bytes(size)})"] if count else []
+
+
+def _joined(parts: list[str]) -> str:
+    """``"a"``, ``"a and b"``, ``"a, b and c"``."""
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def _when(upload: MultipartUpload) -> str:
@@ -150,16 +166,19 @@ def add_cleanup(
     parser = sub.add_parser(
         "cleanup",
         parents=[common],
-        help="remove leftover composed objects and incomplete multipart uploads",
+        help="remove leftover composed objects, staged checkpoint objects and incomplete "
+        "multipart uploads",
         description=(
             "Remove what crashed jobs leave behind: every composed object under "
             f"{_COMPOSED_PREFIX} in URI's bucket (torchbucket and gcs-torch-dataflux write "
             "them while coalescing small reads; a killed process can leave some), and every "
             "incomplete multipart upload whose object name starts with URI's key (a "
-            "checkpoint save that died; its parts are billed but invisible). Prints each "
-            "thing found, then a total. Stop jobs that read or write the bucket first, or "
-            "use --older-than so a save still running is left alone. Finding nothing is "
-            "not an error."
+            "checkpoint save that died; its parts are billed but invisible), and every "
+            "staged checkpoint object under URI's key (a hidden dir/.name.tbtmp-<16 hex> "
+            "that a save killed between completing its upload and putting it in place left; "
+            "found by listing every object under URI). Prints each thing found, then a "
+            "total. Stop jobs that read or write the bucket first, or use --older-than so a "
+            "save still running is left alone. Finding nothing is not an error."
         ),
         epilog=(
             "examples:\n"
@@ -176,8 +195,8 @@ def add_cleanup(
         type=parse_duration,
         default=0.0,
         metavar="AGE",
-        help="only abort uploads begun at least this long ago: 90, 90s, 10m, 2h, 1d "
-        "(default: 0, every upload)",
+        help="only abort uploads begun, and remove staged checkpoint objects created, at "
+        "least this long ago: 90, 90s, 10m, 2h, 1d (default: 0, every one)",
     )
     parser.set_defaults(func=_cleanup)
 
@@ -187,9 +206,16 @@ def _cleanup(args: argparse.Namespace) -> int:
     store = target.store
     try:
         composed, uploads, no_api = runtime.run(_find(store, target.key, args.older_than, None))
+        staged = runtime.run(find_staged(store, target.key, older_than=args.older_than))
+        staged_bytes = sum(info.size for info, _ in staged)
         verb = "would remove" if args.dry_run else "removing"
         for obj in composed:
             print(f"{verb} composed object {target.uri_of(obj.name)} ({human_bytes(obj.size)})")
+        for obj, created in staged:
+            print(
+                f"{verb} staged checkpoint object {target.uri_of(obj.name)} "
+                f"({human_bytes(obj.size)}{when(created)})"
+            )
         verb = "would abort" if args.dry_run else "aborting"
         for upload in uploads or []:
             print(
@@ -202,26 +228,23 @@ def _cleanup(args: argparse.Namespace) -> int:
                 f"; incomplete uploads not checked: no multipart upload API (HTTP {no_api.status})"
             )
         if args.dry_run:
-            uploads_part = (
-                "" if uploads is None else f" and {plural(len(uploads), 'incomplete upload')}"
-            )
-            print(
-                f"dry run: {plural(len(composed), 'composed object')}{uploads_part} "
-                f"would be removed from {target.uri}{skipped}"
-            )
+            parts = [plural(len(composed), "composed object")]
+            parts += _staged_part(len(staged), staged_bytes)
+            if uploads is not None:
+                parts.append(plural(len(uploads), "incomplete upload"))
+            print(f"dry run: {_joined(parts)} would be removed from {target.uri}{skipped}")
             return 0
-        if not composed and not uploads:
+        if not composed and not uploads and not staged:
             print(f"nothing to clean up in {target.uri}{skipped}")
             return 0
-        removed, aborted = runtime.run(
-            _remove(store, target.key, args.older_than, uploads=uploads is not None)
+        removed, (staged_count, staged_size), aborted = runtime.run(
+            _remove(store, target.key, args.older_than, staged, uploads=uploads is not None)
         )
-        uploads_part = (
-            "" if uploads is None else f" and aborted {plural(aborted, 'incomplete upload')}"
-        )
-        print(
-            f"removed {plural(removed, 'composed object')}{uploads_part} in {target.uri}{skipped}"
-        )
+        parts = [plural(removed, "composed object"), *_staged_part(staged_count, staged_size)]
+        done = ", ".join(parts) if uploads is not None else _joined(parts)
+        if uploads is not None:
+            done += f" and aborted {plural(aborted, 'incomplete upload')}"
+        print(f"removed {done} in {target.uri}{skipped}")
         return 0
     finally:
         runtime.run(store.close())
