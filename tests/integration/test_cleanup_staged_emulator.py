@@ -18,7 +18,7 @@ import torch
 
 from torchbucket import runtime
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
-from torchbucket.checkpoint._staging import staging_key
+from torchbucket.checkpoint.staged_names import staging_key
 from torchbucket.cli import main
 from torchbucket.cli._common import human_bytes
 from torchbucket.compose.registry import in_flight, unregister

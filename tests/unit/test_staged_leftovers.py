@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from torchbucket import runtime
-from torchbucket.checkpoint._staging import is_staging_name, staging_key
+from torchbucket.checkpoint.staged_names import is_staging_name, staging_key
 from torchbucket.cli import main
 from torchbucket.storage import MemoryStore
 from torchbucket.storage.gcs._objects import rfc3339_seconds

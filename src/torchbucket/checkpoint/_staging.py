@@ -34,9 +34,13 @@ whose creation time is older).
 from __future__ import annotations
 
 import logging
-import re
-import uuid
 
+from torchbucket.checkpoint.staged_names import (
+    STAGING_MARK,
+    is_staging_name,
+    staging_key,
+    staging_prefix,
+)
 from torchbucket.compose.registry import register, unregister
 from torchbucket.errors import IntegrityError, NotFoundError, StorageError
 from torchbucket.storage.base import ObjectInfo, ObjectStore
@@ -56,15 +60,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Marks a staging name (``listing`` hides a dot-name with it in any store).
-STAGING_MARK = ".tbtmp-"
-
-#: Hex digits of the id that :func:`staging_key` appends.
-_ID_DIGITS = 16
-
-# The last segment of exactly what staging_key makes: ".<name>.tbtmp-<16 hex>".
-_STAGING_NAME = re.compile(rf"\.[^/]+{re.escape(STAGING_MARK)}[0-9a-f]{{{_ID_DIGITS}}}")
-
 
 def stages_multipart(store: ObjectStore) -> bool:
     """Whether ``store`` assembles multipart uploads without checking the result.
@@ -73,26 +68,6 @@ def stages_multipart(store: ObjectStore) -> bool:
     the memory and local stores assemble in process, where nothing is in transit.
     """
     return bool(getattr(store, "unchecked_multipart_assembly", False))
-
-
-def staging_prefix(key: str) -> str:
-    """What every staging name of ``key`` starts with: ``dir/.name.tbtmp-``."""
-    directory, slash, name = key.rpartition("/")
-    return f"{directory}{slash}.{name}{STAGING_MARK}"
-
-
-def staging_key(key: str) -> str:
-    """A fresh staging name for ``key``."""
-    return staging_prefix(key) + uuid.uuid4().hex[:_ID_DIGITS]
-
-
-def is_staging_name(name: str) -> bool:
-    """Whether ``name``'s last segment is one :func:`staging_key` makes.
-
-    Exactly ``.<name>.tbtmp-`` and 16 lowercase hex digits: ``dir/.a.tbtmp``,
-    ``dir/a.tbtmp-0123456789abcdef`` or an id of another length are not.
-    """
-    return _STAGING_NAME.fullmatch(name.rpartition("/")[2]) is not None
 
 
 def check_holds(

@@ -21,7 +21,7 @@ import asyncio
 import datetime
 import time
 
-from torchbucket.checkpoint._staging import is_staging_name
+from torchbucket.checkpoint.staged_names import is_staging_name
 from torchbucket.errors import NotFoundError
 from torchbucket.listing import ListingConfig, alist_objects
 from torchbucket.storage import ObjectInfo, ObjectStore
