@@ -5,10 +5,11 @@
     python benchmarks/run_all.py --quick          # what `make bench` runs
     python benchmarks/run_all.py --docs-only      # rebuild the page from bench-output/
 
-Runs ``transport``, ``listing``, ``dataloading``, ``checkpoint`` and ``soak``
-in that order (``--quick`` passes ``--quick`` to each), skipping any whose
-script does not exist yet. Each one's stdout is echoed and kept in
-``bench-output/<name>.stdout.txt``; its last line must be ``RESULT {json}``.
+Runs ``transport``, ``listing``, ``dataloading``, ``checkpoint``, ``soak``
+and ``shards`` in that order (``--quick`` passes ``--quick`` to each),
+skipping any whose script does not exist yet. Each one's stdout is echoed
+and kept in ``bench-output/<name>.stdout.txt``; its last line must be
+``RESULT {json}``.
 The page gets the machine, the date, the commands, each benchmark's summary
 (its docstring's first paragraph), its RESULT as a table, its printed tables,
 and its figures (copied from ``bench-output/`` into ``docs/img/``).
@@ -33,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
 
-BENCHMARKS = ["transport", "listing", "dataloading", "checkpoint", "soak"]
+BENCHMARKS = ["transport", "listing", "dataloading", "checkpoint", "soak", "shards"]
 DOCS = h.ROOT / "docs"
 IMG = DOCS / "img"
 PAGE = DOCS / "benchmarks.md"

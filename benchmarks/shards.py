@@ -2,10 +2,11 @@
 
 Against the emulator's model store behind the ``same-region`` latency model
 (20 ms to the first byte of a GET, 40 ms per write/compose/delete, 60 ms per
-list page, 200 MB/s per body), samples ``<prefix>/<n>.bin`` are packed once
-with ``torchbucket.shards.pack`` (32 MiB shards, ``group_by="key"``; the pack
-is setup, its time reported apart), then one epoch through
-``DataLoader(num_workers=2, batch_size=64)`` of:
+list page, 200 MB/s per body), then behind ``same-region-tail`` (see below),
+samples ``<prefix>/<n>.bin`` are packed once per dataset with
+``torchbucket.shards.pack`` (32 MiB shards, ``group_by="key"``; the pack is
+setup, under the first preset, its time reported apart), then one epoch
+through ``DataLoader(num_workers=2, batch_size=64)`` of:
 
 - torchbucket ``BucketShardDataset`` over the shards;
 - torchbucket ``BucketIterableDataset`` over the unpacked objects, compose on
@@ -26,6 +27,19 @@ start-up included), and the emulator's own CPU.
 Ends with ``RESULT {json}``. Goals: >= 2x torchbucket's compose path at
 10 KiB, >= 3x webdataset over gcsfs, <= 0.01 requests per sample, first batch
 <= 0.5 s.
+
+Latency (issue 19): ``--latency`` takes presets run in turn against the same
+buckets and shards, by default ``same-region`` (constant) then
+``same-region-tail`` (the same medians, a log-normal tail with p99 = 5x and 1
+request in 1,000 stalled 2 s; see ``torchbucket.emulator._latency``), one
+table per preset. The first preset's figures are the keys above; RESULT adds,
+per dataset (``10kib``, ``100kib``), ``tail_slowdown_shards_*``,
+``tail_slowdown_compose_*`` and ``tail_slowdown_webdataset_*`` (samples/s
+under the first preset over under the last: 1.0 means the tail costs
+nothing), ``speedup_vs_webdataset_tail_*`` (the packed reader over webdataset
+under the last preset), ``hedged_request_fraction_*`` (hedged GETs over the
+shard dataset's GETs under the last preset, only where the dataset reports
+``last_epoch_stats``), and ``latency_presets``.
 """
 
 from __future__ import annotations
@@ -35,17 +49,14 @@ import math
 import os
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent / "_contenders"))
-
-from _common import expected_bytes
 
 import _harness as h
+from _shards_setup import pack_set, seed
 
 NAME = "shards"
 PREFIX = "s/"
@@ -96,7 +107,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help="runs per contender")
     p.add_argument("--only", default=None, help="comma-separated contender keys")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per contender run")
+    p.add_argument(
+        "--latency",
+        default="same-region,same-region-tail",
+        help="comma-separated emulator latency presets, each run in turn (default both: "
+        "the constant same-region and same-region-tail, its medians with a tail and stalls); "
+        "the first one's figures are the main RESULT keys",
+    )
     args = p.parse_args(argv)
+    args.presets = [x for x in args.latency.split(",") if x]
+    from torchbucket.emulator import PRESETS
+
+    unknown = [x for x in args.presets if x not in PRESETS]
+    if unknown or not args.presets:
+        p.error(f"--latency: unknown preset(s) {unknown}; known: {', '.join(PRESETS)}")
     if args.repeats is None:
         args.repeats = 1 if args.smoke else 2 if args.quick else 3
     return args
@@ -108,46 +132,6 @@ def datasets_for(args: argparse.Namespace) -> list[DataSet]:
     if args.quick:
         return [DataSet("10kib", 20_000, 10 << 10), DataSet("100kib", 4_000, 100 << 10)]
     return [DataSet("10kib", 100_000, 10 << 10), DataSet("100kib", 20_000, 100 << 10)]
-
-
-def seed(emu: Any, ds: DataSet) -> None:
-    """Objects ``s/<n>.bin`` whose bytes the contenders' Verifier checks."""
-    emu.create_bucket(ds.bucket)
-    batch: dict[str, bytes] = {}
-    for i in range(ds.count):
-        name = f"{PREFIX}{i:08d}.bin"
-        batch[name] = expected_bytes(name, ds.size)
-        if len(batch) * ds.size >= 64 << 20:
-            emu.seed(ds.bucket, batch)
-            batch = {}
-    if batch:
-        emu.seed(ds.bucket, batch)
-
-
-def pack_set(emu: Any, ds: DataSet, shard_size: int) -> dict[str, Any]:
-    from torchbucket.shards import PackConfig, pack
-    from torchbucket.storage.gcs import GCSConfig
-
-    gcs = GCSConfig(endpoint=emu.endpoint, anonymous=True)
-    emu.reset_stats()
-    t0 = time.perf_counter()
-    result = pack(
-        f"gs://{ds.bucket}/{PREFIX}",
-        f"gs://{ds.bucket}/{SHARDS}",
-        config=PackConfig(shard_size=shard_size),
-        gcs=gcs,
-        progress=False,
-    )
-    seconds = time.perf_counter() - t0
-    stats = emu.stats()
-    return {
-        "seconds": seconds,
-        "shards": len(result.shards),
-        "bytes": result.bytes,
-        "class_a": stats["by_class"].get("A", 0),
-        "class_b": stats["by_class"].get("B", 0),
-        "names": [SHARDS + s.name for s in result.shards],
-    }
 
 
 def run_one(
@@ -199,6 +183,9 @@ def run_one(
         "server_cpu_s": server["cpu_s"],
         "server_cpu_ms_per_sample": server["cpu_s"] / n * 1e3,
         "peak_rss_worker_mb": run.peak_rss_worker_mb,
+        # Datasets with last_epoch_stats only: second GETs of slow reads, and the GETs.
+        "hedges": d.get("hedges", math.nan),
+        "client_gets": d.get("client_gets", math.nan),
         "by_op": server["by_op"],
     }
 
@@ -216,6 +203,79 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def print_table(
+    ds: DataSet, preset: str, summary: dict[str, dict[str, Any]], pack: dict[str, Any]
+) -> None:
+    """One dataset's contenders under one latency preset."""
+    rows = [{"contender": c.label, **summary[c.key]} for c in CONTENDERS if summary.get(c.key)]
+    h.print_table(
+        f"{ds.label}, latency {preset} (medians; {pack['shards']} shards, packed in "
+        f"{pack['seconds']:.1f} s):",
+        rows,
+        [
+            ("contender", "contender", "s"),
+            ("samples_per_s", "samples/s", ",.0f"),
+            ("first_batch_s", "first batch s", ".3f"),
+            ("client_cpu_ms_per_sample", "client CPU ms/sample", ".3f"),
+            ("class_a", "class A", ",.0f"),
+            ("class_b", "class B", ",.0f"),
+            ("requests_per_sample", "requests/sample", ".4f"),
+            ("server_cpu_s", "emulator CPU s", ".2f"),
+            ("repeats", "runs", "d"),
+        ],
+    )
+
+
+#: RESULT's name for each contender in ``tail_slowdown_<name>_<dataset>``.
+TAIL_NAMES = {"tb_shards": "shards", "tb_compose": "compose", "wds_gcsfs": "webdataset"}
+
+
+def tail_figures(
+    result: dict[str, Any],
+    by_preset: dict[str, dict[str, dict[str, dict[str, Any]]]],
+    presets: list[str],
+    sets: list[DataSet],
+) -> None:
+    """Add the latency-tail figures (issue 19) to ``result`` and print them in one line.
+
+    Each contender's samples/s under the first preset over under the last (1.0:
+    the tail costs nothing), the packed reader's lead over webdataset under the
+    last, and the share of the shard dataset's GETs that were hedges under the
+    last (only where the dataset reports them).
+    """
+    result["latency_presets"] = presets
+    if len(presets) < 2:
+        return
+    base, tail = presets[0], presets[-1]
+    parts = []
+    for ds in sets:
+        under = {p: by_preset[p].get(ds.key, {}) for p in (base, tail)}
+        rate = {
+            (p, key): under[p].get(key, {}).get("samples_per_s", math.nan)
+            for p in (base, tail)
+            for key in TAIL_NAMES
+        }
+        slowdowns = []
+        for key, name in TAIL_NAMES.items():
+            slowdown = round(h.ratio(rate[(base, key)], rate[(tail, key)]), 3)
+            result[f"tail_slowdown_{name}_{ds.key}"] = slowdown
+            slowdowns.append(f"{name} {slowdown}x")
+        lead = round(h.ratio(rate[(tail, "tb_shards")], rate[(tail, "wds_gcsfs")]), 2)
+        result[f"speedup_vs_webdataset_tail_{ds.key}"] = lead
+        shards = under[tail].get("tb_shards", {})
+        # nan (no last_epoch_stats, or no GETs): no key.
+        fraction = h.ratio(shards.get("hedges", math.nan), shards.get("client_gets", math.nan))
+        hedged = ""
+        if not math.isnan(fraction):
+            fraction = round(fraction, 4)
+            result[f"hedged_request_fraction_{ds.key}"] = fraction
+            hedged = f", {fraction:.2%} of its GETs hedged"
+        parts.append(
+            f"{ds.label}: {', '.join(slowdowns)} (packed {lead}x webdataset under the tail{hedged})"
+        )
+    print(f"\ntail slowdown ({tail} against {base}): " + "; ".join(parts))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
@@ -229,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     shard_size = (1 << 20) if args.smoke else SHARD_SIZE
     print(
         f"shards ({mode}): one epoch, DataLoader(num_workers={NUM_WORKERS}, "
-        f"batch_size={BATCH_SIZE}), same-region latency model, every byte checked, "
+        f"batch_size={BATCH_SIZE}), latency {' then '.join(args.presets)}, every byte checked, "
         f"{args.repeats} run(s) per contender, medians.\n"
         f"  datasets: {', '.join(d.label for d in sets)}"
         + (" (scaled down from 100,000 x 10 KiB and 20,000 x 100 KiB)" if mode != "full" else "")
@@ -238,28 +298,41 @@ def main(argv: list[str] | None = None) -> int:
         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false set (gcsfs 2026.x otherwise asks a gRPC "
         "API for the bucket type first, which an HTTP-only endpoint never answers)."
     )
-    summaries: dict[str, dict[str, dict[str, Any]]] = {}
     packs: dict[str, dict[str, Any]] = {}
-    with h.emulator(latency="same-region") as emu:
+    # Per latency preset: dataset -> contender -> summary (the first preset's is ``summaries``).
+    by_preset: dict[str, dict[str, dict[str, dict[str, Any]]]] = {p: {} for p in args.presets}
+    with h.emulator(latency=args.presets[0]) as emu:
         for ds in sets:
-            seed(emu, ds)
-            packs[ds.key] = pack_set(emu, ds, shard_size)
+            # Setup, once per dataset and under the first preset: every preset
+            # reads the same shards.
+            emu.set_latency(args.presets[0])
+            seed(emu, ds.bucket, prefix=PREFIX, count=ds.count, size=ds.size)
+            packs[ds.key] = pack_set(
+                emu, ds.bucket, prefix=PREFIX, shards_prefix=SHARDS, shard_size=shard_size
+            )
             print(
                 f"  {ds.key}: packed {packs[ds.key]['shards']} shards in "
                 f"{packs[ds.key]['seconds']:.1f} s",
                 file=sys.stderr,
                 flush=True,
             )
-            runs: dict[str, list[dict[str, Any]]] = {c.key: [] for c in selected}
-            for rep in range(args.repeats):
-                for c in selected:
-                    print(
-                        f"  {ds.key} {c.key} run {rep + 1} ...", end="", file=sys.stderr, flush=True
-                    )
-                    r = run_one(emu, ds, c, rep, packs[ds.key]["names"], bench_py, args.timeout)
-                    runs[c.key].append(r)
-                    print(f" {r['samples_per_s']:,.0f} samples/s", file=sys.stderr, flush=True)
-            summaries[ds.key] = {k: summarize(v) for k, v in runs.items()}
+            for preset in args.presets:
+                emu.set_latency(preset)
+                runs: dict[str, list[dict[str, Any]]] = {c.key: [] for c in selected}
+                for rep in range(args.repeats):
+                    for c in selected:
+                        print(
+                            f"  {preset} {ds.key} {c.key} run {rep + 1} ...",
+                            end="",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        names = packs[ds.key]["names"]
+                        r = run_one(emu, ds, c, rep, names, bench_py, args.timeout)
+                        runs[c.key].append(r)
+                        print(f" {r['samples_per_s']:,.0f} samples/s", file=sys.stderr, flush=True)
+                by_preset[preset][ds.key] = {k: summarize(v) for k, v in runs.items()}
+    summaries = by_preset[args.presets[0]]
 
     result: dict[str, Any] = {"mode": mode, "repeats": args.repeats}
     for ds in sets:
@@ -277,23 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         result[f"first_batch_s_{ds.key}"] = tb.get("first_batch_s")
         result[f"client_cpu_ms_per_sample_{ds.key}"] = tb.get("client_cpu_ms_per_sample")
         result[f"pack_s_{ds.key}"] = round(packs[ds.key]["seconds"], 2)
-        rows = [{"contender": c.label, **s[c.key]} for c in CONTENDERS if s.get(c.key)]
-        h.print_table(
-            f"{ds.label} (medians; {packs[ds.key]['shards']} shards, packed in "
-            f"{packs[ds.key]['seconds']:.1f} s):",
-            rows,
-            [
-                ("contender", "contender", "s"),
-                ("samples_per_s", "samples/s", ",.0f"),
-                ("first_batch_s", "first batch s", ".3f"),
-                ("client_cpu_ms_per_sample", "client CPU ms/sample", ".3f"),
-                ("class_a", "class A", ",.0f"),
-                ("class_b", "class B", ",.0f"),
-                ("requests_per_sample", "requests/sample", ".4f"),
-                ("server_cpu_s", "emulator CPU s", ".2f"),
-                ("repeats", "runs", "d"),
-            ],
-        )
+        for preset in args.presets:
+            print_table(ds, preset, by_preset[preset][ds.key], packs[ds.key])
+    tail_figures(result, by_preset, args.presets, sets)
     result["goals"] = {
         "speedup_vs_compose_10kib_ge_2": (result.get("speedup_vs_compose_10kib") or 0) >= 2,
         "speedup_vs_webdataset_ge_3": all(
@@ -315,15 +374,16 @@ def main(argv: list[str] | None = None) -> int:
     labels = [next(c.label for c in CONTENDERS if c.key == k) for k in keys]
     panels = [
         h.Panel(
-            f"{title}, {d.label}",
+            f"{title}, {d.label}, {preset}",
             labels,
-            [summaries[d.key].get(k, {}).get(field_name) for k in keys],
+            [by_preset[preset][d.key].get(k, {}).get(field_name) for k in keys],
             unit,
         )
-        for field_name, title, unit in (
-            ("samples_per_s", "Samples/s", "samples/s"),
-            ("client_cpu_ms_per_sample", "Client CPU per sample", "ms"),
+        for field_name, title, unit, presets in (
+            ("samples_per_s", "Samples/s", "samples/s", args.presets),
+            ("client_cpu_ms_per_sample", "Client CPU per sample", "ms", args.presets[:1]),
         )
+        for preset in presets
         for d in sets
     ]
     png = h.bar_chart(NAME, panels, ncols=len(sets), suptitle="One epoch, packed vs not")
@@ -332,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "result": result,
             "summary": summaries,
+            "summary_by_preset": by_preset,
             "pack": {
                 k: {kk: vv for kk, vv in v.items() if kk != "names"} for k, v in packs.items()
             },
