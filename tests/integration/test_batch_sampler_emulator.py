@@ -121,9 +121,9 @@ def test_reads_ahead_of_the_batch_asked_for_over_http(emulator: Emulator, bucket
     # Nothing else asked for: the next batches are read anyway, up to the bound.
     assert _wait_for(lambda: _gets(emulator) - before > 8 + 8)
     time.sleep(0.3)
-    # The window: 2 x prefetch objects beyond those handed over, which are
+    # The window: 4 x prefetch objects beyond those handed over, which are
     # taken from it a chunk (prefetch // 4) at a time.
-    assert _gets(emulator) - before <= 8 + 2 * 16 + 16 // 4 - 1
+    assert _gets(emulator) - before <= 8 + 4 * 16 + 16 // 4 - 1
     rest = [sample for batch in batches[1:] for sample in ds.__getitems__(batch)]
     assert rest == [payload(i) for batch in batches[1:] for i in batch]
     assert _gets(emulator) - before == N

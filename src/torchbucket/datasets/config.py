@@ -31,7 +31,8 @@ class FetchConfig:
             compose). Results that arrived and are
             not yet taken do not count here, so a consumer that takes a batch at
             a time does not drain the requests in flight; the window ahead of
-            the consumer spans at most twice the objects in flight. Default
+            the consumer spans at most four times the objects in flight (twice the
+            objects of the groups in flight when composing). Default
             128: at ~20 ms per GET that is ~6,000 objects/s per worker before
             the bandwidth or CPU is the limit.
         prefetch_bytes: Bytes in the window (in flight, or arrived and not yet
