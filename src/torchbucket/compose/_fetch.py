@@ -11,12 +11,14 @@ new bytes under an old listing).
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import os
 import time
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from torchbucket.compose._softdelete import soft_delete_allows, soft_delete_blocked
 from torchbucket.compose.config import ComposeConfig
@@ -208,6 +210,54 @@ def _delete_failed(store: ObjectStore, name: str, error: StorageError) -> None:
         )
 
 
+# Recent compose-path durations (compose + composite read) per bucket, for
+# ComposeConfig.read_around_after; and the compose paths left running after a
+# group was read around them (kept referenced until they finish).
+_RECENT = 64
+_recent: dict[str, collections.deque[float]] = {}
+_running: set[asyncio.Future[list[bytes | BaseException] | None]] = set()
+
+
+def _read_around_after(store: ObjectStore, config: ComposeConfig) -> float | None:
+    """Seconds after which a group's compose path is read around, or ``None``."""
+    if config.read_around_after <= 0:
+        return None
+    recent = _recent.get(store.uri())
+    if not recent:
+        return max(config.read_around_floor, 1.0)  # nothing measured yet
+    median = sorted(recent)[len(recent) // 2]
+    return max(config.read_around_floor, config.read_around_after * median)
+
+
+async def _composed(
+    store: ObjectStore, name: str, infos: Sequence[ObjectInfo], config: ComposeConfig
+) -> list[bytes | BaseException] | None:
+    """Compose, read and split the group, then delete the composite (in the background).
+
+    Returns:
+        The group's objects' bytes, or ``None`` to read the group directly.
+    """
+    t0 = time.monotonic()
+    may_exist = True
+    generation: int | None = None
+    data: list[bytes | BaseException] | None = None
+    try:
+        data, may_exist, generation = await _compose_and_read(store, name, infos, config)
+    finally:
+        if may_exist:
+            # Off the critical path: the group's bytes are returned now.
+            delete_in_background(
+                store, name, generation, on_error=functools.partial(_delete_failed, store, name)
+            )
+        else:
+            unregister(store, name)
+    if data is not None:
+        _recent.setdefault(store.uri(), collections.deque(maxlen=_RECENT)).append(
+            time.monotonic() - t0
+        )
+    return data
+
+
 async def fetch_group(
     store: ObjectStore, infos: Sequence[ObjectInfo], config: ComposeConfig
 ) -> list[bytes | BaseException]:
@@ -237,19 +287,64 @@ async def fetch_group(
         return await _read_all(store, infos)
     name = f"{config.composite_prefix}{uuid.uuid4().hex}"
     register(store, name)
-    data: list[bytes | BaseException] | None = None
-    may_exist = True
-    generation: int | None = None
-    try:
-        data, may_exist, generation = await _compose_and_read(store, name, infos, config)
-    finally:
-        if may_exist:
-            # Off the critical path: the group's bytes are returned now.
-            delete_in_background(
-                store, name, generation, on_error=functools.partial(_delete_failed, store, name)
-            )
-        else:
-            unregister(store, name)
+    attempt = asyncio.ensure_future(_composed(store, name, infos, config))
+    after = _read_around_after(store, config)
+    if after is not None:
+        try:
+            done, _ = await asyncio.wait({attempt}, timeout=after)
+        except asyncio.CancelledError:
+            attempt.cancel()  # its own clean-up deletes what it may have made
+            raise
+        if not done:
+            return await _read_around(store, infos, attempt, after)
+    data = await attempt
     if data is None:
         return await _read_all(store, infos)
     return data
+
+
+async def _read_around(
+    store: ObjectStore,
+    infos: Sequence[ObjectInfo],
+    attempt: asyncio.Future[list[bytes | BaseException] | None],
+    after: float,
+) -> list[bytes | BaseException]:
+    """Read a group directly while its slow compose path goes on; the first to finish wins.
+
+    The compose path is never cancelled (a compose cancelled in flight may
+    still create its composite): it runs to its end and deletes its composite
+    as usual, its bytes unused if the direct reads won.
+    """
+    logger.debug(
+        "compose path of %d objects on %s slower than %.3f s: reading them directly too",
+        len(infos),
+        store.uri(),
+        after,
+    )
+    direct = asyncio.ensure_future(_read_all(store, infos))
+    try:
+        racing: set[asyncio.Future[Any]] = {attempt, direct}
+        await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        attempt.cancel()
+        direct.cancel()
+        raise
+    won = attempt.done() and not attempt.cancelled() and attempt.exception() is None
+    if won and attempt.result() is not None:
+        direct.cancel()
+        await asyncio.gather(direct, return_exceptions=True)
+        data = attempt.result()
+        assert data is not None
+        return data
+    if not attempt.done():
+        _running.add(attempt)
+        attempt.add_done_callback(_finished)
+    elif not attempt.cancelled():
+        attempt.exception()  # retrieved: the direct read stands in for it
+    return await direct
+
+
+def _finished(attempt: asyncio.Future[list[bytes | BaseException] | None]) -> None:
+    _running.discard(attempt)
+    if not attempt.cancelled() and attempt.exception() is not None:
+        logger.debug("compose path read around failed: %s", attempt.exception())

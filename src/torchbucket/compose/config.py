@@ -92,6 +92,17 @@ class ComposeConfig:
             so compose is off there, with one INFO line saying so; the policy
             is read once per process and bucket (one class B request).
             ``torchbucket cost`` shows what composing there would cost.
+        read_around_after: A group whose compose and composite read have
+            taken this many times the median of the process's recent ones
+            (at least ``read_around_floor``) is also read object by object,
+            and whichever finishes first is used; the compose goes on and its
+            composite is deleted as usual. A compose is a write, never sent
+            twice; this bounds what a straggling compose costs the window
+            (with GCS's tail, or the emulator's ``same-region-tail`` preset,
+            a stalled compose held every object behind it for seconds).
+            ``0`` turns it off. Default 4.
+        read_around_floor: Seconds a group's compose path may always take
+            before it is read around. Default 0.25.
     """
 
     max_composite_object_size: int = DEFAULT_MAX_COMPOSITE_OBJECT_SIZE
@@ -100,6 +111,8 @@ class ComposeConfig:
     composite_prefix: str = COMPOSITE_PREFIX
     throttle_cooldown: float = 30.0
     allow_with_soft_delete: bool = False
+    read_around_after: float = 4.0
+    read_around_floor: float = 0.25
 
     def __post_init__(self) -> None:
         if self.max_composite_object_size < 0:
@@ -122,6 +135,12 @@ class ComposeConfig:
         if self.throttle_cooldown < 0:
             raise ConfigError(
                 f"ComposeConfig.throttle_cooldown must be >= 0, got {self.throttle_cooldown!r}"
+            )
+
+        if self.read_around_after < 0 or self.read_around_floor < 0:
+            raise ConfigError(
+                "ComposeConfig.read_around_after and .read_around_floor must be >= 0, got "
+                f"{self.read_around_after!r} and {self.read_around_floor!r}"
             )
 
     @property
