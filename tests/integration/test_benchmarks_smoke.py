@@ -71,6 +71,10 @@ def test_dataloading_smoke_reports_the_issue_keys(tmp_path: Path) -> None:
     assert result["tail_slowdown_100kib"] > 0
     assert result["p99_batch_s_map_no_readahead_100kib"] > 0
     assert 0 <= result["hedged_request_fraction"] <= 1
+    # A batch's fetch in the workers (each __getitems__ after a worker's first), both presets.
+    for suffix in ("", "_constant"):
+        p50 = result[f"p50_batch_fetch_s_map{suffix}_100kib"]
+        assert 0 < p50 <= result[f"p99_batch_fetch_s_map{suffix}_100kib"]
 
 
 def test_shards_smoke_reports_the_issue_keys(tmp_path: Path) -> None:
@@ -79,6 +83,10 @@ def test_shards_smoke_reports_the_issue_keys(tmp_path: Path) -> None:
     assert result["requests_per_sample_10kib"] > 0
     for key in ("speedup_vs_compose_10kib", "speedup_vs_webdataset_10kib", "first_batch_s_100kib"):
         assert key in result
+    # Issue 19: both latency presets by default, the tail's cost reported.
+    assert result["latency_presets"] == ["same-region", "same-region-tail"]
+    assert result["tail_slowdown_shards_10kib"] > 0
+    assert result["tail_slowdown_compose_10kib"] > 0
 
 
 def test_checkpoint_smoke_against_gcsfs_and_torchs_fsspec_dcp(
