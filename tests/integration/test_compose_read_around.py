@@ -2,6 +2,7 @@
 
 Over HTTP against the emulator: the group's first compose is held by the
 server (a ``stall`` fault, then the connection reset, which the client retries).
+A composite's delete held the same way is sent again.
 With ``read_around_after`` on, the group's objects are read directly while the
 compose path goes on; the compose path still ends by deleting its composite.
 With it off, the group waits for the compose's retry. Request counts, not times,
@@ -99,6 +100,33 @@ def test_with_read_around_off_the_group_waits_for_its_compose(
     assert after.get("get", 0) - before.get("get", 0) == 1
     assert after.get("compose", 0) - before.get("compose", 0) == 2
     assert left == []
+
+
+def test_a_stalled_composite_delete_is_sent_again(emulator: Emulator, bucket: str) -> None:
+    # A dataset's epoch ends by waiting for its composites' deletes: one
+    # stalled delete held a sub-second epoch for seconds. The server holds the
+    # first delete for 10 minutes and the client's read timeout is longer
+    # still, so only a second delete can end the wait within the bound below.
+    emulator.add_fault("delete", "stall", count=1, stall_seconds=600.0)
+    before = emulator.stats()["by_op"]
+    gcs = GCSConfig(
+        endpoint=emulator.endpoint,
+        anonymous=True,
+        retry=RetryConfig(
+            initial_backoff=0.01, deadline=1200.0, attempt_timeout=900.0, read_timeout=900.0
+        ),
+        hedge=HedgeConfig(enabled=False),
+    )
+    store = GCSStore(bucket, config=gcs)
+    infos = runtime.run(store.list_page("g/")).objects
+    config = ComposeConfig(read_around_floor=0.2)
+    got = runtime.run(compose_fetch.fetch_group(store, infos, config), timeout=60)
+    assert got == [payload(i) for i in range(N)]
+    runtime.run(drain_deletes(), timeout=60)
+    after = emulator.stats()["by_op"]
+    assert after.get("delete", 0) - before.get("delete", 0) == 2
+    assert emulator.object_names(bucket, COMPOSITE_PREFIX) == []
+    runtime.run(store.close())
 
 
 def test_read_around_settings_are_checked() -> None:

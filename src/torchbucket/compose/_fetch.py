@@ -247,7 +247,12 @@ async def _composed(
         if may_exist:
             # Off the critical path: the group's bytes are returned now.
             delete_in_background(
-                store, name, generation, on_error=functools.partial(_delete_failed, store, name)
+                store,
+                name,
+                generation,
+                on_error=functools.partial(_delete_failed, store, name),
+                resend_after=config.read_around_after,
+                resend_floor=config.read_around_floor,
             )
         else:
             unregister(store, name)

@@ -100,9 +100,15 @@ class ComposeConfig:
             twice; this bounds what a straggling compose costs the window
             (with GCS's tail, or the emulator's ``same-region-tail`` preset,
             a stalled compose held every object behind it for seconds).
-            ``0`` turns it off. Default 4.
-        read_around_floor: Seconds a group's compose path may always take
-            before it is read around. Default 0.25.
+            The same bound sends a composite's delete again when it has taken
+            this many times the median of recent deletes (at least
+            ``read_around_floor``): the delete is pinned to the composite's
+            generation, so the second finds it gone if the first went
+            through, and an epoch, which ends by waiting for its deletes, no
+            longer waits out a stalled one. ``0`` turns both off. Default 4.
+        read_around_floor: Seconds a group's compose path (or a composite's
+            delete) may always take before it is read around (sent again).
+            Default 0.25.
     """
 
     max_composite_object_size: int = DEFAULT_MAX_COMPOSITE_OBJECT_SIZE

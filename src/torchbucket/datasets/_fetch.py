@@ -51,10 +51,24 @@ _DIRECT_START = 64
 # still bounds the bytes.
 _AHEAD_PER_FETCHER = 4
 
-# With compose on, a window of ``prefetch`` has at most ``prefetch // 8`` groups
-# in flight: 16 by default, up to 512 objects, ~7,000 objects/s per worker at
-# ~75 ms per compose + GET, while the memory ahead stays that of ~1,000 objects.
+# With compose on, a window of ``prefetch`` has ``prefetch // 8`` to
+# ``prefetch // 4`` groups in flight (16 to 32 by default, of up to 32 objects):
+# as many as fit in _GROUP_BYTES_IN_FLIGHT, and it runs ahead _AHEAD_PER_FETCHER
+# times the objects of those groups, as far as _GROUP_BYTES_AHEAD allows. Small
+# objects get the deep window: a group's compose path is a write plus a GET
+# (~60 ms at the median, several times that in the tail), and at 10 KiB a
+# worker consumes ~190 groups/s, so a straggling group at the head of a shallow
+# window held everything behind it. Measured (benchmarks/dataloading.py --quick
+# --datasets 10kib, same-region-tail, 2 workers, BucketBatchSampler / iterable,
+# medians of 3): 16 groups, 2 rounds ahead: 5,143 / 6,204 samples/s; 16, 4:
+# 6,348 / 6,760; 32, 2: 7,447 / 8,276; 32, 4: 8,497 / 8,830 (the constant
+# preset: ~9,200-9,400). At 100 KiB the same 32 x 4 cost RSS (499 against 329
+# MiB per worker) and CPU (0.39 against 0.29 ms/object) for no gain, so the
+# byte bounds keep 100 KiB groups at 16 in flight and ~2 rounds ahead.
 _GROUPS_PER_PREFETCH = 8
+_GROUPS_PER_PREFETCH_MOST = 4
+_GROUP_BYTES_IN_FLIGHT = 48 << 20
+_GROUP_BYTES_AHEAD = 96 << 20
 
 
 def plan_units(catalog: Catalog, indices: Sequence[int], compose: ComposeConfig) -> list[range]:
@@ -131,11 +145,12 @@ class PrefetchWindow:
 
     ``prefetch`` fetcher coroutines on the runtime loop take the shard's units
     (one object, or a group to compose) in order and keep up to ``prefetch``
-    requests in flight, of which at most ``prefetch // 8`` (at least 2)
-    composed groups. A unit is admitted while the window, from the first
-    position not yet taken to the unit's end, spans at most twice as many
-    objects as can be in flight and at most ``prefetch_bytes`` (a unit alone in
-    the window is always admitted). Results that have arrived but are not yet
+    requests in flight, of which ``prefetch // 8`` to ``prefetch // 4`` (at
+    least 2; see ``_GROUP_BYTES_IN_FLIGHT``) composed groups. A unit is
+    admitted while the window, from the first position not yet taken to the
+    unit's end, spans at most ``_AHEAD_PER_FETCHER`` times as many objects as
+    can be in flight (composing, see ``_GROUP_BYTES_AHEAD``) and at most
+    ``prefetch_bytes`` (a unit alone in the window is always admitted). Results that have arrived but are not yet
     taken count against the window, so memory stays bounded, but a slow
     consumer never drains the requests in flight below ``prefetch`` until the
     window is full.
@@ -171,20 +186,29 @@ class PrefetchWindow:
         self._fetchers = fetch.prefetch
         self._ahead = _AHEAD_PER_FETCHER * fetch.prefetch
         self._groups = 0
-        if compose.enabled:
-            # Groups of up to max_sources objects: fewer requests in flight hide
-            # the compose + GET latency for as many objects.
-            self._groups = max(2, fetch.prefetch // _GROUPS_PER_PREFETCH)
-            # Objects not grouped (larger than the cap) still have ``prefetch``
-            # requests in flight.
-            self._ahead = max(self._ahead, 2 * self._groups * compose.max_sources)
-        self._limit_bytes = fetch.prefetch_bytes
-        self._chunk = max(1, min(_HANDOVER_CHUNK, fetch.prefetch // 4))
         # Bytes before each position of the shard: the window's bytes are a
         # difference, with no per-object accounting.
         cum = np.zeros(len(order) + 1, dtype=np.int64)
         np.cumsum(catalog.sizes[order], out=cum[1:])
         self._cum = cum
+        if compose.enabled:
+            # Groups of up to max_sources objects: fewer requests in flight hide
+            # the compose + GET latency for as many objects.
+            mean = max(1.0, float(cum[-1]) / max(1, len(order)))
+            group_bytes = min(compose.max_sources * mean, compose.max_composite_object_size)
+            least = max(2, fetch.prefetch // _GROUPS_PER_PREFETCH)
+            most = max(least, fetch.prefetch // _GROUPS_PER_PREFETCH_MOST)
+            self._groups = max(least, min(most, int(_GROUP_BYTES_IN_FLIGHT // group_bytes)))
+            rounds = _AHEAD_PER_FETCHER * self._groups * compose.max_sources
+            # Objects not grouped (larger than the cap) still have ``prefetch``
+            # requests in flight.
+            self._ahead = max(
+                self._ahead,
+                2 * self._groups * compose.max_sources,
+                min(rounds, int(_GROUP_BYTES_AHEAD // mean)),
+            )
+        self._limit_bytes = fetch.prefetch_bytes
+        self._chunk = max(1, min(_HANDOVER_CHUNK, fetch.prefetch // 4))
         self._cond = threading.Condition(threading.Lock())
         self._results: dict[int, Item] = {}
         # Written by the consumer only.

@@ -68,9 +68,10 @@ class BucketMapDataset(Dataset[Any]):
     (or in the main process without workers), what :class:`FetchConfig`
     bounds, ahead of what was handed over, in flight or arrived: at most
     ``fetch.prefetch_bytes`` (256 MiB), and ``4 x fetch.prefetch`` objects
-    reading directly (512: 51 MiB of 100 KiB objects) or, composing, twice
-    the ``prefetch // 8`` groups of up to 32 objects in flight (1,024: 100 MiB
-    of 100 KiB objects); plus a hand-over chunk of up to 32 objects. With any
+    reading directly (512: 51 MiB of 100 KiB objects) or, composing, up to
+    four times the objects of the groups in flight within 96 MiB (1,024: 100
+    MiB of 100 KiB objects; 4,096: 40 MiB of 10 KiB objects); plus a
+    hand-over chunk of up to 32 objects. With any
     other sampler, or a batch out of the expected turn, a batch is fetched
     when asked for, as before.
 

@@ -24,15 +24,17 @@ class FetchConfig:
 
     Attributes:
         prefetch: Requests in flight per iterator (so per DataLoader worker);
-            with compose on, at most ``prefetch // 8`` of them (at least 2)
-            are composed groups of up to 32 objects (the first
+            with compose on, ``prefetch // 8`` to ``prefetch // 4`` of them
+            (at least 2; as many as hold at most 48 MiB) are composed groups of
+            up to 32 objects (the first
             ``min(64, prefetch)`` objects of a window, at most a quarter of
             it, are read directly, so the first batch does not wait for a
             compose). Results that arrived and are
             not yet taken do not count here, so a consumer that takes a batch at
             a time does not drain the requests in flight; the window ahead of
-            the consumer spans at most four times the objects in flight (twice the
-            objects of the groups in flight when composing). Default
+            the consumer spans at most four times the objects in flight (when
+            composing, four times the objects of the groups in flight, within
+            96 MiB, and at least twice them). Default
             128: at ~20 ms per GET that is ~6,000 objects/s per worker before
             the bandwidth or CPU is the limit.
         prefetch_bytes: Bytes in the window (in flight, or arrived and not yet

@@ -1,0 +1,186 @@
+"""The compose window's depth, and a straggling composite delete (issue 19).
+
+On the memory store, with a compose held by the test: how many groups are in
+flight and how far the window runs ahead while the group at its head waits;
+and a composite's delete whose first request answers late (or never) is sent
+again and counted done at the first answer, a 404 included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+from torchbucket import runtime
+from torchbucket.compose import ComposeConfig, registry
+from torchbucket.datasets import FetchConfig
+from torchbucket.datasets import _fetch as fetch_module
+from torchbucket.datasets._fetch import PrefetchWindow
+from torchbucket.datasets.catalog import Catalog
+from torchbucket.storage.base import ObjectInfo
+from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
+
+N = 1000
+
+
+def payload(i: int) -> bytes:
+    return f"w-{i:05d};".encode()
+
+
+@pytest.fixture
+def bucket() -> Iterator[str]:
+    name = f"cw-{uuid.uuid4().hex[:8]}"
+    store = MemoryStore(name)
+
+    async def seed() -> None:
+        for i in range(N):
+            await store.put(f"s/{i:05d}", payload(i))
+
+    runtime.run(seed())
+    yield name
+    delete_memory_bucket(name)
+
+
+class HeldCompose(MemoryStore):
+    """The first compose waits until released; the others take a moment."""
+
+    started: ClassVar[int] = 0
+    composing: ClassVar[int] = 0
+    peak: ClassVar[int] = 0
+    release: ClassVar[threading.Event] = threading.Event()
+
+    async def compose(self, destination: str, sources: Any, **kw: Any) -> ObjectInfo:
+        cls = type(self)
+        cls.started += 1
+        first = cls.started == 1
+        cls.composing += 1
+        cls.peak = max(cls.peak, cls.composing)
+        try:
+            if first:
+                while not cls.release.is_set():
+                    await asyncio.sleep(0.005)
+            else:
+                await asyncio.sleep(0.01)
+            return await super().compose(destination, sources, **kw)
+        finally:
+            cls.composing -= 1
+
+
+def _held_window(bucket: str, prefetch: int) -> tuple[PrefetchWindow, int]:
+    """A window whose first group is held; the composes started once it settles."""
+    HeldCompose.started = HeldCompose.composing = HeldCompose.peak = 0
+    HeldCompose.release = threading.Event()
+    infos = runtime.run(MemoryStore(bucket).list_page("s/")).objects
+    catalog = Catalog([HeldCompose(bucket)], [0] * len(infos), infos)
+    window = PrefetchWindow(
+        catalog, np.arange(len(infos)), 0, FetchConfig(prefetch=prefetch), ComposeConfig()
+    )
+    window.start()
+    # Nothing is taken: the window fills behind its held head group, then stops.
+    seen, stable_since = -1, time.monotonic()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = HeldCompose.started
+        if now != seen:
+            seen, stable_since = now, time.monotonic()
+        elif time.monotonic() - stable_since > 0.5:
+            break
+        time.sleep(0.02)
+    return window, seen
+
+
+def _drain(window: PrefetchWindow) -> list[object]:
+    HeldCompose.release.set()
+    got: list[object] = []
+    try:
+        while len(got) < N:
+            got += window.take(len(got))
+    finally:
+        window.close()
+    runtime.run(registry.drain_deletes())
+    return got
+
+
+def test_small_objects_get_more_groups_in_flight_and_a_deeper_window(bucket: str) -> None:
+    # prefetch 16: the first 16 objects are read directly, then groups of 32.
+    # Small groups: prefetch // 4 = 4 in flight (was prefetch // 8 = 2), and
+    # the window runs 4 rounds of them ahead, 512 objects (was 2 rounds, 128):
+    # the groups ending by position 512 are composed while the first waits.
+    window, started = _held_window(bucket, prefetch=16)
+    assert HeldCompose.peak == 4
+    assert started == (512 - 16) // 32
+    assert _drain(window) == [payload(i) for i in range(N)]
+
+
+def test_large_groups_keep_the_shallow_window(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Groups of 32 x 8 bytes = 256 bytes; bounds of 512 bytes in flight and
+    # 1,024 bytes ahead stand in for 48 and 96 MiB against 100 KiB objects:
+    # 2 groups in flight, and the window 2 rounds of them (128 objects) ahead.
+    monkeypatch.setattr(fetch_module, "_GROUP_BYTES_IN_FLIGHT", 512)
+    monkeypatch.setattr(fetch_module, "_GROUP_BYTES_AHEAD", 1024)
+    window, started = _held_window(bucket, prefetch=16)
+    assert HeldCompose.peak == 2
+    assert started == (128 - 16) // 32
+    assert _drain(window) == [payload(i) for i in range(N)]
+
+
+class LateDelete(MemoryStore):
+    """The first delete takes effect at once but answers only when released."""
+
+    deletes: ClassVar[int] = 0
+    release: ClassVar[asyncio.Event | None] = None
+
+    async def delete(self, key: str, *, generation: int | None = None) -> None:
+        cls = type(self)
+        cls.deletes += 1
+        if cls.deletes == 1:
+            await super().delete(key, generation=generation)
+            assert cls.release is not None
+            await cls.release.wait()  # the answer is late
+            return
+        await super().delete(key, generation=generation)
+
+
+def test_a_late_delete_is_sent_again_and_the_404_counts_as_gone(bucket: str) -> None:
+    store = LateDelete(bucket)
+    info = runtime.run(store.put("dataflux-composed-objects/late", b"x" * 10))
+
+    async def delete() -> object:
+        LateDelete.deletes = 0
+        LateDelete.release = asyncio.Event()
+        registry.register(store, info.name)
+        try:
+            return await registry.delete_composite(
+                store, info.name, info.generation, resend_after=4.0, resend_floor=0.05
+            )
+        finally:
+            LateDelete.release.set()
+
+    assert runtime.run(delete(), timeout=60) is None
+    assert LateDelete.deletes == 2
+    assert registry.in_flight() == []
+    assert runtime.run(store.list_page("dataflux-composed-objects/")).objects == []
+
+
+def test_without_resend_a_late_delete_is_waited_for(bucket: str) -> None:
+    store = LateDelete(bucket)
+    info = runtime.run(store.put("dataflux-composed-objects/late", b"x" * 10))
+
+    async def delete() -> tuple[bool, int]:
+        LateDelete.deletes = 0
+        LateDelete.release = asyncio.Event()
+        task = asyncio.ensure_future(registry.delete_composite(store, info.name, info.generation))
+        await asyncio.sleep(0.3)
+        waiting = not task.done()
+        LateDelete.release.set()
+        await task
+        return waiting, LateDelete.deletes
+
+    assert runtime.run(delete(), timeout=60) == (True, 1)
