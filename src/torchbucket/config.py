@@ -124,7 +124,9 @@ class HedgeConfig:
         initial_wait: The wait until then for reads under 1 MiB (or whole
             objects), seconds: long enough not to hedge a read that is merely
             slow, short enough to rescue one that stalls; longer ranges are
-            not hedged until their class is known. Default 0.5.
+            not hedged until their class is known. Default 0.2 (was 0.5: a
+            first batch of 64 GETs that met a 2 s stall under the emulator's
+            ``same-region-tail`` waited 0.57 s, against ~0.2 s without).
         window: Recent reads remembered per size class. Default 512.
         max_bytes: Ranges longer than this are never hedged (a hedge of a
             range holds a second buffer of its size). Default 32 MiB.
@@ -137,7 +139,7 @@ class HedgeConfig:
     budget: float = 0.05
     burst: float = 10.0
     min_samples: int = 32
-    initial_wait: float = 0.5
+    initial_wait: float = 0.2
     window: int = 512
     max_bytes: int = 32 << 20
 

@@ -224,7 +224,9 @@ def _read_around_after(store: ObjectStore, config: ComposeConfig) -> float | Non
         return None
     recent = _recent.get(store.uri())
     if not recent:
-        return max(config.read_around_floor, 1.0)  # nothing measured yet
+        # Nothing measured yet: a compose path is ~60 ms at the median, a
+        # stall seconds; the first groups of a worker start all at once.
+        return max(config.read_around_floor, 0.5)
     median = sorted(recent)[len(recent) // 2]
     return max(config.read_around_floor, config.read_around_after * median)
 

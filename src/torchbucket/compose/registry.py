@@ -142,7 +142,7 @@ async def _delete_resent(
     2 runs in 8 of a 6,000 x 10 KiB epoch under ``same-region-tail``, drains
     of 1.3 and 1.6 s). Two deletes of one generation are safe in any order:
     the loser finds it gone (404, taken as deleted). Deletes are free
-    operations on GCS (https://cloud.google.com/storage/pricing#operation-pricing).
+    operations on GCS (https://cloud.google.com/storage/pricing#operations-by-class).
     """
     loop = asyncio.get_running_loop()
     started = loop.time()
