@@ -102,6 +102,34 @@ def test_with_read_around_off_the_group_waits_for_its_compose(
     assert left == []
 
 
+def test_a_drain_waits_for_a_compose_path_left_running(emulator: Emulator, bucket: str) -> None:
+    # Every compose takes effect and loses its answer, so the compose path
+    # retries until its deadline while the group is read around it; then it
+    # deletes the composite it made. An epoch drains before it ends: the
+    # drain must wait for that compose path and its delete (it returned at
+    # once, and the composite was still in the bucket).
+    emulator.add_fault("compose", "reset", count=None)
+    gcs = GCSConfig(
+        endpoint=emulator.endpoint,
+        anonymous=True,
+        retry=RetryConfig(
+            initial_backoff=0.01, max_backoff=0.05, deadline=1.5, attempt_timeout=1.0
+        ),
+        hedge=HedgeConfig(enabled=False),
+    )
+    store = GCSStore(bucket, config=gcs)
+    infos = runtime.run(store.list_page("g/")).objects
+    config = ComposeConfig(read_around_floor=0.2)
+    got = runtime.run(compose_fetch.fetch_group(store, infos, config), timeout=60)
+    assert got == [payload(i) for i in range(N)]
+    assert compose_fetch._running  # read around: the compose path goes on
+    runtime.run(drain_deletes(), timeout=60)
+    assert not compose_fetch._running
+    assert emulator.object_names(bucket, COMPOSITE_PREFIX) == []
+    emulator.clear_faults()
+    runtime.run(store.close())
+
+
 def test_a_stalled_composite_delete_is_sent_again(emulator: Emulator, bucket: str) -> None:
     # A dataset's epoch ends by waiting for its composites' deletes: one
     # stalled delete held a sub-second epoch for seconds. The server holds the

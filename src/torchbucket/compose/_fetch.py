@@ -22,7 +22,12 @@ from typing import Any
 
 from torchbucket.compose._softdelete import soft_delete_allows, soft_delete_blocked
 from torchbucket.compose.config import ComposeConfig
-from torchbucket.compose.registry import delete_in_background, register, unregister
+from torchbucket.compose.registry import (
+    delete_in_background,
+    drain_also,
+    register,
+    unregister,
+)
 from torchbucket.errors import (
     DeadlineExceededError,
     NotFoundError,
@@ -346,6 +351,10 @@ async def _read_around(
     if not attempt.done():
         _running.add(attempt)
         attempt.add_done_callback(_finished)
+        # An epoch's drain waits for it: it may yet make a composite, and its
+        # own clean-up deletes it (a compose retried past a 1 s deadline left
+        # one after the epoch had drained; the fault matrix caught it).
+        drain_also(attempt)
     elif not attempt.cancelled():
         attempt.exception()  # retrieved: the direct read stands in for it
     return await direct

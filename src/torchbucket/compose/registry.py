@@ -42,6 +42,7 @@ __all__ = [
     "cleanup_registered",
     "delete_composite",
     "delete_in_background",
+    "drain_also",
     "drain_deletes",
     "in_flight",
     "install_sigterm_handler",
@@ -57,6 +58,9 @@ _lock = threading.Lock()
 _in_flight: dict[str, tuple[ObjectStore, str]] = {}
 # Deletes running in the background on the runtime loop (loop thread only).
 _deleting: set[asyncio.Task[StorageError | None]] = set()
+# Work that may still create a composite and then delete it (a compose path
+# read around), which drain_deletes also waits for (loop thread only).
+_pending: set[asyncio.Future[Any]] = set()
 _finalizer_pid: int | None = None
 _exit_hooks_installed = False
 _sigterm_pid: int | None = None
@@ -224,14 +228,27 @@ def delete_in_background(
     task.add_done_callback(done)
 
 
+def drain_also(future: asyncio.Future[Any]) -> None:
+    """Make :func:`drain_deletes` wait for ``future`` too, until it is done.
+
+    For work left running that may still create a composite and start its
+    delete (a compose path whose group was read around it): an epoch that
+    ends by draining must not end before that composite is gone.
+    """
+    _pending.add(future)
+    future.add_done_callback(_pending.discard)
+
+
 async def drain_deletes() -> None:
     """Wait for the composite deletes running in the background to finish.
 
-    Must run on the runtime loop. Failures are not raised: a composite whose
-    delete failed stays registered (see :func:`delete_composite`).
+    Also waits for the work handed to :func:`drain_also`, and then for the
+    deletes it started. Must run on the runtime loop. Failures are not
+    raised: a composite whose delete failed stays registered (see
+    :func:`delete_composite`).
     """
-    while _deleting:
-        await asyncio.wait(set(_deleting))
+    while _deleting or _pending:
+        await asyncio.wait(_deleting | _pending)
 
 
 async def cleanup_registered() -> int:
@@ -337,6 +354,7 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
     _in_flight.clear()
     _deleting.clear()
+    _pending.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
