@@ -44,11 +44,13 @@ def bucket(emulator: Emulator) -> str:
     return name
 
 
-def _group(emulator: Emulator, bucket: str, config: ComposeConfig) -> tuple[list[object], GCSStore]:
+def _group(
+    emulator: Emulator, bucket: str, config: ComposeConfig, retry: RetryConfig = RETRY
+) -> tuple[list[object], GCSStore]:
     gcs = GCSConfig(
         endpoint=emulator.endpoint,
         anonymous=True,
-        retry=RETRY,
+        retry=retry,
         hedge=HedgeConfig(enabled=False),  # only the reads this test asks for
     )
     store = GCSStore(bucket, config=gcs)
@@ -109,18 +111,8 @@ def test_a_drain_waits_for_a_compose_path_left_running(emulator: Emulator, bucke
     # drain must wait for that compose path and its delete (it returned at
     # once, and the composite was still in the bucket).
     emulator.add_fault("compose", "reset", count=None)
-    gcs = GCSConfig(
-        endpoint=emulator.endpoint,
-        anonymous=True,
-        retry=RetryConfig(
-            initial_backoff=0.01, max_backoff=0.05, deadline=1.5, attempt_timeout=1.0
-        ),
-        hedge=HedgeConfig(enabled=False),
-    )
-    store = GCSStore(bucket, config=gcs)
-    infos = runtime.run(store.list_page("g/")).objects
-    config = ComposeConfig(read_around_floor=0.2)
-    got = runtime.run(compose_fetch.fetch_group(store, infos, config), timeout=60)
+    retry = RetryConfig(initial_backoff=0.01, max_backoff=0.05, deadline=1.5, attempt_timeout=1.0)
+    got, store = _group(emulator, bucket, ComposeConfig(read_around_floor=0.2), retry)
     assert got == [payload(i) for i in range(N)]
     assert compose_fetch._running  # read around: the compose path goes on
     runtime.run(drain_deletes(), timeout=60)
@@ -137,18 +129,10 @@ def test_a_stalled_composite_delete_is_sent_again(emulator: Emulator, bucket: st
     # still, so only a second delete can end the wait within the bound below.
     emulator.add_fault("delete", "stall", count=1, stall_seconds=600.0)
     before = emulator.stats()["by_op"]
-    gcs = GCSConfig(
-        endpoint=emulator.endpoint,
-        anonymous=True,
-        retry=RetryConfig(
-            initial_backoff=0.01, deadline=1200.0, attempt_timeout=900.0, read_timeout=900.0
-        ),
-        hedge=HedgeConfig(enabled=False),
+    retry = RetryConfig(
+        initial_backoff=0.01, deadline=1200.0, attempt_timeout=900.0, read_timeout=900.0
     )
-    store = GCSStore(bucket, config=gcs)
-    infos = runtime.run(store.list_page("g/")).objects
-    config = ComposeConfig(read_around_floor=0.2)
-    got = runtime.run(compose_fetch.fetch_group(store, infos, config), timeout=60)
+    got, store = _group(emulator, bucket, ComposeConfig(read_around_floor=0.2), retry)
     assert got == [payload(i) for i in range(N)]
     runtime.run(drain_deletes(), timeout=60)
     after = emulator.stats()["by_op"]

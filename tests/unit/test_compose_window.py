@@ -73,8 +73,12 @@ class HeldCompose(MemoryStore):
             cls.composing -= 1
 
 
-def _held_window(bucket: str, prefetch: int) -> tuple[PrefetchWindow, int]:
-    """A window whose first group is held; the composes started once it settles."""
+def _held_window(bucket: str, prefetch: int, expect: int) -> tuple[PrefetchWindow, int]:
+    """A window whose first group is held; the composes started once it has settled.
+
+    Settled: ``expect`` composes started, or none more for 2 s; then 0.3 s
+    more for any beyond ``expect``.
+    """
     HeldCompose.started = HeldCompose.composing = HeldCompose.peak = 0
     HeldCompose.release = threading.Event()
     infos = runtime.run(MemoryStore(bucket).list_page("s/")).objects
@@ -86,14 +90,15 @@ def _held_window(bucket: str, prefetch: int) -> tuple[PrefetchWindow, int]:
     # Nothing is taken: the window fills behind its held head group, then stops.
     seen, stable_since = -1, time.monotonic()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and seen < expect:
         now = HeldCompose.started
         if now != seen:
             seen, stable_since = now, time.monotonic()
-        elif time.monotonic() - stable_since > 0.5:
+        elif time.monotonic() - stable_since > 2.0:
             break
         time.sleep(0.02)
-    return window, seen
+    time.sleep(0.3)
+    return window, HeldCompose.started
 
 
 def _drain(window: PrefetchWindow) -> list[object]:
@@ -113,7 +118,7 @@ def test_small_objects_get_more_groups_in_flight_and_a_deeper_window(bucket: str
     # Small groups: prefetch // 4 = 4 in flight (was prefetch // 8 = 2), and
     # the window runs 4 rounds of them ahead, 512 objects (was 2 rounds, 128):
     # the groups ending by position 512 are composed while the first waits.
-    window, started = _held_window(bucket, prefetch=16)
+    window, started = _held_window(bucket, prefetch=16, expect=(512 - 16) // 32)
     assert HeldCompose.peak == 4
     assert started == (512 - 16) // 32
     assert _drain(window) == [payload(i) for i in range(N)]
@@ -125,7 +130,7 @@ def test_large_groups_keep_the_shallow_window(bucket: str, monkeypatch: pytest.M
     # 2 groups in flight, and the window 2 rounds of them (128 objects) ahead.
     monkeypatch.setattr(fetch_module, "_GROUP_BYTES_IN_FLIGHT", 512)
     monkeypatch.setattr(fetch_module, "_GROUP_BYTES_AHEAD", 1024)
-    window, started = _held_window(bucket, prefetch=16)
+    window, started = _held_window(bucket, prefetch=16, expect=(128 - 16) // 32)
     assert HeldCompose.peak == 2
     assert started == (128 - 16) // 32
     assert _drain(window) == [payload(i) for i in range(N)]

@@ -11,7 +11,6 @@ new bytes under an old listing).
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import logging
 import os
@@ -20,6 +19,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from torchbucket.compose._recent import RecentTimes
 from torchbucket.compose._softdelete import soft_delete_allows, soft_delete_blocked
 from torchbucket.compose.config import ComposeConfig
 from torchbucket.compose.registry import (
@@ -218,8 +218,7 @@ def _delete_failed(store: ObjectStore, name: str, error: StorageError) -> None:
 # Recent compose-path durations (compose + composite read) per bucket, for
 # ComposeConfig.read_around_after; and the compose paths left running after a
 # group was read around them (kept referenced until they finish).
-_RECENT = 64
-_recent: dict[str, collections.deque[float]] = {}
+_recent = RecentTimes()
 _running: set[asyncio.Future[list[bytes | BaseException] | None]] = set()
 
 
@@ -227,13 +226,7 @@ def _read_around_after(store: ObjectStore, config: ComposeConfig) -> float | Non
     """Seconds after which a group's compose path is read around, or ``None``."""
     if config.read_around_after <= 0:
         return None
-    recent = _recent.get(store.uri())
-    if not recent:
-        # Nothing measured yet: a compose path is ~60 ms at the median, a
-        # stall seconds; the first groups of a worker start all at once.
-        return max(config.read_around_floor, 0.5)
-    median = sorted(recent)[len(recent) // 2]
-    return max(config.read_around_floor, config.read_around_after * median)
+    return _recent.straggling_after(store.uri(), config.read_around_after, config.read_around_floor)
 
 
 async def _composed(
@@ -264,9 +257,7 @@ async def _composed(
         else:
             unregister(store, name)
     if data is not None:
-        _recent.setdefault(store.uri(), collections.deque(maxlen=_RECENT)).append(
-            time.monotonic() - t0
-        )
+        _recent.add(store.uri(), time.monotonic() - t0)
     return data
 
 

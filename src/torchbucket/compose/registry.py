@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import collections
 import logging
 import multiprocessing.util
 import os
@@ -35,6 +34,7 @@ from types import FrameType
 from typing import Any
 
 from torchbucket import runtime
+from torchbucket.compose._recent import RecentTimes
 from torchbucket.errors import NotFoundError, StorageError
 from torchbucket.storage.base import ObjectStore
 
@@ -130,10 +130,8 @@ async def delete_composite(
     return None
 
 
-# Recent composite delete times per store URI (loop thread only), for
-# delete_composite's resend_after.
-_RECENT_DELETES = 64
-_recent_deletes: dict[str, collections.deque[float]] = {}
+# Recent composite delete times per store URI, for delete_composite's resend_after.
+_recent_deletes = RecentTimes()
 
 
 async def _delete_resent(
@@ -150,13 +148,12 @@ async def _delete_resent(
     """
     loop = asyncio.get_running_loop()
     started = loop.time()
-    recent = _recent_deletes.setdefault(store.uri(), collections.deque(maxlen=_RECENT_DELETES))
-    # Nothing measured yet: a stall is seconds, a delete tens of milliseconds.
-    median = sorted(recent)[len(recent) // 2] if recent else 0.25
+    key = store.uri()
+    after = _recent_deletes.straggling_after(key, factor, floor)
     first = asyncio.ensure_future(store.delete(name, generation=generation))
     sent = {first}
     try:
-        done, _ = await asyncio.wait(sent, timeout=max(floor, factor * median))
+        done, _ = await asyncio.wait(sent, timeout=after)
         if not done:
             logger.debug(
                 "delete of %s unanswered after %.3f s: sending it again",
@@ -171,7 +168,7 @@ async def _delete_resent(
                 sent.discard(task)
                 exc = task.exception()
                 if exc is None or isinstance(exc, NotFoundError):
-                    recent.append(loop.time() - started)
+                    _recent_deletes.add(key, loop.time() - started)
                     return
                 error = error or exc
         assert error is not None
