@@ -11,13 +11,12 @@ tell the two apart.
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
 
 from torchbucket import runtime
-from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig
+from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig, registry
 from torchbucket.compose import _fetch as compose_fetch
 from torchbucket.compose.registry import drain_deletes
 from torchbucket.config import HedgeConfig, RetryConfig
@@ -61,12 +60,9 @@ def _group(
 
 
 def _settle(emulator: Emulator, bucket: str, store: GCSStore) -> list[str]:
-    """Wait for compose paths left running, then their deletes; the composites left."""
-    deadline = time.monotonic() + 30
-    while compose_fetch._running and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not compose_fetch._running
-    runtime.run(drain_deletes())
+    """Wait for compose paths left running and their deletes; the composites left."""
+    runtime.run(drain_deletes(), timeout=60)
+    assert not registry._pending
     runtime.run(store.close())
     return emulator.object_names(bucket, COMPOSITE_PREFIX)
 
@@ -114,9 +110,9 @@ def test_a_drain_waits_for_a_compose_path_left_running(emulator: Emulator, bucke
     retry = RetryConfig(initial_backoff=0.01, max_backoff=0.05, deadline=1.5, attempt_timeout=1.0)
     got, store = _group(emulator, bucket, ComposeConfig(read_around_floor=0.2), retry)
     assert got == [payload(i) for i in range(N)]
-    assert compose_fetch._running  # read around: the compose path goes on
+    assert registry._pending  # read around: the compose path goes on
     runtime.run(drain_deletes(), timeout=60)
-    assert not compose_fetch._running
+    assert not registry._pending
     assert emulator.object_names(bucket, COMPOSITE_PREFIX) == []
     emulator.clear_faults()
     runtime.run(store.close())

@@ -216,10 +216,8 @@ def _delete_failed(store: ObjectStore, name: str, error: StorageError) -> None:
 
 
 # Recent compose-path durations (compose + composite read) per bucket, for
-# ComposeConfig.read_around_after; and the compose paths left running after a
-# group was read around them (kept referenced until they finish).
+# ComposeConfig.read_around_after.
 _recent = RecentTimes()
-_running: set[asyncio.Future[list[bytes | BaseException] | None]] = set()
 
 
 def _read_around_after(store: ObjectStore, config: ComposeConfig) -> float | None:
@@ -340,11 +338,11 @@ async def _read_around(
         assert data is not None
         return data
     if not attempt.done():
-        _running.add(attempt)
         attempt.add_done_callback(_finished)
-        # An epoch's drain waits for it: it may yet make a composite, and its
-        # own clean-up deletes it (a compose retried past a 1 s deadline left
-        # one after the epoch had drained; the fault matrix caught it).
+        # Kept referenced until done, and an epoch's drain waits for it: it may
+        # yet make a composite, and its own clean-up deletes it (a compose
+        # retried past a 1 s deadline left one after the epoch had drained;
+        # the fault matrix caught it).
         drain_also(attempt)
     elif not attempt.cancelled():
         attempt.exception()  # retrieved: the direct read stands in for it
@@ -352,6 +350,5 @@ async def _read_around(
 
 
 def _finished(attempt: asyncio.Future[list[bytes | BaseException] | None]) -> None:
-    _running.discard(attempt)
     if not attempt.cancelled() and attempt.exception() is not None:
         logger.debug("compose path read around failed: %s", attempt.exception())
