@@ -30,13 +30,17 @@ API (kept stable; other benchmarks import it):
   runs ``_contenders/<script>`` (or any path) with ``spec`` as its JSON argument
   and returns a :class:`ContenderRun`; see ``_contenders/_common.py`` for the
   contender side (``Phase``, ``Verifier``, ``emit``).
-- ``repeat(n, fn)``, ``median(values)``, ``medians(runs)``, ``ratio(a, b)``.
+- ``repeat(n, fn)``, ``median(values)``, ``medians(runs)``, ``median_figures(runs)``,
+  ``ratio(a, b)``.
+- ``add_latency_option(parser)`` / ``latency_presets(parser, args)``: the
+  ``--latency`` option of the benchmarks that run under each preset in turn.
 - ``machine_info()``, ``print_table(...)``, ``write_json(name, payload)``, ``rel(path)``,
   ``bar_chart(name, panels)``, ``emit_result(payload)``.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime as _dt
 import json
@@ -414,6 +418,54 @@ def medians(runs: Sequence[ContenderRun]) -> dict[str, float]:
     flats = [r.flat() for r in runs]
     keys = sorted({k for f in flats for k in f})
     return {k: median([f[k] for f in flats if k in f]) for k in keys}
+
+
+def median_figures(
+    runs: Sequence[Mapping[str, Any]], *, last: Sequence[str] = ("by_op",)
+) -> dict[str, Any]:
+    """The median of each numeric figure of a contender's runs (dicts of figures).
+
+    Args:
+        runs: One dict per run, all with the keys of the first.
+        last: Keys taken from the last run as they are (request counts by
+            operation...).
+
+    Returns:
+        The medians, the ``last`` keys and ``repeats``; ``{}`` for no runs.
+    """
+    if not runs:
+        return {}
+    out: dict[str, Any] = {
+        k: median([r[k] for r in runs])
+        for k, v in runs[0].items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+    for key in last:
+        out[key] = runs[-1][key]
+    out["repeats"] = len(runs)
+    return out
+
+
+def add_latency_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--latency``: emulator latency presets, each run in turn (issue 19)."""
+    parser.add_argument(
+        "--latency",
+        default="same-region,same-region-tail",
+        help="comma-separated emulator latency presets, each run in turn (default both: "
+        "the constant same-region and same-region-tail, its medians with a tail and stalls); "
+        "the first one's figures are the main RESULT keys",
+    )
+
+
+def latency_presets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The presets ``--latency`` named; an unknown one is a usage error naming it."""
+    from torchbucket.emulator import PRESETS
+
+    presets = [x for x in args.latency.split(",") if x]
+    unknown = [x for x in presets if x not in PRESETS]
+    if unknown or not presets:
+        parser.error(f"--latency: unknown preset(s) {unknown}; known: {', '.join(PRESETS)}")
+    return presets
 
 
 def ratio(numerator: float, denominator: float) -> float:

@@ -207,13 +207,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the first two)",
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per contender run")
-    p.add_argument(
-        "--latency",
-        default="same-region,same-region-tail",
-        help="comma-separated emulator latency presets, each run in turn (default both: "
-        "the constant same-region and same-region-tail, its medians with a tail and stalls); "
-        "the first one's figures are the main RESULT keys",
-    )
+    h.add_latency_option(p)
     p.add_argument(
         "--no-hedge",
         action="store_true",
@@ -232,7 +226,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="HedgeConfig.floor in seconds for the torchbucket contenders (default: the library's)",
     )
     args = p.parse_args(argv)
-    args.presets = [x for x in args.latency.split(",") if x]
+    args.presets = h.latency_presets(p, args)
     args.slow_repeats = args.repeats  # dataflux and the plain Dataset
     if args.repeats is None:
         args.repeats = 1 if args.smoke else 3
@@ -351,16 +345,9 @@ def run_one(
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians of the numeric figures over repeats (composites: the total)."""
-    if not runs:
-        return {}
-    out: dict[str, Any] = {}
-    for k, v in runs[0].items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[k] = h.median([r[k] for r in runs])
-    out["composites_left"] = sum(r["composites_left"] for r in runs)
-    out["by_op"] = runs[-1]["by_op"]
-    out["failures"] = runs[-1]["failures"]
-    out["repeats"] = len(runs)
+    out = h.median_figures(runs, last=("by_op", "failures"))
+    if runs:
+        out["composites_left"] = sum(r["composites_left"] for r in runs)
     return out
 
 

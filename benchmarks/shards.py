@@ -107,20 +107,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help="runs per contender")
     p.add_argument("--only", default=None, help="comma-separated contender keys")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per contender run")
-    p.add_argument(
-        "--latency",
-        default="same-region,same-region-tail",
-        help="comma-separated emulator latency presets, each run in turn (default both: "
-        "the constant same-region and same-region-tail, its medians with a tail and stalls); "
-        "the first one's figures are the main RESULT keys",
-    )
+    h.add_latency_option(p)
     args = p.parse_args(argv)
-    args.presets = [x for x in args.latency.split(",") if x]
-    from torchbucket.emulator import PRESETS
-
-    unknown = [x for x in args.presets if x not in PRESETS]
-    if unknown or not args.presets:
-        p.error(f"--latency: unknown preset(s) {unknown}; known: {', '.join(PRESETS)}")
+    args.presets = h.latency_presets(p, args)
     if args.repeats is None:
         args.repeats = 1 if args.smoke else 2 if args.quick else 3
     return args
@@ -188,19 +177,6 @@ def run_one(
         "client_gets": d.get("client_gets", math.nan),
         "by_op": server["by_op"],
     }
-
-
-def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    if not runs:
-        return {}
-    out: dict[str, Any] = {
-        k: h.median([r[k] for r in runs])
-        for k, v in runs[0].items()
-        if isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
-    out["by_op"] = runs[-1]["by_op"]
-    out["repeats"] = len(runs)
-    return out
 
 
 def print_table(
@@ -331,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                         r = run_one(emu, ds, c, rep, names, bench_py, args.timeout)
                         runs[c.key].append(r)
                         print(f" {r['samples_per_s']:,.0f} samples/s", file=sys.stderr, flush=True)
-                by_preset[preset][ds.key] = {k: summarize(v) for k, v in runs.items()}
+                by_preset[preset][ds.key] = {k: h.median_figures(v) for k, v in runs.items()}
     summaries = by_preset[args.presets[0]]
 
     result: dict[str, Any] = {"mode": mode, "repeats": args.repeats}
