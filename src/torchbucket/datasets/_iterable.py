@@ -8,9 +8,6 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
-from torch.utils.data import IterableDataset, get_worker_info
-
 from torchbucket import runtime
 from torchbucket._checks import renamed_configs
 from torchbucket.compose import ComposeConfig
@@ -27,8 +24,8 @@ from torchbucket.datasets._fetch import Item, PrefetchWindow
 from torchbucket.datasets._stats import EpochBoard
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig, ShardingConfig
+from torchbucket.datasets.resumable import Layout, ResumableEpochs, check_resume_layout
 from torchbucket.datasets.sharding import IndexArray, epoch_order, shard_of
-from torchbucket.errors import ConfigError
 from torchbucket.runtime.accounting import RequestStats
 
 if TYPE_CHECKING:
@@ -39,16 +36,9 @@ __all__ = ["BucketIterableDataset"]
 
 _STATE_VERSION = 1
 _FLUSH_S = 0.5  # how often a worker publishes its counts mid-epoch
-Layout = tuple[int, int, int, int]  # rank, world size, worker, workers
 
 
-def _dist_rank_world() -> tuple[int, int] | None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return None
-
-
-class BucketIterableDataset(IterableDataset[Any]):
+class BucketIterableDataset(ResumableEpochs["_EpochIterator"]):
     """The objects under a prefix as a stream, sharded over ranks and workers.
 
     Build it with :meth:`from_prefix` or :meth:`from_objects`; the objects are
@@ -93,6 +83,8 @@ class BucketIterableDataset(IterableDataset[Any]):
         compose: Small-object coalescing; default ``ComposeConfig()`` (on).
     """
 
+    _identity_keys = ("num_objects", "shuffle", "seed", "uneven")
+
     def __init__(
         self,
         catalog: Catalog,
@@ -119,14 +111,7 @@ class BucketIterableDataset(IterableDataset[Any]):
         self._sharding = sharding if sharding is not None else ShardingConfig()
         self._fetch = fetch if fetch is not None else FetchConfig()
         self._compose = compose if compose is not None else ComposeConfig()
-        # Shared memory: set_epoch in the parent reaches (persistent) workers.
-        self._epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
-        self._dist = _dist_rank_world()
-        self._pending: dict[str, Any] | None = None
-        # The last iterator, and whether it still is what state_dict reports
-        # (until set_epoch moves to another epoch).
-        self._last: _EpochIterator | None = None
-        self._last_current = False
+        super().__init__()
         self._board = EpochBoard()
 
     @classmethod
@@ -227,13 +212,6 @@ class BucketIterableDataset(IterableDataset[Any]):
         return len(self._catalog)
 
     @property
-    def epoch(self) -> int:
-        """The epoch the next iterator will read."""
-        if self._pending is not None:
-            return int(self._pending["epoch"])
-        return int(self._epoch_cell[0])
-
-    @property
     def last_epoch_stats(self) -> RequestStats:
         """The requests and bytes of the last (or current) epoch's reading.
 
@@ -246,48 +224,11 @@ class BucketIterableDataset(IterableDataset[Any]):
         """
         return self._board.last()
 
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch (and so the shuffled order) of the next iterator.
-
-        Raises:
-            ConfigError: ``epoch`` is negative.
-        """
-        if int(epoch) < 0:
-            raise ConfigError(f"epoch must be >= 0, got {epoch!r}")
-        self._epoch_cell[0] = int(epoch)
-        if self._last is not None and self._last.epoch != int(epoch):
-            self._last_current = False
-        if self._pending is not None and self._pending["epoch"] != int(epoch):
-            self._pending = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        # Pickled in the parent when workers spawn: capture the rank there.
-        state["_dist"] = _dist_rank_world() or self._dist
-        state["_last"] = None
-        state["_last_current"] = False
-        return state
-
-    def _layout(self) -> Layout:
-        if self._sharding.rank is not None and self._sharding.world_size is not None:
-            rank, world = self._sharding.rank, self._sharding.world_size
-        else:
-            rank, world = _dist_rank_world() or self._dist or (0, 1)
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        return rank, world, worker, workers
+    def _new_iterator(self, epoch: int, layout: Layout) -> _EpochIterator:
+        return _EpochIterator(self, epoch, layout, 0)
 
     def __iter__(self) -> Iterator[Any]:
-        if self._last is not None:
-            self._last.close()
-        iterator = _EpochIterator(self, self.epoch, self._layout(), 0)
-        if self._pending is not None:
-            # A resumed epoch stays local to this process: a worker restoring
-            # its state never moves the epoch its parent set in shared memory.
-            iterator.load_state_dict(self._pending)
-            self._pending = None
-        self._last = iterator
-        self._last_current = True
+        iterator = self._start_iterator()
         prepare_compose(self._compose)
         self._board.begin(iterator.epoch)
         return iterator
@@ -313,11 +254,7 @@ class BucketIterableDataset(IterableDataset[Any]):
             In a process whose DataLoader has workers, the positions live in
             the workers: use ``StatefulDataLoader.state_dict()`` there.
         """
-        if self._pending is not None:
-            return dict(self._pending)
-        if self._last is not None and self._last_current:
-            return self._last.state_dict()
-        return self._fresh_state()
+        return self._current_state()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Make the next iterator resume where ``state`` was taken.
@@ -325,32 +262,7 @@ class BucketIterableDataset(IterableDataset[Any]):
         Raises:
             ConfigError: The state is from another dataset, order or layout.
         """
-        checked = self._check_state(state)
-        if self._last is not None:
-            self._last.close()
-            self._last = None
-        self._pending = checked
-
-    def _check_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        if state.get("version") != _STATE_VERSION:
-            raise ConfigError(f"unknown state version {state.get('version')!r}")
-        mine = self._fresh_state()
-        for key in ("num_objects", "shuffle", "seed", "uneven"):
-            if state.get(key) != mine[key]:
-                raise ConfigError(
-                    f"state is for {key}={state.get(key)!r}, this dataset has {mine[key]!r}: "
-                    "resuming would replay or skip samples"
-                )
-        position = int(state["position"])
-        if int(state["epoch"]) < 0 or position < 0:
-            raise ConfigError(f"state has a negative epoch or position: {dict(state)!r}")
-        layout = state.get("layout")
-        return {
-            **mine,
-            "epoch": int(state["epoch"]),
-            "position": position,
-            "layout": None if layout is None else [int(x) for x in layout],
-        }
+        self._resume_next(state)
 
 
 class _EpochIterator(Iterator[Any]):
@@ -444,13 +356,7 @@ class _EpochIterator(Iterator[Any]):
             ConfigError: The state is from another dataset, order or layout.
         """
         checked = self._dataset._check_state(state)
-        layout = checked["layout"]
-        if checked["position"] > 0 and layout is not None and tuple(layout) != self._layout:
-            raise ConfigError(
-                f"a mid-epoch state taken with (rank, world size, worker, workers) = "
-                f"{tuple(layout)} cannot resume as {self._layout}: use the same number of "
-                "ranks and DataLoader workers"
-            )
+        check_resume_layout(checked, self._layout)
         self.close()
         if checked["epoch"] != self.epoch:
             self.epoch = checked["epoch"]

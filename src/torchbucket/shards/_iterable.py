@@ -8,11 +8,9 @@ import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-import torch
-from torch.utils.data import IterableDataset, get_worker_info
-
 from torchbucket._checks import renamed_configs
 from torchbucket.datasets.config import ShardingConfig
+from torchbucket.datasets.resumable import Layout, ResumableEpochs, check_resume_layout
 from torchbucket.errors import ConfigError
 from torchbucket.shards._catalog import ShardSet
 from torchbucket.shards._split import Piece, epoch_order, worker_pieces
@@ -26,15 +24,8 @@ if TYPE_CHECKING:
 __all__ = ["BucketShardDataset"]
 
 _STATE_VERSION = 1
-Layout = tuple[int, int, int, int]  # rank, world size, worker, workers
 Position = tuple[int, int]  # piece, sample in piece
 SampleFormatFn = Callable[[Any], Any]
-
-
-def _dist_rank_world() -> tuple[int, int] | None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return None
 
 
 def _describe(sample: Any) -> str:
@@ -43,7 +34,7 @@ def _describe(sample: Any) -> str:
     return "a sample"
 
 
-class BucketShardDataset(IterableDataset[Any]):
+class BucketShardDataset(ResumableEpochs["_ShardIterator"]):
     """The samples of tar shards (WebDataset layout) as a stream.
 
     Build it with :meth:`from_prefix` over the output of ``torchbucket pack``
@@ -86,6 +77,8 @@ class BucketShardDataset(IterableDataset[Any]):
             ``ShardReadConfig()``.
     """
 
+    _identity_keys = ("shards", "shuffle", "seed", "uneven", "shuffle_buffer")
+
     def __init__(
         self,
         shards: ShardSet,
@@ -109,11 +102,7 @@ class BucketShardDataset(IterableDataset[Any]):
         for info in shards.shards:
             digest.update(f"{info.name}\0{info.size}\n".encode())
         self._fingerprint = digest.hexdigest()[:16]
-        self._epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
-        self._dist = _dist_rank_world()
-        self._pending: dict[str, Any] | None = None
-        self._last: _ShardIterator | None = None
-        self._last_current = False
+        super().__init__()
 
     @classmethod
     @renamed_configs(gcs_config="gcs")
@@ -166,43 +155,6 @@ class BucketShardDataset(IterableDataset[Any]):
         """Samples over all shards, or ``None`` when a shard has no index."""
         return None if self._counts is None else sum(self._counts)
 
-    @property
-    def epoch(self) -> int:
-        """The epoch the next iterator will read."""
-        if self._pending is not None:
-            return int(self._pending["epoch"])
-        return int(self._epoch_cell[0])
-
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch (and so the shuffled order) of the next iterator.
-
-        Raises:
-            ConfigError: ``epoch`` is negative.
-        """
-        if int(epoch) < 0:
-            raise ConfigError(f"epoch must be >= 0, got {epoch!r}")
-        self._epoch_cell[0] = int(epoch)
-        if self._last is not None and self._last.epoch != int(epoch):
-            self._last_current = False
-        if self._pending is not None and self._pending["epoch"] != int(epoch):
-            self._pending = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_dist"] = _dist_rank_world() or self._dist
-        state["_last"] = None
-        state["_last_current"] = False
-        return state
-
-    def _layout(self) -> Layout:
-        if self._sharding.rank is not None and self._sharding.world_size is not None:
-            rank, world = self._sharding.rank, self._sharding.world_size
-        else:
-            rank, world = _dist_rank_world() or self._dist or (0, 1)
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        return rank, world, worker, workers
-
     def pieces(self, epoch: int, layout: Layout) -> list[Piece]:
         """The ``(shard, first sample, stop sample)`` pieces one worker reads in ``epoch``."""
         rank, world, worker, workers = layout
@@ -217,16 +169,8 @@ class BucketShardDataset(IterableDataset[Any]):
             uneven=self._sharding.uneven,
         )
 
-    def __iter__(self) -> Iterator[Any]:
-        if self._last is not None:
-            self._last.close()
-        iterator = _ShardIterator(self, self.epoch, self._layout())
-        if self._pending is not None:
-            iterator.load_state_dict(self._pending)
-            self._pending = None
-        self._last = iterator
-        self._last_current = True
-        return iterator
+    def _new_iterator(self, epoch: int, layout: Layout) -> _ShardIterator:
+        return _ShardIterator(self, epoch, layout)
 
     def _fresh_state(self) -> dict[str, Any]:
         return {
@@ -252,11 +196,7 @@ class BucketShardDataset(IterableDataset[Any]):
             positions held in the shuffle buffer and its random state, the
             layout, and what identifies the shards and the order.
         """
-        if self._pending is not None:
-            return dict(self._pending)
-        if self._last is not None and self._last_current:
-            return self._last.state_dict()
-        return self._fresh_state()
+        return self._current_state()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Make the next iterator resume where ``state`` was taken.
@@ -264,33 +204,13 @@ class BucketShardDataset(IterableDataset[Any]):
         Raises:
             ConfigError: The state is from other shards, order or layout.
         """
-        checked = self._check_state(state)
-        if self._last is not None:
-            self._last.close()
-            self._last = None
-        self._pending = checked
+        self._resume_next(state)
 
-    def _check_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        if state.get("version") != _STATE_VERSION:
-            raise ConfigError(f"unknown state version {state.get('version')!r}")
-        mine = self._fresh_state()
-        for key in ("shards", "shuffle", "seed", "uneven", "shuffle_buffer"):
-            if state.get(key) != mine[key]:
-                raise ConfigError(
-                    f"state is for {key}={state.get(key)!r}, this dataset has {mine[key]!r}: "
-                    "resuming would replay or skip samples"
-                )
-        if int(state["epoch"]) < 0 or int(state["position"]) < 0:
-            raise ConfigError(f"state has a negative epoch or position: {dict(state)!r}")
-        layout = state.get("layout")
+    def _checked_fields(self, state: Mapping[str, Any]) -> dict[str, Any]:
         return {
-            **mine,
-            "epoch": int(state["epoch"]),
-            "position": int(state["position"]),
             "next": [int(x) for x in state["next"]],
             "buffer": [[int(p), int(s)] for p, s in state["buffer"]],
             "rng": state.get("rng"),
-            "layout": None if layout is None else [int(x) for x in layout],
         }
 
 
@@ -437,13 +357,7 @@ class _ShardIterator(Iterator[Any]):
             ConfigError: The state is from other shards, order or layout.
         """
         checked = self._dataset._check_state(state)
-        layout = checked["layout"]
-        if checked["position"] > 0 and layout is not None and tuple(layout) != self._layout:
-            raise ConfigError(
-                f"a mid-epoch state taken with (rank, world size, worker, workers) = "
-                f"{tuple(layout)} cannot resume as {self._layout}: use the same number of "
-                "ranks and DataLoader workers"
-            )
+        check_resume_layout(checked, self._layout)
         self.close()
         if checked["epoch"] != self.epoch:
             self.epoch = checked["epoch"]
