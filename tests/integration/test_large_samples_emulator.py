@@ -18,8 +18,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from torchbucket.compose import ComposeConfig
 from torchbucket.config import RetryConfig
 from torchbucket.datasets import (
+    BucketBatchSampler,
     BucketIterableDataset,
     BucketMapDataset,
     FetchConfig,
@@ -107,6 +109,47 @@ def test_tensor_output_through_workers_is_exact_and_on_shared_memory(
             assert sample.is_shared()
             seen[_key_of(sample, objects)] = bytes(sample.numpy())
     assert seen == objects
+
+
+@pytest.mark.parametrize("kind", ["map_fast", "iterable"])
+def test_tensor_output_of_composed_objects_is_views_of_one_composite(
+    emulator: Emulator, kind: str
+) -> None:
+    # Small objects composed server-side: each composite is received into one
+    # shared tensor and its objects are views of it, so a batch crosses from
+    # the worker as one handle per composite (a tensor per object cost a
+    # handle and a shared-memory segment per object).
+    name = f"tcomp-{uuid.uuid4().hex[:12]}"
+    emulator.create_bucket(name)
+    objects = {f"s/{i:04d}": payload(i, 8 * KIB + i) for i in range(48)}
+    emulator.seed(name, objects)
+    uri = f"gs://{name}/s/"
+    fetch = FetchConfig(output="tensor")
+    compose = ComposeConfig()
+    loader_kwargs: dict[str, Any] = {"batch_size": 16}
+    ds: Any
+    if kind == "map_fast":
+        ds = BucketMapDataset.from_prefix(
+            uri, gcs=_gcs(emulator), data_format_fn=shared_or_fail, fetch=fetch, compose=compose
+        )
+        loader_kwargs = {"batch_sampler": BucketBatchSampler(ds, batch_size=16, seed=1)}
+    else:
+        ds = BucketIterableDataset.from_prefix(
+            uri, gcs=_gcs(emulator), data_format_fn=shared_or_fail, fetch=fetch, compose=compose
+        )
+    loader = DataLoader(ds, num_workers=2, collate_fn=collate_list, **loader_kwargs)
+    seen: dict[str, bytes] = {}
+    sharing = 0  # samples of a batch that share another's memory
+    for batch in loader:
+        for sample in batch:
+            assert isinstance(sample, torch.Tensor) and sample.is_shared()
+            key = next(k for k, v in objects.items() if len(v) == sample.numel())
+            seen[key] = bytes(sample.numpy())
+        sharing += len(batch) - len({s.untyped_storage().data_ptr() for s in batch})
+    assert seen == objects
+    assert ds.last_epoch_stats.by_op.get("compose", 0) > 0
+    assert sharing > 0
+    assert emulator.object_names(name, compose.composite_prefix) == []
 
 
 def test_bytes_stay_the_default_and_large_ones_are_read_in_ranges(

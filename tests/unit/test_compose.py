@@ -176,6 +176,38 @@ def test_group_is_composed_read_once_split_and_deleted(bucket: str) -> None:
     assert in_flight() == []
 
 
+class _ArrayDestination:
+    """A composite received into one bytearray; its objects are memoryviews of it."""
+
+    made: list[bytearray] = []
+
+    def __init__(self, size: int) -> None:
+        self.array = bytearray(size)
+        self.made.append(self.array)
+
+    @property
+    def view(self) -> memoryview:
+        return memoryview(self.array)
+
+    def piece(self, start: int, stop: int) -> memoryview:
+        return memoryview(self.array)[start:stop]
+
+
+def test_group_received_into_a_destination_comes_back_as_its_pieces(bucket: str) -> None:
+    store = CountingStore(bucket)
+    infos = _seed(store, 10)
+    expected = [runtime.run(MemoryStore(bucket).get(i.name)) for i in infos]
+    _ArrayDestination.made = []
+    got = runtime.run(fetch_group(store, infos, ComposeConfig(), receive_into=_ArrayDestination))
+    assert [bytes(g) for g in got] == expected
+    # One destination of the composite's size; every object a view of it, no copy.
+    (array,) = _ArrayDestination.made
+    assert len(array) == sum(i.size for i in infos)
+    assert all(isinstance(g, memoryview) and g.obj is array for g in got)
+    assert store.calls == {"compose": 1, "get": 1, "delete": 1}
+    assert _composites(store) == []
+
+
 def test_group_bytes_come_back_before_the_composite_is_deleted(bucket: str) -> None:
     class SlowDelete(CountingStore):
         release: asyncio.Event | None = None

@@ -16,8 +16,8 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from torchbucket.compose._recent import RecentTimes
 from torchbucket.compose._softdelete import soft_delete_allows, soft_delete_blocked
@@ -39,7 +39,7 @@ from torchbucket.errors import (
 from torchbucket.storage.base import ObjectInfo, ObjectStore
 from torchbucket.storage.listed import read_verified
 
-__all__ = ["compose_allowed", "fetch_group"]
+__all__ = ["Destination", "compose_allowed", "fetch_group"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +90,29 @@ _pool = _BufferPool()
 os.register_at_fork(after_in_child=_pool.clear)  # a DataLoader worker starts empty
 
 
+class Destination(Protocol):
+    """A buffer a composite is received into, and the objects cut from it.
+
+    ``fetch_group(receive_into=...)`` makes one per composite, of the
+    composite's size; a group's objects are then ``piece(start, stop)`` of it
+    instead of ``bytes`` copies. The datasets' ``FetchConfig(output="tensor")``
+    receives a composite into one tensor (shared memory in a DataLoader
+    worker) and hands out views of it.
+    """
+
+    @property
+    def view(self) -> memoryview:
+        """The writable bytes the composite is received into."""
+        ...
+
+    def piece(self, start: int, stop: int) -> Any:
+        """The object at ``[start, stop)`` of the composite."""
+        ...
+
+
+ReceiveInto = Callable[[int], Destination]
+
+
 def _warn_once(reason: str, message: str, *args: object) -> None:
     if reason in _warned:
         logger.debug(message, *args)
@@ -120,8 +143,12 @@ async def _read_all(store: ObjectStore, infos: Sequence[ObjectInfo]) -> list[byt
 
 
 async def _compose_and_read(
-    store: ObjectStore, name: str, infos: Sequence[ObjectInfo], config: ComposeConfig
-) -> tuple[list[bytes | BaseException] | None, bool, int | None]:
+    store: ObjectStore,
+    name: str,
+    infos: Sequence[ObjectInfo],
+    config: ComposeConfig,
+    receive_into: ReceiveInto | None,
+) -> tuple[list[Any] | None, bool, int | None]:
     """Compose, read the composite and split it.
 
     Returns:
@@ -176,28 +203,43 @@ async def _compose_and_read(
             expected,
         )
         return None, True, composite.generation
+    if receive_into is not None:
+        destination = receive_into(expected)
+        if not await _read_composite(store, name, composite, destination.view[:expected]):
+            return None, True, composite.generation
+        return _cut(infos, destination.piece), True, composite.generation
     buffer = _pool.take(expected)
     try:
         with memoryview(buffer) as view:
-            # Pinned to the composite's generation: exactly the object whose
-            # size was checked above.
-            got = await store.get_into(name, view[:expected], generation=composite.generation)
-            if got != expected:
-                logger.debug("composite %s: read %d of %d bytes", store.uri(name), got, expected)
+            if not await _read_composite(store, name, composite, view[:expected]):
                 return None, True, composite.generation
-            return _split(view, infos), True, composite.generation
-    except StorageError as exc:
-        logger.debug("reading composite %s failed (%s)", store.uri(name), exc)
-        return None, True, composite.generation
+            return _cut(infos, lambda a, b: bytes(view[a:b])), True, composite.generation
     finally:
         _pool.give(buffer)
 
 
-def _split(view: memoryview, infos: Sequence[ObjectInfo]) -> list[bytes | BaseException]:
-    out: list[bytes | BaseException] = []
+async def _read_composite(
+    store: ObjectStore, name: str, composite: ObjectInfo, view: memoryview
+) -> bool:
+    """Read the whole composite into ``view``; whether every byte arrived (verified)."""
+    try:
+        # Pinned to the composite's generation: exactly the object whose size
+        # was checked.
+        got = await store.get_into(name, view, generation=composite.generation)
+    except StorageError as exc:
+        logger.debug("reading composite %s failed (%s)", store.uri(name), exc)
+        return False
+    if got != len(view):
+        logger.debug("composite %s: read %d of %d bytes", store.uri(name), got, len(view))
+        return False
+    return True
+
+
+def _cut(infos: Sequence[ObjectInfo], piece: Callable[[int, int], Any]) -> list[Any]:
+    out: list[Any] = []
     offset = 0
     for info in infos:
-        out.append(bytes(view[offset : offset + info.size]))
+        out.append(piece(offset, offset + info.size))
         offset += info.size
     return out
 
@@ -228,8 +270,12 @@ def _read_around_after(store: ObjectStore, config: ComposeConfig) -> float | Non
 
 
 async def _composed(
-    store: ObjectStore, name: str, infos: Sequence[ObjectInfo], config: ComposeConfig
-) -> list[bytes | BaseException] | None:
+    store: ObjectStore,
+    name: str,
+    infos: Sequence[ObjectInfo],
+    config: ComposeConfig,
+    receive_into: ReceiveInto | None,
+) -> list[Any] | None:
     """Compose, read and split the group, then delete the composite (in the background).
 
     Returns:
@@ -238,9 +284,11 @@ async def _composed(
     t0 = time.monotonic()
     may_exist = True
     generation: int | None = None
-    data: list[bytes | BaseException] | None = None
+    data: list[Any] | None = None
     try:
-        data, may_exist, generation = await _compose_and_read(store, name, infos, config)
+        data, may_exist, generation = await _compose_and_read(
+            store, name, infos, config, receive_into
+        )
     finally:
         if may_exist:
             # Off the critical path: the group's bytes are returned now.
@@ -260,8 +308,12 @@ async def _composed(
 
 
 async def fetch_group(
-    store: ObjectStore, infos: Sequence[ObjectInfo], config: ComposeConfig
-) -> list[bytes | BaseException]:
+    store: ObjectStore,
+    infos: Sequence[ObjectInfo],
+    config: ComposeConfig,
+    *,
+    receive_into: ReceiveInto | None = None,
+) -> list[Any]:
     """Read a group of objects, through one composite when compose is allowed.
 
     The composite, if one was made, is deleted in the background, off the
@@ -273,9 +325,14 @@ async def fetch_group(
         store: The store holding every object of the group.
         infos: The objects as listed (name, size, generation).
         config: Compose settings.
+        receive_into: Makes the :class:`Destination` a composite is received
+            into, given its size; its pieces are returned for a composed
+            group. Default: a pooled buffer, cut into ``bytes`` copies.
 
     Returns:
-        Each object's bytes, or the error that reading it raised, in order.
+        Each object's bytes (or, for a group read through a composite with
+        ``receive_into``, its piece of the destination), or the error that
+        reading it raised, in order.
     """
     if (
         len(infos) < 2
@@ -288,7 +345,7 @@ async def fetch_group(
         return await _read_all(store, infos)
     name = f"{config.composite_prefix}{uuid.uuid4().hex}"
     register(store, name)
-    attempt = asyncio.ensure_future(_composed(store, name, infos, config))
+    attempt = asyncio.ensure_future(_composed(store, name, infos, config, receive_into))
     after = _read_around_after(store, config)
     if after is not None:
         try:
@@ -307,9 +364,9 @@ async def fetch_group(
 async def _read_around(
     store: ObjectStore,
     infos: Sequence[ObjectInfo],
-    attempt: asyncio.Future[list[bytes | BaseException] | None],
+    attempt: asyncio.Future[list[Any] | None],
     after: float,
-) -> list[bytes | BaseException]:
+) -> list[Any]:
     """Read a group directly while its slow compose path goes on; the first to finish wins.
 
     The compose path is never cancelled (a compose cancelled in flight may
@@ -349,6 +406,6 @@ async def _read_around(
     return await direct
 
 
-def _finished(attempt: asyncio.Future[list[bytes | BaseException] | None]) -> None:
+def _finished(attempt: asyncio.Future[list[Any] | None]) -> None:
     if not attempt.cancelled() and attempt.exception() is not None:
         logger.debug("compose path read around failed: %s", attempt.exception())

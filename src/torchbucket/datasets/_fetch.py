@@ -16,7 +16,7 @@ import numpy as np
 
 from torchbucket import runtime
 from torchbucket.compose import ComposeConfig, compose_allowed, fetch_group, plan_groups
-from torchbucket.datasets._receive import Sample, read_object, to_output
+from torchbucket.datasets._receive import Sample, SharedComposite, read_object, to_output
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig
 from torchbucket.datasets.sharding import IndexArray
@@ -117,7 +117,12 @@ async def _fetch_unit(
         except Exception as exc:  # handed to the consumer, raised there in order
             return [exc]
     try:
-        items = await fetch_group(store, [catalog.info(i) for i in indices], compose)
+        items = await fetch_group(
+            store,
+            [catalog.info(i) for i in indices],
+            compose,
+            receive_into=SharedComposite if fetch.output == "tensor" else None,
+        )
     except Exception as exc:  # the same: a prefetch window would otherwise wait forever
         return [exc] * len(indices)
     return [i if isinstance(i, BaseException) else to_output(i, fetch) for i in items]

@@ -48,7 +48,7 @@ from torchbucket.storage.crc32c import Crc32c
 from torchbucket.storage.listed import read_verified
 from torchbucket.storage.ranges import fetch_ranges
 
-__all__ = ["Sample", "collate_list", "new_tensor", "read_object", "to_output"]
+__all__ = ["Sample", "SharedComposite", "collate_list", "new_tensor", "read_object", "to_output"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,9 +101,40 @@ def new_tensor(size: int) -> torch.Tensor:
     return tensor
 
 
-def to_output(data: bytes, fetch: FetchConfig) -> Sample:
-    """``data`` as ``fetch.output`` asks (a piece of a composite, a decoded gzip object)."""
-    if fetch.output == "bytes":
+class SharedComposite:
+    """A composite received into one tensor, its objects handed out as views of it.
+
+    The ``receive_into`` of ``fetch_group`` for ``FetchConfig(output="tensor")``:
+    the socket writes the composite into one :func:`new_tensor` (shared memory
+    in a DataLoader worker), and each object is a slice of it. Torch's
+    multiprocessing pickler sends views of one storage with one handle, so a
+    batch costs a handle per composite it draws from, where a fresh tensor per
+    object cost a handle (and a shared-memory segment) per object, and the
+    ``bytes`` output a copy of every byte through the worker's pipe. A view
+    keeps its whole composite's memory alive until it is dropped.
+    """
+
+    __slots__ = ("_tensor",)
+
+    def __init__(self, size: int) -> None:
+        self._tensor = new_tensor(size)
+
+    @property
+    def view(self) -> memoryview:
+        """The tensor's bytes, written by the read of the composite."""
+        return self._tensor.numpy().data
+
+    def piece(self, start: int, stop: int) -> torch.Tensor:
+        """The object at ``[start, stop)``: a view, no copy."""
+        return self._tensor[start:stop]
+
+
+def to_output(data: bytes | torch.Tensor, fetch: FetchConfig) -> Sample:
+    """``data`` as ``fetch.output`` asks (a piece of a composite, a decoded gzip object).
+
+    A tensor (a view of a :class:`SharedComposite`) is already what ``"tensor"`` asks.
+    """
+    if fetch.output == "bytes" or isinstance(data, torch.Tensor):
         return data
     tensor = new_tensor(len(data))
     if data:
