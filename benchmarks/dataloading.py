@@ -11,6 +11,9 @@ every sample checked in the consumer:
 - the map-style fast path: ``BucketMapDataset`` with a shuffling
   ``BucketBatchSampler`` as ``batch_sampler`` (it reads ahead across
   batches), compose on and off (``tb_map_fast*``);
+- both with compose and ``FetchConfig(output="tensor")`` (``*_compose_tensor``,
+  small samples): each composite received into one shared-memory tensor, its
+  objects handed from the workers as views of it, by handle;
 - gcsfs, map-style, with a ``__getitems__`` that calls ``fs.cat(paths)``
   for the batch and ``DataLoader(shuffle=True)`` (``gcsfs_cat``), in
   ``.venv-gcsfs``, run with ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``
@@ -47,6 +50,8 @@ emulator's CPU, and composites left under ``dataflux-composed-objects/``.
 
 Ends with ``RESULT {json}``: ``speedup_vs_dataflux_100kib``,
 ``speedup_vs_dataflux_10kib`` (torchbucket's best against dataflux's best),
+``speedup_vs_gcsfs_*`` (torchbucket's best over gcsfs's best; ``_bytes_``:
+torchbucket's best that hands out ``bytes``, as gcsfs does),
 ``speedup_vs_naive_10kib``, ``fraction_of_limit_10kib`` (torchbucket's best
 over the bare loop), ``client_cpu_ms_per_obj_10kib`` (of torchbucket's best
 contender) and ``composites_left`` (torchbucket's, after all runs; dataflux's
@@ -134,6 +139,15 @@ CONTENDERS = [
               "torchbucket", {"kind": "iterable", "compose": True}),
     Contender("tb_iter", "torchbucket iterable, no compose", "tb_loader.py", False,
               "torchbucket", {"kind": "iterable", "compose": False}),
+    # Small samples, compose on, tensor output: each composite received into one
+    # shared-memory tensor, its objects handed over as views of it.
+    Contender("tb_map_fast_compose_tensor",
+              "torchbucket map + BucketBatchSampler, compose, tensor output", "tb_loader.py",
+              False, "torchbucket",
+              {"kind": "map_fast", "compose": True, "output": "tensor", "small_only": True}),
+    Contender("tb_iter_compose_tensor", "torchbucket iterable, compose, tensor output",
+              "tb_loader.py", False, "torchbucket",
+              {"kind": "iterable", "compose": True, "output": "tensor", "small_only": True}),
     # Large samples only: received into shared-memory tensors, handed over by handle.
     Contender("tb_map_fast_tensor", "torchbucket map + BucketBatchSampler, tensor output",
               "tb_loader.py", False, "torchbucket",
@@ -160,6 +174,14 @@ CONTENDERS = [
     Contender("prototype", "asyncio prototype in DataLoader", "aiohttp_dataloader.py", False,
               "reference", {}),
 ]  # fmt: skip
+
+
+#: torchbucket's map-style and iterable contenders (``tail_slowdown_map_*`` and
+#: ``_iterable_*``, ``map_fraction_of_iterable_*``).
+MAP_KEYS = tuple(c.key for c in CONTENDERS if c.spec.get("kind", "").startswith("map")
+                 and c.family == "torchbucket")  # fmt: skip
+ITER_KEYS = tuple(c.key for c in CONTENDERS if c.spec.get("kind") == "iterable"
+                  and c.family == "torchbucket")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -399,8 +421,8 @@ def tail_figures(
     base, tail = presets[0], presets[-1]
     families = {
         "": ("torchbucket", None),
-        "_map": ("torchbucket", ("tb_map", "tb_map_compose", "tb_map_fast", "tb_map_fast_compose")),
-        "_iterable": ("torchbucket", ("tb_iter", "tb_iter_compose")),
+        "_map": ("torchbucket", MAP_KEYS),
+        "_iterable": ("torchbucket", ITER_KEYS),
         "_dataflux": ("dataflux", None),
     }
     for ds in sets:
@@ -531,6 +553,8 @@ def main(argv: list[str] | None = None) -> int:
                             continue
                         if c.spec.get("large_only") and ds.size < LARGE:
                             continue
+                        if c.spec.get("small_only") and ds.size >= LARGE:
+                            continue
                         print(
                             f"  {preset} {ds.key} {c.key} run {rep + 1} ...",
                             end="",
@@ -571,6 +595,20 @@ def main(argv: list[str] | None = None) -> int:
         gcsfs_key, gcsfs_best = best(summary, "gcsfs")
         result[f"speedup_vs_gcsfs_{ds.key}"] = round(h.ratio(tb_rate, gcsfs_best), 2)
         result[f"best_gcsfs_{ds.key}"] = gcsfs_key
+        # The same with torchbucket's samples as bytes, as gcsfs hands them out.
+        bytes_keys = tuple(
+            c.key
+            for c in CONTENDERS
+            if c.family == "torchbucket" and c.spec.get("output", "bytes") == "bytes"
+        )
+        bytes_key = max(
+            (k for k in bytes_keys if summary.get(k)),
+            key=lambda k: summary[k]["samples_per_s"],
+            default=None,
+        )
+        bytes_rate = summary[bytes_key]["samples_per_s"] if bytes_key else math.nan
+        result[f"speedup_vs_gcsfs_bytes_{ds.key}"] = round(h.ratio(bytes_rate, gcsfs_best), 2)
+        result[f"best_torchbucket_bytes_{ds.key}"] = bytes_key
         result[f"fraction_of_limit_{ds.key}"] = round(h.ratio(tb_rate, limit_rate), 3)
         result[f"fraction_of_prototype_{ds.key}"] = round(h.ratio(tb_rate, proto_rate), 3)
         result[f"client_cpu_ms_per_obj_{ds.key}"] = (
@@ -593,8 +631,8 @@ def main(argv: list[str] | None = None) -> int:
         result[f"best_torchbucket_{ds.key}"] = tb_key
         result[f"best_dataflux_{ds.key}"] = df_key
         # The map-style fast path against the iterable dataset and gcsfs's batched cat.
-        map_rate = best_of(summary, ("tb_map_fast", "tb_map_fast_compose"))
-        iter_rate = best_of(summary, ("tb_iter", "tb_iter_compose"))
+        map_rate = best_of(summary, tuple(k for k in MAP_KEYS if k.startswith("tb_map_fast")))
+        iter_rate = best_of(summary, ITER_KEYS)
         gcsfs_rate = (summary.get("gcsfs_cat") or {}).get("samples_per_s", math.nan)
         result[f"map_fraction_of_iterable_{ds.key}"] = round(h.ratio(map_rate, iter_rate), 3)
         result[f"map_speedup_vs_gcsfs_{ds.key}"] = round(h.ratio(map_rate, gcsfs_rate), 2)
@@ -665,9 +703,12 @@ def main(argv: list[str] | None = None) -> int:
         result["fsspec_env"] = FSSPEC_ENV
         for d in sets:
             print(
-                f"{d.label}: torchbucket's best is {result[f'speedup_vs_gcsfs_{d.key}']}x gcsfs's "
-                f"best ({result[f'best_gcsfs_{d.key}']}; gcsfs {result['fsspec_versions']}, "
-                "run with GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false)"
+                f"{d.label}: torchbucket's best ({result[f'best_torchbucket_{d.key}']}) is "
+                f"{result[f'speedup_vs_gcsfs_{d.key}']}x gcsfs's best "
+                f"({result[f'best_gcsfs_{d.key}']}; gcsfs {result['fsspec_versions']}, "
+                "run with GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false); its best with bytes "
+                f"samples as gcsfs's ({result[f'best_torchbucket_bytes_{d.key}']}) "
+                f"{result[f'speedup_vs_gcsfs_bytes_{d.key}']}x"
             )
     print(
         f"\ncomposites left: torchbucket {result['composites_left']}, dataflux "
