@@ -107,9 +107,11 @@ class HedgeConfig:
     the other request is cancelled, and the bytes are verified as any read's.
     The second requests are bounded: each read earns ``budget`` of a hedge,
     at most ``burst`` are saved up, so over any stretch of reads at most
-    ``budget`` of them (plus ``burst``) are hedged. Each is a GET, billed as
-    class B, counted in :mod:`torchbucket.accounting` (``hedges``). See
-    docs/reliability.md for how hedges and retries interact.
+    ``budget`` of them (plus ``burst``) are hedged; a read whose wait ends
+    with the budget spent asks again after each further wait. Each is a GET,
+    billed as class B, counted in :mod:`torchbucket.accounting`
+    (``hedges``). See docs/reliability.md for how hedges and retries
+    interact.
 
     Attributes:
         enabled: Hedge reads at all. Default ``True``.

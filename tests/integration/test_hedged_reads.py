@@ -115,6 +115,39 @@ def test_hedges_stay_within_their_budget_and_are_all_counted(
     assert _server_gets(emulator) == len(names) + spent.hedges
 
 
+def test_a_stall_behind_a_spent_budget_is_hedged_once_the_budget_refills(
+    emulator: Any, gcs_bucket_factory: Any
+) -> None:
+    # Two reads stall together and the budget holds one hedge: the second
+    # read's timer finds it spent. Later reads refill the budget, and the
+    # stalled read, still waiting, is hedged then (before, it never was, and
+    # waited out its stall).
+    config = HedgeConfig(budget=0.5, burst=1.0, initial_wait=0.2, floor=0.2, min_samples=4)
+    store = gcs_bucket_factory(emulator, prefix="refill", retry=ONE_ATTEMPT, hedge=config)
+    objects = {"a": b"a" * 5000, "b": b"b" * 5000, "z": b"z" * 5000}
+    emulator.seed(store.bucket, objects.items())
+    for _ in range(4):  # the reads of this size the wait is learnt from; the budget fills
+        assert runtime.run(store.get("z")) == objects["z"]
+    for name in ("a", "b"):
+        emulator.add_fault("get", "stall", match=name, stall_seconds=20.0)
+
+    async def later_reads() -> None:
+        await asyncio.sleep(0.5)  # both stalled reads' timers (0.2 s) have fired
+        for _ in range(2):
+            assert await store.get("z") == objects["z"]
+
+    async def scenario() -> list[bytes]:
+        reads = asyncio.gather(store.get("a"), store.get("b"), later_reads())
+        got = await asyncio.wait_for(reads, timeout=10.0)  # the stalls last 20 s
+        return [got[0], got[1]]
+
+    before = accounting.snapshot()
+    assert runtime.run(scenario()) == [objects["a"], objects["b"]]
+    spent = accounting.snapshot() - before
+    assert spent.hedges == 2
+    assert spent.retries == 0
+
+
 @pytest.mark.parametrize("hedge", [False, True], ids=["hedging-off", "hedging-on"])
 def test_a_stall_longer_than_read_timeout_is_retried_then_an_error_naming_the_uri(
     emulator: Any, gcs_bucket_factory: Any, hedge: bool

@@ -91,15 +91,21 @@ class _Race(Generic[S]):
         "spare",
         "task",
         "timer",
+        "wait",
         "won",
     )
 
     def __init__(
-        self, hedger: Hedger, make_spare: Callable[[], Awaitable[S]], task: asyncio.Task[Any]
+        self,
+        hedger: Hedger,
+        make_spare: Callable[[], Awaitable[S]],
+        task: asyncio.Task[Any],
+        wait: float,
     ) -> None:
         self.hedger = hedger
         self.make_spare = make_spare
         self.task = task
+        self.wait = wait
         self.timer: asyncio.TimerHandle | None = None
         self.spare: asyncio.Task[S] | None = None
         self.won = False
@@ -108,9 +114,20 @@ class _Race(Generic[S]):
         self.result: S | None = None
 
     def launch(self) -> None:
-        """The timer fired: send the spare request if the budget allows."""
+        """The timer fired: send the spare request if the budget allows.
+
+        With the budget spent (a burst of slow reads took it), the read asks
+        again after another wait: the longer it runs, the likelier it is
+        stalled, and each new read adds to the budget. Before, such a read
+        was never hedged: with ``factor=1.0`` on the emulator's
+        ``same-region-tail``, a slow patch spent the burst and a 2 s stall
+        behind it went unhedged.
+        """
         self.timer = None
-        if self.over or not self.hedger.spend():
+        if self.over:
+            return
+        if not self.hedger.spend():
+            self.timer = asyncio.get_running_loop().call_later(self.wait, self.launch)
             return
         self.spare = spare = asyncio.ensure_future(self._send())
         spare.add_done_callback(self._spare_done)
@@ -229,7 +246,7 @@ class Hedger:
             result = await first()
             size_class.add(loop.time() - started, config)
             return result
-        race: _Race[S] = _Race(self, spare, task)
+        race: _Race[S] = _Race(self, spare, task, wait)
         race.timer = loop.call_later(wait, race.launch)
         try:
             result = await first()
