@@ -112,7 +112,11 @@ def test_hedges_stay_within_their_budget_and_are_all_counted(
     spent = accounting.snapshot() - before
     assert 1 <= spent.hedges <= 0.05 * len(names) + 2
     assert spent.by_op.get("get") == len(names) + spent.hedges
-    assert _server_gets(emulator) == len(names) + spent.hedges
+    # A hedge is counted when its task starts; one cancelled while it was still
+    # connecting (its read answered meanwhile) never reaches the server. With
+    # the re-armed timers of a spent budget a hedge may start just as its stall
+    # ends, so the server sees from none to all of them (docs/reliability.md).
+    assert len(names) <= _server_gets(emulator) <= len(names) + spent.hedges
 
 
 def test_a_stall_behind_a_spent_budget_is_hedged_once_the_budget_refills(
