@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from typing import Any
 
 import pytest
 
 from torchbucket import accounting, runtime
+from torchbucket.compose import ComposeConfig
 from torchbucket.config import HedgeConfig, RetryConfig
+from torchbucket.datasets import BucketMapDataset
 from torchbucket.emulator import LatencyModel
 from torchbucket.errors import DeadlineExceededError
+from torchbucket.storage.gcs import GCSConfig
 
 pytestmark = pytest.mark.emulator
 
@@ -149,6 +153,35 @@ def test_a_stall_behind_a_spent_budget_is_hedged_once_the_budget_refills(
     assert runtime.run(scenario()) == [objects["a"], objects["b"]]
     spent = accounting.snapshot() - before
     assert spent.hedges == 2
+    assert spent.retries == 0
+
+
+def test_a_map_batch_hedges_its_last_straggler_before_the_reads_own_wait(
+    emulator: Any, gcs_bucket_factory: Any
+) -> None:
+    # A map-style batch (plain sampler: __getitems__) waits for its slowest
+    # read. Each read's own wait here is 10 s (its size class never learnt);
+    # once the other 15 have answered, the one left is hedged after twice
+    # their median instead, so the batch ends well before its 20 s stall.
+    config = HedgeConfig(initial_wait=10.0, floor=0.05, min_samples=512, budget=1.0)
+    store = gcs_bucket_factory(emulator, prefix="batch", retry=ONE_ATTEMPT, hedge=config)
+    objects = {f"s/{i:02d}": bytes([i]) * 3000 for i in range(16)}
+    emulator.seed(store.bucket, objects.items())
+    ds = BucketMapDataset.from_prefix(
+        f"gs://{store.bucket}/s/",
+        gcs=GCSConfig(endpoint=emulator.endpoint, anonymous=True, retry=ONE_ATTEMPT, hedge=config),
+        compose=ComposeConfig(disable=True),
+    )
+    emulator.add_fault("get", "stall", match="s/07", stall_seconds=20.0)
+    before = accounting.snapshot()
+    got: list[Any] = []
+    reader = threading.Thread(target=lambda: got.extend(ds.__getitems__(list(range(16)))))
+    reader.start()
+    reader.join(timeout=8.0)  # before the read's own 10 s wait, and its 20 s stall
+    assert not reader.is_alive(), "the batch waited for its stalled read"
+    assert got == list(objects.values())
+    spent = accounting.snapshot() - before
+    assert spent.hedges == 1
     assert spent.retries == 0
 
 

@@ -20,6 +20,7 @@ from torchbucket.datasets._receive import Sample, SharedComposite, read_object, 
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig
 from torchbucket.datasets.sharding import IndexArray
+from torchbucket.storage.batch import read_batch
 
 __all__ = ["Item", "PrefetchWindow", "fetch_batch", "plan_units"]
 
@@ -137,9 +138,11 @@ async def fetch_batch(
         Per index, its bytes or the error reading it raised.
     """
     units = plan_units(catalog, indices, compose)
-    results = await asyncio.gather(
-        *(_fetch_unit(catalog, [indices[p] for p in unit], compose, fetch) for unit in units)
-    )
+    # The caller waits for all of them: its last stragglers are hedged early.
+    with read_batch():
+        results = await asyncio.gather(
+            *(_fetch_unit(catalog, [indices[p] for p in unit], compose, fetch) for unit in units)
+        )
     if len(units) == len(indices):
         return [r[0] for r in results]
     return [item for unit_items in results for item in unit_items]

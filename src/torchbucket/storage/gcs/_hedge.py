@@ -36,6 +36,7 @@ from typing import Any, Generic, TypeVar
 
 from torchbucket.config import HedgeConfig
 from torchbucket.runtime import accounting
+from torchbucket.storage.batch import current_batch
 
 __all__ = ["Hedger", "get_hedger"]
 
@@ -89,6 +90,7 @@ class _Race(Generic[S]):
         "result",
         "sent",
         "spare",
+        "started",
         "task",
         "timer",
         "wait",
@@ -101,11 +103,13 @@ class _Race(Generic[S]):
         make_spare: Callable[[], Awaitable[S]],
         task: asyncio.Task[Any],
         wait: float,
+        started: float,
     ) -> None:
         self.hedger = hedger
         self.make_spare = make_spare
         self.task = task
         self.wait = wait
+        self.started = started
         self.timer: asyncio.TimerHandle | None = None
         self.spare: asyncio.Task[S] | None = None
         self.won = False
@@ -131,6 +135,25 @@ class _Race(Generic[S]):
             return
         self.spare = spare = asyncio.ensure_future(self._send())
         spare.add_done_callback(self._spare_done)
+
+    def elapsed(self) -> float:
+        """Seconds since the read began."""
+        return asyncio.get_running_loop().time() - self.started
+
+    def hurry(self, after: float) -> None:
+        """Hedge once the read has run ``after`` seconds (at least ``floor``), if sooner.
+
+        Called by the read's :class:`~torchbucket.storage.batch.ReadBatch` when
+        it is one of the batch's last stragglers.
+        """
+        if self.over or self.spare is not None or self.timer is None:
+            return
+        loop = asyncio.get_running_loop()
+        when = self.started + max(self.hedger.config.floor, after)
+        if when >= self.timer.when():
+            return
+        self.timer.cancel()
+        self.timer = loop.call_at(max(when, loop.time()), self.launch)
 
     async def _send(self) -> S:
         # Counted once it runs: a read that answered meanwhile cancels it unsent.
@@ -242,12 +265,31 @@ class Hedger:
         if wait is None and (nbytes is None or nbytes < _SMALL):
             wait = config.initial_wait
         task = asyncio.current_task()
-        if wait is None or task is None or (nbytes is not None and nbytes > config.max_bytes):
-            result = await first()
-            size_class.add(loop.time() - started, config)
+        race: _Race[S] | None = None
+        if wait is not None and task is not None and (nbytes is None or nbytes <= config.max_bytes):
+            race = _Race(self, spare, task, wait, started)
+            race.timer = loop.call_later(wait, race.launch)
+        batch = current_batch()
+        batch_key = None if batch is None else batch.begin(None if race is None else race.hurry)
+        answered: float | None = None
+        try:
+            result = await self._first(race, first, adopt)
+            answered = loop.time() - started
+            size_class.add(answered, config)
             return result
-        race: _Race[S] = _Race(self, spare, task, wait)
-        race.timer = loop.call_later(wait, race.launch)
+        finally:
+            if batch is not None and batch_key is not None:
+                batch.end(batch_key, answered)
+
+    async def _first(
+        self,
+        race: _Race[S] | None,
+        first: Callable[[], Awaitable[T]],
+        adopt: Callable[[S], T],
+    ) -> T:
+        """The read's result: ``first``'s, or its spare's when that answers first."""
+        if race is None:
+            return await first()
         try:
             result = await first()
         except asyncio.CancelledError:
@@ -255,17 +297,14 @@ class Hedger:
             if not race.won:
                 raise
             race.settle()
-            logger.debug("hedged read won after %.3f s", loop.time() - started)
-            size_class.add(loop.time() - started, config)
+            logger.debug("hedged read won after %.3f s", race.elapsed())
             return adopt(race.result)  # type: ignore[arg-type]
         except Exception:
             outcome = await _spare_outcome(race)
             if outcome is None:
                 raise
-            size_class.add(loop.time() - started, config)
             return adopt(outcome[0])
         race.finish()
-        size_class.add(loop.time() - started, config)
         return result
 
 
