@@ -20,6 +20,7 @@ from torchbucket.compose import (
     fetch_group,
     plan_groups,
 )
+from torchbucket.compose import _composite as compose_composite
 from torchbucket.compose import _fetch as compose_fetch
 from torchbucket.compose.registry import cleanup_registered, drain_deletes, in_flight
 from torchbucket.errors import (
@@ -354,13 +355,13 @@ def test_composite_buffers_are_reused_and_never_leak_bytes(bucket: str) -> None:
     # its own bytes, never a byte left over from the larger group before it.
     store = CountingStore(bucket)
     infos = _seed(store, 12, size=3000)
-    compose_fetch._pool.clear()
+    compose_composite._pool.clear()
     expected = [bytes([i % 251]) * (3000 + i) for i in range(12)]
     for stop in (12, 7, 3):
         got = runtime.run(fetch_group(store, infos[:stop], ComposeConfig()))
         assert got == expected[:stop]
         assert all(type(b) is bytes for b in got)
-    assert len(compose_fetch._pool._free) == 1  # one buffer served all three
+    assert len(compose_composite._pool._free) == 1  # one buffer served all three
     assert _composites(store) == []
 
 
@@ -374,10 +375,10 @@ def test_a_failed_composite_read_gives_its_buffer_back_and_reads_directly(bucket
 
     store = BrokenRead(bucket)
     infos = _seed(store, 5)
-    compose_fetch._pool.clear()
+    compose_composite._pool.clear()
     got = runtime.run(fetch_group(store, infos, ComposeConfig()))
     assert got == [bytes([i]) * (100 + i) for i in range(5)]
-    assert len(compose_fetch._pool._free) == 1
+    assert len(compose_composite._pool._free) == 1
     assert _composites(store) == []
 
 
@@ -396,12 +397,12 @@ def test_a_composite_of_another_size_is_not_read(bucket: str) -> None:
 
 
 def test_the_pool_keeps_a_bounded_amount() -> None:
-    pool = compose_fetch._BufferPool()
-    big = pool.take(compose_fetch._POOL_MAX_BUFFER + 1)
+    pool = compose_composite._BufferPool()
+    big = pool.take(compose_composite._POOL_MAX_BUFFER + 1)
     pool.give(big)
     assert pool._free == []  # too large to keep
     buffers = [pool.take(8 << 20) for _ in range(20)]
     for b in buffers:
         pool.give(b)
-    assert sum(len(b) for b in pool._free) <= compose_fetch._POOL_MAX_BYTES
+    assert sum(len(b) for b in pool._free) <= compose_composite._POOL_MAX_BYTES
     assert len(pool.take(100)) == 8 << 20  # the smallest buffer that fits
