@@ -182,6 +182,9 @@ MAP_KEYS = tuple(c.key for c in CONTENDERS if c.spec.get("kind", "").startswith(
                  and c.family == "torchbucket")  # fmt: skip
 ITER_KEYS = tuple(c.key for c in CONTENDERS if c.spec.get("kind") == "iterable"
                   and c.family == "torchbucket")  # fmt: skip
+#: torchbucket's contenders that hand out ``bytes`` (``speedup_vs_gcsfs_bytes_*``).
+BYTES_KEYS = tuple(c.key for c in CONTENDERS if c.family == "torchbucket"
+                   and c.spec.get("output", "bytes") == "bytes")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -373,23 +376,25 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def best(summary: dict[str, dict[str, Any]], family: str) -> tuple[str | None, float]:
-    """The contender of ``family`` with the highest samples/s, and that rate."""
-    rates = [
-        (s["samples_per_s"], key)
-        for key, s in summary.items()
-        if s and next(c for c in CONTENDERS if c.key == key).family == family
-    ]
+def best_among(
+    summary: dict[str, dict[str, Any]], keys: tuple[str, ...]
+) -> tuple[str | None, float]:
+    """The contender among ``keys`` that ran with the highest samples/s, and that rate."""
+    rates = [(summary[k]["samples_per_s"], k) for k in keys if summary.get(k)]
     if not rates:
         return None, math.nan
     rate, key = max(rates)
     return key, rate
 
 
+def best(summary: dict[str, dict[str, Any]], family: str) -> tuple[str | None, float]:
+    """The contender of ``family`` with the highest samples/s, and that rate."""
+    return best_among(summary, tuple(c.key for c in CONTENDERS if c.family == family))
+
+
 def best_of(summary: dict[str, dict[str, Any]], keys: tuple[str, ...]) -> float:
     """The highest samples/s among the contenders ``keys`` that ran (``nan``: none)."""
-    rates = [summary[k]["samples_per_s"] for k in keys if summary.get(k)]
-    return max(rates, default=math.nan)
+    return best_among(summary, keys)[1]
 
 
 def tail_figures(
@@ -596,17 +601,7 @@ def main(argv: list[str] | None = None) -> int:
         result[f"speedup_vs_gcsfs_{ds.key}"] = round(h.ratio(tb_rate, gcsfs_best), 2)
         result[f"best_gcsfs_{ds.key}"] = gcsfs_key
         # The same with torchbucket's samples as bytes, as gcsfs hands them out.
-        bytes_keys = tuple(
-            c.key
-            for c in CONTENDERS
-            if c.family == "torchbucket" and c.spec.get("output", "bytes") == "bytes"
-        )
-        bytes_key = max(
-            (k for k in bytes_keys if summary.get(k)),
-            key=lambda k: summary[k]["samples_per_s"],
-            default=None,
-        )
-        bytes_rate = summary[bytes_key]["samples_per_s"] if bytes_key else math.nan
+        bytes_key, bytes_rate = best_among(summary, BYTES_KEYS)
         result[f"speedup_vs_gcsfs_bytes_{ds.key}"] = round(h.ratio(bytes_rate, gcsfs_best), 2)
         result[f"best_torchbucket_bytes_{ds.key}"] = bytes_key
         result[f"fraction_of_limit_{ds.key}"] = round(h.ratio(tb_rate, limit_rate), 3)

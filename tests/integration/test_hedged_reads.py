@@ -137,7 +137,7 @@ def test_a_stall_behind_a_spent_budget_is_hedged_once_the_budget_refills(
     for _ in range(4):  # the reads of this size the wait is learnt from; the budget fills
         assert runtime.run(store.get("z")) == objects["z"]
     for name in ("a", "b"):
-        emulator.add_fault("get", "stall", match=name, stall_seconds=20.0)
+        emulator.add_fault("get", "stall", match=name, stall_seconds=60.0)
 
     async def later_reads() -> None:
         await asyncio.sleep(0.5)  # both stalled reads' timers (0.2 s) have fired
@@ -146,7 +146,7 @@ def test_a_stall_behind_a_spent_budget_is_hedged_once_the_budget_refills(
 
     async def scenario() -> list[bytes]:
         reads = asyncio.gather(store.get("a"), store.get("b"), later_reads())
-        got = await asyncio.wait_for(reads, timeout=10.0)  # the stalls last 20 s
+        got = await asyncio.wait_for(reads, timeout=30.0)  # the stalls last 60 s
         return [got[0], got[1]]
 
     before = accounting.snapshot()
@@ -160,10 +160,10 @@ def test_a_map_batch_hedges_its_last_straggler_before_the_reads_own_wait(
     emulator: Any, gcs_bucket_factory: Any
 ) -> None:
     # A map-style batch (plain sampler: __getitems__) waits for its slowest
-    # read. Each read's own wait here is 10 s (its size class never learnt);
+    # read. Each read's own wait here is 30 s (its size class never learnt);
     # once the other 15 have answered, the one left is hedged after twice
-    # their median instead, so the batch ends well before its 20 s stall.
-    config = HedgeConfig(initial_wait=10.0, floor=0.05, min_samples=512, budget=1.0)
+    # their median instead, so the batch ends well before its 60 s stall.
+    config = HedgeConfig(initial_wait=30.0, floor=0.05, min_samples=512, budget=1.0)
     store = gcs_bucket_factory(emulator, prefix="batch", retry=ONE_ATTEMPT, hedge=config)
     objects = {f"s/{i:02d}": bytes([i]) * 3000 for i in range(16)}
     emulator.seed(store.bucket, objects.items())
@@ -172,12 +172,12 @@ def test_a_map_batch_hedges_its_last_straggler_before_the_reads_own_wait(
         gcs=GCSConfig(endpoint=emulator.endpoint, anonymous=True, retry=ONE_ATTEMPT, hedge=config),
         compose=ComposeConfig(disable=True),
     )
-    emulator.add_fault("get", "stall", match="s/07", stall_seconds=20.0)
+    emulator.add_fault("get", "stall", match="s/07", stall_seconds=60.0)
     before = accounting.snapshot()
     got: list[Any] = []
     reader = threading.Thread(target=lambda: got.extend(ds.__getitems__(list(range(16)))))
     reader.start()
-    reader.join(timeout=8.0)  # before the read's own 10 s wait, and its 20 s stall
+    reader.join(timeout=20.0)  # before the read's own 30 s wait, and its 60 s stall
     assert not reader.is_alive(), "the batch waited for its stalled read"
     assert got == list(objects.values())
     spent = accounting.snapshot() - before

@@ -270,7 +270,7 @@ class Hedger:
             race = _Race(self, spare, task, wait, started)
             race.timer = loop.call_later(wait, race.launch)
         batch = current_batch()
-        batch_key = None if batch is None else batch.begin(None if race is None else race.hurry)
+        batch_key = 0 if batch is None else batch.begin(None if race is None else race.hurry)
         answered: float | None = None
         try:
             result = await self._first(race, first, adopt)
@@ -278,7 +278,7 @@ class Hedger:
             size_class.add(answered, config)
             return result
         finally:
-            if batch is not None and batch_key is not None:
+            if batch is not None:
                 batch.end(batch_key, answered)
 
     async def _first(
