@@ -11,18 +11,13 @@ from torch.utils.data import Sampler
 
 from torchbucket._checks import check_instance, check_int
 from torchbucket.datasets.config import ShardingConfig
+from torchbucket.datasets.resumable import dist_rank_world
 from torchbucket.datasets.sharding import IndexArray, epoch_order, shard_of
 from torchbucket.errors import ConfigError
 
 __all__ = ["BatchPlan", "BucketBatchSampler"]
 
 _STATE_VERSION = 1
-
-
-def _dist_rank_world() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
 
 
 class BatchPlan:
@@ -164,7 +159,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         if sharding.rank is not None and sharding.world_size is not None:
             rank, world = sharding.rank, sharding.world_size
         else:
-            rank, world = _dist_rank_world()
+            rank, world = dist_rank_world() or (0, 1)
         self.plan = BatchPlan(
             num_objects=len(dataset),
             batch_size=batch_size,
