@@ -22,6 +22,7 @@ from torchbucket.datasets._common import (
 )
 from torchbucket.datasets._fetch import Item, PrefetchWindow
 from torchbucket.datasets._stats import EpochBoard
+from torchbucket.datasets._worker import settle_worker
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig, ShardingConfig
 from torchbucket.datasets.resumable import Layout, ResumableEpochs, check_resume_layout
@@ -230,6 +231,7 @@ class BucketIterableDataset(ResumableEpochs["_EpochIterator"]):
     def __iter__(self) -> Iterator[Any]:
         iterator = self._start_iterator()
         prepare_compose(self._compose)
+        settle_worker(self._fetch.freeze_gc)
         self._board.begin(iterator.epoch)
         return iterator
 

@@ -25,6 +25,7 @@ from torchbucket.datasets._readahead import ReadAhead
 from torchbucket.datasets._receive import read_object
 from torchbucket.datasets._sampler import BatchPlan
 from torchbucket.datasets._stats import EpochBoard
+from torchbucket.datasets._worker import settle_worker
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig
 from torchbucket.runtime.accounting import RequestStats
@@ -265,6 +266,7 @@ class BucketMapDataset(Dataset[Any]):
         self._board.new_mark()
 
     def _count_begin(self) -> None:
+        settle_worker(self._fetch.freeze_gc)
         board = self._board
         mark = board.mark
         if not board.begun(mark):
