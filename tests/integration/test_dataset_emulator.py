@@ -1,8 +1,10 @@
 """Datasets over HTTP against the emulator: DataLoader with fork and spawn workers,
-compose on and off, composites always deleted, faults, and a killed worker."""
+compose on and off, composites always deleted, faults, a killed worker, and the
+workers' frozen garbage collector."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -21,7 +23,7 @@ from torchbucket.compose import _fetch as compose_fetch
 from torchbucket.config import RetryConfig
 from torchbucket.datasets import BucketIterableDataset, BucketMapDataset, FetchConfig
 from torchbucket.emulator import Emulator
-from torchbucket.errors import NotFoundError
+from torchbucket.errors import ConfigError, NotFoundError
 from torchbucket.storage.gcs import GCSConfig, GCSStore
 
 pytestmark = pytest.mark.emulator
@@ -170,3 +172,46 @@ def test_worker_killed_mid_epoch_leaves_composites_that_cleanup_removes(
     assert runtime.run(cleanup_composites(store)) == len(left)
     assert emulator.object_names(bucket, COMPOSITE_PREFIX) == []
     assert len(emulator.object_names(bucket, "train/")) == N
+
+
+def seen_by_worker(data: bytes) -> tuple[int, int, bytes]:
+    """A data_format_fn run in the worker: its pid, its frozen count, the bytes."""
+    return os.getpid(), gc.get_freeze_count(), data
+
+
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+@pytest.mark.parametrize("freeze", [True, False])
+def test_workers_freeze_the_collector_before_their_first_read(
+    emulator: Emulator, bucket: str, kind: str, freeze: bool
+) -> None:
+    # FetchConfig.freeze_gc (datasets/_worker.py): in every worker, never in
+    # the main process, not at all when turned off.
+    cls = BucketMapDataset if kind == "map" else BucketIterableDataset
+    ds = cls.from_prefix(
+        f"gs://{bucket}/train/",
+        gcs=_gcs(emulator),
+        fetch=FetchConfig(freeze_gc=freeze),
+        data_format_fn=seen_by_worker,
+    )
+    frozen_in_main = gc.get_freeze_count()
+    loader = DataLoader(
+        ds, batch_size=16, num_workers=2, multiprocessing_context="fork", collate_fn=_as_list
+    )
+    samples = [s for batch in loader for s in batch]
+
+    assert sorted(data for _, _, data in samples) == sorted(payload(i) for i in range(N))
+    pids = {pid for pid, _, _ in samples}
+    assert len(pids) == 2 and os.getpid() not in pids
+    counts = [count for _, count, _ in samples]
+    if freeze:
+        # Every sample, each worker's first included: the freeze came before
+        # the first read, and it took what the worker inherited.
+        assert min(counts) > frozen_in_main + 10_000
+    else:
+        assert set(counts) == {frozen_in_main}
+    assert gc.get_freeze_count() == frozen_in_main  # the main process is left alone
+
+
+def test_freeze_gc_must_be_a_bool() -> None:
+    with pytest.raises(ConfigError, match=r"FetchConfig\.freeze_gc"):
+        FetchConfig(freeze_gc="yes")  # type: ignore[arg-type]
