@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -19,6 +19,19 @@ pytestmark = pytest.mark.emulator
 # it was still connecting is counted here and never reaches the server, and a
 # request cancelled mid-answer was sent whole by the server (docs/reliability.md).
 NO_HEDGE = HedgeConfig(enabled=False)
+
+
+@pytest.fixture
+def emulator() -> Iterator[Emulator]:
+    """A private model-store emulator per test, in place of the session's.
+
+    These tests compare every request the server saw with the client's counts.
+    On the session's emulator a request of an earlier test still in flight (a
+    retry after its backoff) can land meanwhile: a clean-clone CI run once
+    counted a stray ``bucket_get`` here.
+    """
+    with Emulator() as emu:
+        yield emu
 
 
 def _server_ops(emu: Emulator) -> dict[str, int]:
