@@ -184,7 +184,7 @@ def seen_by_worker(data: bytes) -> tuple[int, int, bytes]:
 def test_workers_freeze_the_collector_before_their_first_read(
     emulator: Emulator, bucket: str, kind: str, freeze: bool
 ) -> None:
-    # FetchConfig.freeze_gc (datasets/_worker.py): in every worker, never in
+    # FetchConfig.freeze_gc (datasets/workers.py): in every worker, never in
     # the main process, not at all when turned off.
     cls = BucketMapDataset if kind == "map" else BucketIterableDataset
     ds = cls.from_prefix(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -225,3 +227,37 @@ def test_large_reads_land_in_place_and_survive_corrupt_and_cut_bodies(
     assert [_key(s) for s in samples] == [f"{i:05d}" for i in range(N)]
     assert all(s["bin"] == big[f"big/{_key(s)}.bin"] for s in samples)
     assert all(r["fired"] == 1 for r in emulator.faults())
+
+
+def key_seen_by_worker(sample: dict[str, Any]) -> tuple[int, int, str]:
+    """A data_format_fn run in the worker: its pid, its frozen count, the key."""
+    return os.getpid(), gc.get_freeze_count(), _key(sample)
+
+
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+@pytest.mark.parametrize("freeze", [True, False])
+def test_workers_freeze_the_collector_before_their_first_read(
+    emulator: Emulator, bucket: str, kind: str, freeze: bool
+) -> None:
+    # ShardReadConfig.freeze_gc, as FetchConfig.freeze_gc for the other datasets.
+    _pack(emulator, bucket)
+    cls = BucketShardMapDataset if kind == "map" else BucketShardDataset
+    ds = cls.from_prefix(
+        f"gs://{bucket}/packed/",
+        gcs=_gcs(emulator),
+        data_format_fn=key_seen_by_worker,
+        read=ShardReadConfig(freeze_gc=freeze),
+    )
+    frozen_in_main = gc.get_freeze_count()
+    loader = DataLoader(
+        ds, batch_size=8, num_workers=2, multiprocessing_context="fork", collate_fn=list
+    )
+    got = [s for batch in loader for s in batch]
+    assert sorted(k for _, _, k in got) == [f"{i:05d}" for i in range(N)]
+    assert len({pid for pid, _, _ in got}) == 2
+    counts = [count for _, count, _ in got]
+    if freeze:
+        assert min(counts) > frozen_in_main + 10_000
+    else:
+        assert set(counts) == {frozen_in_main}
+    assert gc.get_freeze_count() == frozen_in_main

@@ -22,11 +22,11 @@ from torchbucket.datasets._common import (
 )
 from torchbucket.datasets._fetch import Item, PrefetchWindow
 from torchbucket.datasets._stats import EpochBoard
-from torchbucket.datasets._worker import settle_worker
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig, ShardingConfig
 from torchbucket.datasets.resumable import Layout, ResumableEpochs, check_resume_layout
 from torchbucket.datasets.sharding import IndexArray, epoch_order, shard_of
+from torchbucket.datasets.workers import settle_worker
 from torchbucket.runtime.accounting import RequestStats
 
 if TYPE_CHECKING:

@@ -25,9 +25,9 @@ from torchbucket.datasets._readahead import ReadAhead
 from torchbucket.datasets._receive import read_object
 from torchbucket.datasets._sampler import BatchPlan
 from torchbucket.datasets._stats import EpochBoard
-from torchbucket.datasets._worker import settle_worker
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig
+from torchbucket.datasets.workers import settle_worker
 from torchbucket.runtime.accounting import RequestStats
 
 if TYPE_CHECKING:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from torchbucket._checks import renamed_configs
 from torchbucket.datasets.config import ShardingConfig
 from torchbucket.datasets.resumable import Layout, ResumableEpochs, check_resume_layout
+from torchbucket.datasets.workers import settle_worker
 from torchbucket.errors import ConfigError
 from torchbucket.shards._catalog import ShardSet
 from torchbucket.shards._split import Piece, epoch_order, worker_pieces
@@ -240,6 +241,7 @@ class _ShardIterator(Iterator[Any]):
 
     def _open(self) -> Generator[tuple[int, int, Any], None, None]:
         ds = self._dataset
+        settle_worker(ds._read.freeze_gc)
         if self._pieces is None:
             self._pieces = ds.pieces(self.epoch, self._layout)
         start = min([self._next, *(self._restore or [])])

@@ -11,9 +11,11 @@ from torch.utils.data import Dataset
 
 from torchbucket import runtime
 from torchbucket._checks import renamed_configs
+from torchbucket.datasets.workers import settle_worker
 from torchbucket.errors import IntegrityError
 from torchbucket.shards._catalog import ShardSet
 from torchbucket.shards._stream import member_sample
+from torchbucket.shards.config import ShardReadConfig
 from torchbucket.storage.crc32c import extend
 
 if TYPE_CHECKING:
@@ -42,18 +44,25 @@ class BucketShardMapDataset(Dataset[Any]):
         shards: The shards (use :meth:`from_prefix`); every one indexed.
         data_format_fn: Turns a sample (a dict of one key's members, or one
             member's bytes for ``group_by="none"``) into what the model needs.
+        read: Of a ``ShardReadConfig``, only ``freeze_gc`` applies here (the
+            rest is about streaming). Default ``ShardReadConfig()``.
 
     Raises:
         ConfigError: A shard has no index.
     """
 
     def __init__(
-        self, shards: ShardSet, *, data_format_fn: Callable[[Any], Any] | None = None
+        self,
+        shards: ShardSet,
+        *,
+        data_format_fn: Callable[[Any], Any] | None = None,
+        read: ShardReadConfig | None = None,
     ) -> None:
         for i in range(len(shards)):
             shards.index(i)  # raises, naming the shard, where there is none
         self._shards = shards
         self._format = data_format_fn
+        self._freeze_gc = (read if read is not None else ShardReadConfig()).freeze_gc
         counts = [shards.index(i).num_samples for i in range(len(shards))]
         self._bounds = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(counts, out=self._bounds[1:])
@@ -67,6 +76,7 @@ class BucketShardMapDataset(Dataset[Any]):
         data_format_fn: Callable[[Any], Any] | None = None,
         gcs: GCSConfig | None = None,
         listing: ListingConfig | None = None,
+        read: ShardReadConfig | None = None,
     ) -> BucketShardMapDataset:
         """The packed shards under a prefix, or of a manifest URI.
 
@@ -75,7 +85,7 @@ class BucketShardMapDataset(Dataset[Any]):
             ConfigError: A shard has no index.
         """
         shards = ShardSet.open(uri, gcs=gcs, listing=listing)
-        return cls(shards, data_format_fn=data_format_fn)
+        return cls(shards, data_format_fn=data_format_fn, read=read)
 
     def __len__(self) -> int:
         return int(self._bounds[-1])
@@ -112,6 +122,7 @@ class BucketShardMapDataset(Dataset[Any]):
             StorageError: A read failed.
         """
         located = [self.locate(i) for i in indices]
+        settle_worker(self._freeze_gc)
         samples = runtime.run(self._fetch(located))
         if self._format is None:
             return samples

@@ -74,6 +74,10 @@ class ShardReadConfig:
             1 MiB.
         shuffle_buffer: Samples held to shuffle within, when shuffling.
             Default 1000 (memory: that many samples).
+        freeze_gc: In a DataLoader worker, call ``gc.freeze()`` before its
+            first read, as ``FetchConfig.freeze_gc`` does for the other
+            datasets (the README's "Troubleshooting"). The only field that
+            ``BucketShardMapDataset`` reads. Default True.
     """
 
     reads_in_flight: int = 8
@@ -81,8 +85,11 @@ class ShardReadConfig:
     read_size: int = 32 * _MIB
     first_read_size: int = 1 * _MIB
     shuffle_buffer: int = 1000
+    freeze_gc: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.freeze_gc, bool):
+            raise ConfigError(f"ShardReadConfig.freeze_gc must be a bool, got {self.freeze_gc!r}")
         for name in (
             "reads_in_flight",
             "bytes_in_flight",

@@ -17,7 +17,8 @@ collector from writing to the inherited pages (copy-on-write).
 The cost: a reference cycle among objects inherited from the parent that is
 garbage at the worker's first read is never collected in that worker. Only
 DataLoader workers are frozen, never the main process; ``FetchConfig(
-freeze_gc=False)`` leaves them alone too.
+freeze_gc=False)`` (``ShardReadConfig(freeze_gc=False)`` for the shard
+datasets) leaves them alone too.
 """
 
 from __future__ import annotations
