@@ -5,6 +5,7 @@ reading anything twice, resumable through ``StatefulDataLoader``."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -127,6 +128,33 @@ def test_reads_ahead_of_the_batch_asked_for_over_http(emulator: Emulator, bucket
     rest = [sample for batch in batches[1:] for sample in ds.__getitems__(batch)]
     assert rest == [payload(i) for batch in batches[1:] for i in batch]
     assert _gets(emulator) - before == N
+
+
+def test_a_batch_does_not_wait_for_the_next_batchs_reads(emulator: Emulator, bucket: str) -> None:
+    # The window hands results over a chunk (prefetch // 4 = 16 here) at a
+    # time. A batch of 20 needs 4 more after its first chunk; it used to wait
+    # for a whole second chunk, so for the next batch's first reads too. One of
+    # those stalls here for 60 s (one attempt, no hedge: nothing rescues it).
+    gcs = GCSConfig(
+        endpoint=emulator.endpoint,
+        anonymous=True,
+        retry=RetryConfig(initial_backoff=0.01, read_timeout=90.0, max_attempts=1),
+        hedge=HedgeConfig(enabled=False),
+    )
+    ds = BucketMapDataset.from_prefix(
+        f"gs://{bucket}/train/",
+        gcs=gcs,
+        compose=ComposeConfig(disable=True),
+        fetch=FetchConfig(prefetch=64),
+    )
+    batches = list(BucketBatchSampler(ds, batch_size=20, seed=3))
+    emulator.add_fault("get", "stall", match=f"train/{batches[1][3]:05d}", stall_seconds=60.0)
+    got: list[Any] = []
+    reader = threading.Thread(target=lambda: got.extend(ds.__getitems__(batches[0])), daemon=True)
+    reader.start()
+    reader.join(timeout=30.0)
+    assert not reader.is_alive(), "the first batch waited for a read of the second"
+    assert got == [payload(i) for i in batches[0]]
 
 
 # torchdata 0.11 calls torch.set_vital, which torch 2.13 deprecates.

@@ -222,6 +222,7 @@ class PrefetchWindow:
         # Written by the consumer only.
         self._taken = start
         self._waiting_for = -1
+        self._wake_at = start
         # Written by the fetchers only.
         self._admitted_end = start
         self._arrived_upto = start
@@ -243,16 +244,20 @@ class PrefetchWindow:
         if future is not None and not future.done():
             future.cancel()
 
-    def take(self, pos: int) -> list[Item]:
+    def take(self, pos: int, want: int | None = None) -> list[Item]:
         """The results that have arrived in order from ``pos``: at least one, at most a chunk.
 
         Positions are taken in order: ``pos`` is the first position not yet
-        taken.
+        taken. A call that has to wait is woken once a chunk has arrived in
+        order, or ``want`` results (the caller needs no more: a map-style
+        batch's last ones), or everything admitted.
         """
         results = self._results
         if pos not in results:
             with self._cond:
-                # Announced before looking, so a delivery cannot slip between.
+                # Announced before looking, so a delivery cannot slip between
+                # (the loop thread reads _wake_at once it sees _waiting_for).
+                self._wake_at = pos + max(1, min(self._chunk, want or self._chunk))
                 self._waiting_for = pos
                 try:
                     while pos not in results:
@@ -311,7 +316,7 @@ class PrefetchWindow:
         while p in results:
             p += 1
         self._arrived_upto = p
-        if p > waiting and (p >= waiting + self._chunk or p >= self._admitted_end):
+        if p > waiting and (p >= self._wake_at or p >= self._admitted_end):
             with self._cond:
                 self._cond.notify()
 

@@ -198,7 +198,9 @@ class ReadAhead:
         ready = self._ready
         try:
             while len(ready) < n:
-                ready.extend(window.take(self._pos + len(ready)))
+                # Wake for this batch's own last objects, not a whole chunk
+                # (which would wait for the next batch's first ones too).
+                ready.extend(window.take(self._pos + len(ready), n - len(ready)))
         except BaseException:
             self.close()
             raise
