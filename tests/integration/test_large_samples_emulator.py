@@ -152,6 +152,48 @@ def test_tensor_output_of_composed_objects_is_views_of_one_composite(
     assert emulator.object_names(name, compose.composite_prefix) == []
 
 
+@pytest.mark.parametrize("kind", ["map", "map_fast", "iterable"])
+def test_tensor_output_of_objects_read_one_by_one_shares_a_few_segments(
+    emulator: Emulator, kind: str
+) -> None:
+    # Compose off: every object is its own GET. Each one used to get its own
+    # shared-memory segment, so a batch of 16 crossed from the worker as 16
+    # handles (each a connection to the worker's resource sharer). They are
+    # now carved in order out of a few segments, at 64-byte aligned offsets.
+    name = f"tslab-{uuid.uuid4().hex[:12]}"
+    emulator.create_bucket(name)
+    objects = {f"s/{i:04d}": payload(i, 8 * KIB + 3 * i) for i in range(48)}
+    emulator.seed(name, objects)
+    uri = f"gs://{name}/s/"
+    fetch = FetchConfig(output="tensor")
+    compose = ComposeConfig(disable=True)
+    loader_kwargs: dict[str, Any] = {"batch_size": 16}
+    ds: Any
+    if kind == "iterable":
+        ds = BucketIterableDataset.from_prefix(
+            uri, gcs=_gcs(emulator), data_format_fn=shared_or_fail, fetch=fetch, compose=compose
+        )
+    else:
+        ds = BucketMapDataset.from_prefix(
+            uri, gcs=_gcs(emulator), data_format_fn=shared_or_fail, fetch=fetch, compose=compose
+        )
+        if kind == "map_fast":
+            loader_kwargs = {"batch_sampler": BucketBatchSampler(ds, batch_size=16, seed=1)}
+    loader = DataLoader(ds, num_workers=2, collate_fn=collate_list, **loader_kwargs)
+    seen: dict[str, bytes] = {}
+    for batch in loader:
+        for sample in batch:
+            assert isinstance(sample, torch.Tensor) and sample.is_shared()
+            assert sample.storage_offset() % 64 == 0
+            key = next(k for k, v in objects.items() if len(v) == sample.numel())
+            seen[key] = bytes(sample.numpy())
+        # One segment for a batch read at once; a window's segment of 64
+        # objects may end inside a batch.
+        assert len({s.untyped_storage().data_ptr() for s in batch}) <= 2
+    assert seen == objects
+    assert ds.last_epoch_stats.by_op.get("compose", 0) == 0
+
+
 def test_bytes_stay_the_default_and_large_ones_are_read_in_ranges(
     emulator: Emulator, bucket: tuple[str, dict[str, bytes]]
 ) -> None:

@@ -16,7 +16,13 @@ import numpy as np
 
 from torchbucket import runtime
 from torchbucket.compose import ComposeConfig, compose_allowed, fetch_group, plan_groups
-from torchbucket.datasets._receive import Sample, SharedComposite, read_object, to_output
+from torchbucket.datasets._receive import (
+    Sample,
+    SharedComposite,
+    SharedSlab,
+    read_object,
+    to_output,
+)
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig
 from torchbucket.datasets.sharding import IndexArray
@@ -71,6 +77,13 @@ _GROUPS_PER_PREFETCH_MOST = 4
 _GROUP_BYTES_IN_FLIGHT = 48 << 20
 _GROUP_BYTES_AHEAD = 96 << 20
 
+# With tensor output in a DataLoader worker, a window's objects read one by
+# one are carved out of shared segments of about this many objects, within
+# _SLAB_BYTES_MOST: a batch then hands the main process a few handles, not
+# one per object (see ``_receive.SharedSlab``).
+_SLAB_OBJECTS = 64
+_SLAB_BYTES_MOST = 4 << 20
+
 
 def plan_units(catalog: Catalog, indices: Sequence[int], compose: ComposeConfig) -> list[range]:
     """Split ``indices`` into consecutive units: one object, or a group to compose.
@@ -109,12 +122,16 @@ def plan_units(catalog: Catalog, indices: Sequence[int], compose: ComposeConfig)
 
 
 async def _fetch_unit(
-    catalog: Catalog, indices: Sequence[int], compose: ComposeConfig, fetch: FetchConfig
+    catalog: Catalog,
+    indices: Sequence[int],
+    compose: ComposeConfig,
+    fetch: FetchConfig,
+    slab: SharedSlab | None = None,
 ) -> list[Item]:
     store = catalog.store(indices[0])
     if len(indices) == 1:
         try:
-            return [await read_object(store, catalog.info(indices[0]), fetch)]
+            return [await read_object(store, catalog.info(indices[0]), fetch, slab)]
         except Exception as exc:  # handed to the consumer, raised there in order
             return [exc]
     try:
@@ -126,7 +143,12 @@ async def _fetch_unit(
         )
     except Exception as exc:  # the same: a prefetch window would otherwise wait forever
         return [exc] * len(indices)
-    return [i if isinstance(i, BaseException) else to_output(i, fetch) for i in items]
+    # Objects of a group read directly (its compose path failed or was read
+    # around) come as bytes: as tensors, they share one segment.
+    slab = None
+    if fetch.output == "tensor":
+        slab = SharedSlab.fitting([len(i) for i in items if isinstance(i, bytes)])
+    return [i if isinstance(i, BaseException) else to_output(i, fetch, slab) for i in items]
 
 
 async def fetch_batch(
@@ -138,10 +160,18 @@ async def fetch_batch(
         Per index, its bytes or the error reading it raised.
     """
     units = plan_units(catalog, indices, compose)
+    slab = None
+    if fetch.output == "tensor":
+        # The batch's objects read one by one share one segment.
+        singles = [indices[u.start] for u in units if len(u) == 1]
+        slab = SharedSlab.fitting(catalog.sizes[singles].tolist())
     # The caller waits for all of them: its last stragglers are hedged early.
     with read_batch():
         results = await asyncio.gather(
-            *(_fetch_unit(catalog, [indices[p] for p in unit], compose, fetch) for unit in units)
+            *(
+                _fetch_unit(catalog, [indices[p] for p in unit], compose, fetch, slab)
+                for unit in units
+            )
         )
     if len(units) == len(indices):
         return [r[0] for r in results]
@@ -214,6 +244,12 @@ class PrefetchWindow:
                 self._ahead,
                 2 * self._groups * compose.max_sources,
                 min(rounds, int(_GROUP_BYTES_AHEAD // mean)),
+            )
+        self._slab: SharedSlab | None = None
+        if fetch.output == "tensor":
+            per_object = float(cum[-1]) / max(1, len(order)) + SharedSlab.ALIGN
+            self._slab = SharedSlab(
+                int(min(_SLAB_BYTES_MOST, max(64 << 10, _SLAB_OBJECTS * per_object)))
             )
         self._limit_bytes = fetch.prefetch_bytes
         self._chunk = max(1, min(_HANDOVER_CHUNK, fetch.prefetch // 4))
@@ -351,7 +387,9 @@ class PrefetchWindow:
                 if grouped:
                     await group_slots.acquire()
             try:
-                items = await _fetch_unit(self._catalog, indices, self._compose, self._fetch)
+                items = await _fetch_unit(
+                    self._catalog, indices, self._compose, self._fetch, self._slab
+                )
             finally:
                 if grouped:
                     group_slots.release()

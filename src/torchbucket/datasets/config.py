@@ -47,7 +47,9 @@ class FetchConfig:
             shared memory, so the DataLoader hands it (or any view of it) to
             the main process by handle instead of pickling and copying its
             bytes. Objects read through a composite are views of one tensor
-            per composite (a batch crosses with a handle per composite).
+            per composite, and objects read one by one views of shared
+            segments of up to 64 of them (a batch crosses with a handle per
+            composite or segment; a view keeps its whole one alive).
             Pick ``"tensor"`` from about 100 KiB up (audio, video, large
             images, ``.npy``/``.pt`` blobs, token blocks; at 100 KiB with
             compose it read ~1.4x the samples/s of ``"bytes"``); at ~10 KiB
