@@ -24,7 +24,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from torchbucket.emulator._admin import handle_admin
 from torchbucket.emulator._faults import STATUS_KINDS, FaultRule, FaultTable, flip_byte
-from torchbucket.emulator._http import Call, error_response, json_call, json_response
+from torchbucket.emulator._http import Call, Route, error_response, json_call, json_response
 from torchbucket.emulator._latency import LatencyModel, LatencySampler, RateCap
 from torchbucket.emulator._routes import parse_route
 from torchbucket.emulator._stats import Stats
@@ -187,7 +187,7 @@ class FrontServer:
             if refused is not None:
                 if request.body_exists and "Expect" not in request.headers:
                     await request.read()
-                stats.count(op, refused.status, 0, 0)
+                stats.count(op, refused.status, 0, 0, route.bucket)
                 return refused
         if self.rate_cap is not None:
             wait = self.rate_cap.take()
@@ -199,7 +199,7 @@ class FrontServer:
                     xml=route.xml,
                     headers={"Retry-After": str(max(1, math.ceil(wait)))},
                 )
-                stats.count(op, 429, 0, 0)
+                stats.count(op, 429, 0, 0, route.bucket)
                 return resp
         rule = self.faults.check(op, route.name or route.bucket) if self.faults.rules else None
         if request.body_exists:
@@ -211,7 +211,7 @@ class FrontServer:
             body = b""
         if rule is not None:
             stats.faults[rule.kind] += 1
-            early = await self._early_fault(request, rule, route.xml, op, len(body))
+            early = await self._early_fault(request, rule, route, len(body))
             if early is not None:
                 return early
             if rule.kind == "corrupt_request":
@@ -226,7 +226,7 @@ class FrontServer:
         else:
             resp = await self.backend.handle(call)
         out_len = len(resp.body) if resp.body is not None else 0  # type: ignore[arg-type]
-        stats.count(op, resp.status, len(body), out_len)
+        stats.count(op, resp.status, len(body), out_len, route.bucket)
         latency = self._sampler
         if latency is not None:
             bandwidth = latency.model.bandwidth
@@ -246,10 +246,11 @@ class FrontServer:
         return resp
 
     async def _early_fault(
-        self, request: web.BaseRequest, rule: FaultRule, xml: bool, op: str, body_len: int
+        self, request: web.BaseRequest, rule: FaultRule, route: Route, body_len: int
     ) -> web.StreamResponse | None:
         """Apply a fault that replaces the answer; ``None`` for body faults."""
         kind = rule.kind
+        xml, op, bucket = route.xml, route.op, route.bucket
         status = _STATUS_FAULTS.get(kind)
         if status is not None:
             if op == "iam" and status == 403:
@@ -259,14 +260,14 @@ class FrontServer:
                 resp = error_response(status, _FAULT_MESSAGES[status], xml=xml)
             if self._sampler is not None:
                 await asyncio.sleep(self._sampler.delay(op, body_len, 0))
-            self.stats.count(op, resp.status, body_len, 0)
+            self.stats.count(op, resp.status, body_len, 0, bucket)
             return resp
         if kind == "reset":
-            self.stats.count(op, 0, body_len, 0)
+            self.stats.count(op, 0, body_len, 0, bucket)
             _reset(request)
             return web.Response(status=500)
         if kind == "stall":
-            self.stats.count(op, 0, body_len, 0)
+            self.stats.count(op, 0, body_len, 0, bucket)
             await asyncio.sleep(rule.stall_seconds)
             _reset(request)
             return web.Response(status=500)

@@ -48,6 +48,7 @@ class Stats:
     __slots__ = (
         "_cpu0",
         "_t0",
+        "by_bucket",
         "by_class",
         "by_op",
         "by_status",
@@ -70,18 +71,31 @@ class Stats:
         self.faults: Counter[str] = Counter()
         self.bytes_in = 0
         self.bytes_out = 0
+        # Per bucket: its operations and bytes, so that a test can count its
+        # own bucket's requests alone (a request of another test still
+        # retrying can reach a port reused by a new emulator).
+        self.by_bucket: dict[str, dict[str, Any]] = {}
         self.throttled = 0
         self._cpu0 = time.process_time()
         self._t0 = time.monotonic()
 
-    def count(self, op: str, status: int, bytes_in: int, bytes_out: int) -> None:
-        """Record one answered (or refused, or failed) request."""
+    def count(
+        self, op: str, status: int, bytes_in: int, bytes_out: int, bucket: str | None = None
+    ) -> None:
+        """Record one answered (or refused, or failed) request, on ``bucket`` if any."""
         self.requests += 1
         self.by_class[OP_CLASS.get(op, "other")] += 1
         self.by_op[op] += 1
         self.by_status[status] += 1
         self.bytes_in += bytes_in
         self.bytes_out += bytes_out
+        if bucket:
+            mine = self.by_bucket.get(bucket)
+            if mine is None:
+                mine = self.by_bucket[bucket] = {"by_op": Counter(), "bytes_in": 0, "bytes_out": 0}
+            mine["by_op"][op] += 1
+            mine["bytes_in"] += bytes_in
+            mine["bytes_out"] += bytes_out
 
     def snapshot(self, backend_pid: int | None = None) -> dict[str, Any]:
         """The counters as a JSON-able dict.
@@ -100,6 +114,10 @@ class Stats:
             "throttled": self.throttled,
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
+            "by_bucket": {
+                name: {**counts, "by_op": dict(counts["by_op"])}
+                for name, counts in self.by_bucket.items()
+            },
             "cpu_seconds": cpu_total - self._cpu0,
             "cpu_seconds_total": cpu_total,
             "wall_seconds": time.monotonic() - self._t0,
