@@ -25,7 +25,7 @@ from torchbucket import BucketCheckpoint, runtime
 from torchbucket.cli import main
 from torchbucket.compose import ComposeConfig
 from torchbucket.config import RetryConfig
-from torchbucket.datasets import BucketIterableDataset, BucketMapDataset
+from torchbucket.datasets import BucketIterableDataset, BucketMapDataset, FetchConfig, collate_list
 from torchbucket.emulator import Emulator
 from torchbucket.storage.gcs import GCSConfig, GCSStore
 
@@ -186,6 +186,27 @@ def test_datasets_with_compose_return_decoded_objects(
         assert [ds[i] for i in range(12)] == [plain(i) for i in range(12)]
         # The plain objects of a batch were still composed.
         assert emu.stats()["by_op"].get("compose", 0) > before
+
+
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+def test_tensor_output_of_gzip_objects_in_workers_is_the_decoded_bytes(
+    emu: Emulator, bucket: Any, kind: str
+) -> None:
+    # In a DataLoader worker, objects read one by one are carved out of shared
+    # segments sized by their listed (stored) sizes; a gzip object decodes to
+    # more than that and gets a tensor of its own.
+    config = GCSConfig(endpoint=emu.endpoint, anonymous=True, retry=EMULATOR_RETRY)
+    uri = f"gs://{bucket.name}/train/"
+    fetch = FetchConfig(output="tensor")
+    off = ComposeConfig(disable=True)
+    ds: Any
+    if kind == "map":
+        ds = BucketMapDataset.from_prefix(uri, gcs=config, compose=off, fetch=fetch)
+    else:
+        ds = BucketIterableDataset.from_prefix(uri, gcs=config, compose=off, fetch=fetch)
+    loader = DataLoader(ds, batch_size=12, num_workers=1, collate_fn=collate_list)
+    seen = [bytes(sample.numpy()) for batch in loader for sample in batch]
+    assert sorted(seen) == sorted(plain(i) for i in range(12))
 
 
 def test_cp_downloads_decoded_bytes(emu: Emulator, bucket: Any, tmp_path: Path) -> None:
