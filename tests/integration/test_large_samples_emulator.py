@@ -315,6 +315,19 @@ def _wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
     return False
 
 
+def _unchanged_for(value: Callable[[], list[str]], seconds: float) -> Callable[[], bool]:
+    """A condition that holds once ``value()`` has not changed for ``seconds``."""
+    seen: list[Any] = [None, 0.0]
+
+    def condition() -> bool:
+        now, current = time.monotonic(), value()
+        if current != seen[0]:
+            seen[:] = [current, now]
+        return now - seen[1] >= seconds
+
+    return condition
+
+
 def test_worker_killed_mid_epoch_leaves_nothing_in_dev_shm(emulator: Emulator) -> None:
     assert torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
     name = f"kill-{uuid.uuid4().hex[:12]}"
@@ -354,9 +367,13 @@ def test_worker_killed_mid_epoch_leaves_nothing_in_dev_shm(emulator: Emulator) -
         return [t for t in own() if not t.endswith("(deleted)")]
 
     assert _wait_for(lambda: len(own()) >= 8)
-    # A segment is unlinked right after it is made: one caught in between (a
-    # composite's, made as its compose answers) is unlinked a moment later.
-    assert _wait_for(lambda: not undeleted(), timeout=5.0), undeleted()
+    # Kill it once it has stopped making segments: torch names a segment in
+    # /dev/shm and unlinks it a moment later (shm_open, ftruncate, mmap,
+    # shm_unlink), and a SIGKILL inside that moment leaves the name behind,
+    # which no code of a dataset can prevent (a clean-clone CI run killed the
+    # worker while its window's first segments were still being made).
+    assert _wait_for(_unchanged_for(own, seconds=0.5)), own()
+    assert not undeleted(), undeleted()
     with pytest.raises(RuntimeError, match="killed by signal"):
         os.kill(worker_pid, signal.SIGKILL)
         time.sleep(30)
