@@ -62,13 +62,16 @@ dataflux's best (aim 6x), >= 30x the plain Dataset, >= 0.8 of the bare loop,
 0 composites, <= 0.3 ms CPU/object; the map-style fast path >= 0.9 of the
 iterable dataset at both sizes and >= 2x gcsfs's batched cat at 100 KiB.
 
-Latency (issue 19): ``--latency`` takes presets run in turn against the same
-buckets, by default ``same-region`` (constant) then ``same-region-tail`` (the
-same medians, a log-normal tail with p99 = 5x and 1 request in 1,000 stalled
-2 s; see ``torchbucket.emulator._latency``). The first preset's figures are the
+Latency (issue 19): ``--latency`` takes presets that alternate repeat by
+repeat against the same buckets (the first repeat runs every contender under
+the first preset and then under the second, the next the other way round, so
+the VM's drift weighs on both), by default ``same-region`` (constant) and
+``same-region-tail`` (the same medians, a log-normal tail with p99 = 5x and 1
+request in 1,000 stalled 2 s; see ``torchbucket.emulator._latency``). The first preset's figures are the
 keys above; RESULT adds ``tail_slowdown_100kib`` (torchbucket's best samples/s
 under the constant preset over under the tail; also ``tail_slowdown_map_*``,
-``tail_slowdown_iterable_*`` and ``tail_slowdown_dataflux_*``),
+``tail_slowdown_iterable_*``, ``tail_slowdown_dataflux_*`` and, for reference,
+``tail_slowdown_limit_*``, the bare loop's),
 ``speedup_vs_dataflux_tail_*``, ``p99_batch_s_map_100kib`` and
 ``p50_batch_s_map_100kib`` (the time between two batches of the map-style
 dataset with a ``BucketBatchSampler``, under the tail; ``_no_readahead`` for
@@ -429,6 +432,9 @@ def tail_figures(
         "_map": ("torchbucket", MAP_KEYS),
         "_iterable": ("torchbucket", ITER_KEYS),
         "_dataflux": ("dataflux", None),
+        # The bare loop: what the tail costs a client that neither hedges nor
+        # reads ahead, at torchbucket's concurrency (a reference, no goal).
+        "_limit": ("limit", None),
     }
     for ds in sets:
         under = {p: by_preset[p].get(ds.key, {}) for p in (base, tail)}
@@ -486,7 +492,8 @@ def tail_figures(
             f"{ds.label}, {tail} against {base}: torchbucket's best slowed by "
             f"{result[f'tail_slowdown_{ds.key}']}x (map {result[f'tail_slowdown_map_{ds.key}']}x,"
             f" iterable {result[f'tail_slowdown_iterable_{ds.key}']}x), dataflux's by "
-            f"{result[f'tail_slowdown_dataflux_{ds.key}']}x; lead over dataflux {lead_base:.2f}x "
+            f"{result[f'tail_slowdown_dataflux_{ds.key}']}x, the bare loop's by "
+            f"{result[f'tail_slowdown_limit_{ds.key}']}x; lead over dataflux {lead_base:.2f}x "
             f"-> {lead_tail:.2f}x; map-style (BucketBatchSampler) batch p50/p99 "
             f"{result.get(f'p50_batch_s_map_{ds.key}')}/{result.get(f'p99_batch_s_map_{ds.key}')}"
             f" s (wait p99 {result.get(f'p99_wait_s_map_{ds.key}')} s, constant preset "
@@ -548,10 +555,17 @@ def main(argv: list[str] | None = None) -> int:
     with h.emulator(latency=args.presets[0]) as emu:
         for ds in sets:
             h.seed(emu, ds.bucket, count=ds.count, size=ds.size, prefix=PREFIX)
-            for preset in args.presets:
-                emu.set_latency(preset)
-                runs: dict[str, list[dict[str, Any]]] = {c.key: [] for c in selected}
-                for rep in range(args.repeats):
+            # The presets alternate run by run (and which goes first, repeat by
+            # repeat), so that the VM's drift (a third for one contender within
+            # minutes, see docs/benchmarks.md) weighs on both alike: run one
+            # after the other, the tail's runs all came last.
+            runs_by: dict[str, dict[str, list[dict[str, Any]]]] = {
+                p: {c.key: [] for c in selected} for p in args.presets
+            }
+            for rep in range(args.repeats):
+                for preset in args.presets if rep % 2 == 0 else args.presets[::-1]:
+                    emu.set_latency(preset)
+                    runs = runs_by[preset]
                     for c in selected:
                         slow = c.family in ("dataflux", "naive") or c.spec.get("sampled")
                         if slow and rep >= args.slow_repeats:
@@ -578,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
                         )
                         runs[c.key].append(r)
                         print(f" {r['samples_per_s']:,.0f} samples/s", file=sys.stderr, flush=True)
+            for preset, runs in runs_by.items():
                 by_preset[preset][ds.key] = {k: summarize(v) for k, v in runs.items()}
                 if preset == args.presets[0]:
                     all_runs[ds.key] = runs

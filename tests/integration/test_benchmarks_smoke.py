@@ -69,6 +69,7 @@ def test_dataloading_smoke_reports_the_issue_keys(tmp_path: Path) -> None:
     # Issue 19: both latency presets run by default and the tail figures are there.
     assert result["latency_presets"] == ["same-region", "same-region-tail"]
     assert result["tail_slowdown_100kib"] > 0
+    assert result["tail_slowdown_limit_100kib"] > 0  # the bare loop's, for reference
     assert result["p99_batch_s_map_no_readahead_100kib"] > 0
     assert 0 <= result["hedged_request_fraction"] <= 1
     # A batch's fetch in the workers (each __getitems__ after a worker's first), both presets.
