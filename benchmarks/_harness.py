@@ -447,14 +447,25 @@ def median_figures(
 
 
 def add_latency_option(parser: argparse.ArgumentParser) -> None:
-    """Add ``--latency``: emulator latency presets, each run in turn (issue 19)."""
+    """Add ``--latency``: emulator latency presets, alternated repeat by repeat (issue 19)."""
     parser.add_argument(
         "--latency",
         default="same-region,same-region-tail",
-        help="comma-separated emulator latency presets, each run in turn (default both: "
+        help="comma-separated emulator latency presets, alternated repeat by repeat (default both: "
         "the constant same-region and same-region-tail, its medians with a tail and stalls); "
         "the first one's figures are the main RESULT keys",
     )
+
+
+def presets_for_repeat(presets: list[str], rep: int) -> list[str]:
+    """The order repeat ``rep`` runs the presets in: as given, then reversed, in turn.
+
+    Each repeat runs every contender under every preset, so the VM's drift
+    within a run (a third for one contender within minutes on the 2-core
+    VM) weighs on each preset alike; run one preset's repeats after
+    another's, the last preset took all of it (docs/benchmarks.md, run N).
+    """
+    return list(presets) if rep % 2 == 0 else list(reversed(presets))
 
 
 def latency_presets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:

@@ -52,8 +52,9 @@ checkpoint's size; goal <= 1.2: the loaded tensors themselves are 1.0) and
 ``dcp_load_peak_extra_rss_fraction`` (a DCP load into an existing state dict,
 over the largest rank's own part of it; goal <= 0.5).
 
-Latency (issue 19): ``--latency`` takes presets run in turn, by default
-``same-region`` (constant) then ``same-region-tail`` (a log-normal tail with
+Latency (issue 19): ``--latency`` takes presets alternated repeat by
+repeat (``_harness.presets_for_repeat``), by default ``same-region``
+(constant) and ``same-region-tail`` (a log-normal tail with
 p99 = 5x the median and 1 request in 1,000 stalled 2 s). The first preset's
 figures are the keys above; RESULT adds ``tail_slowdown_{save,load}_{key}``
 (time under the tail over time under the constant preset, for torchbucket,
@@ -154,7 +155,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--latency",
         default="same-region,same-region-tail",
-        help="comma-separated emulator latency presets, each run in turn (default both: the "
+        help="comma-separated emulator latency presets, alternated repeat by repeat (default both: the "
         "constant same-region and same-region-tail, its medians with a tail and stalls); the "
         "first one's figures are the main RESULT keys",
     )
@@ -237,7 +238,7 @@ def run_one(
     }
 
 
-def check_load(c: Contender, load: dict[str, Any], expected: dict[str, Any]) -> int:
+def check_load(c: Contender, load: dict[str, Any], expected: dict[bool, Any]) -> int:
     """Compare a load's digests with the originals'; return how many tensors differ."""
     got = load.pop("digests") or {}
     want = expected[c.dcp]
@@ -320,10 +321,10 @@ def main(argv: list[str] | None = None) -> int:
         notes.append(f"torchbucket CheckpointConfig: {args.tb_config}")
     with h.emulator(latency=model(args.presets[0])) as emu:
         emu.create_bucket(BUCKET)
-        for preset in args.presets:
-            emu.set_latency(model(preset))
-            runs = runs_by[preset]
-            for rep in range(args.repeats):
+        for rep in range(args.repeats):
+            for preset in h.presets_for_repeat(args.presets, rep):
+                emu.set_latency(model(preset))
+                runs = runs_by[preset]
                 order = selected[rep % len(selected) :] + selected[: rep % len(selected)]
                 for c in order:
                     if c.fsspec and rep >= args.fsspec_repeats:
@@ -356,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = runs_by[args.presets[0]]
 
     def wall(key: str, op: str) -> float:
-        return summary.get(key, {}).get(op, {}).get("wall_s", math.nan)
+        return float(summary.get(key, {}).get(op, {}).get("wall_s", math.nan))
 
     tb_save = summary.get("torchbucket", {}).get("save", {})
     tb_load = summary.get("torchbucket", {}).get("load", {})
@@ -417,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         tail = summaries[args.presets[-1]]
 
         def tail_wall(key: str, op: str) -> float:
-            return tail.get(key, {}).get(op, {}).get("wall_s", math.nan)
+            return float(tail.get(key, {}).get(op, {}).get("wall_s", math.nan))
 
         for key in ("torchbucket", "dataflux", "dcp_torchbucket", "dcp_dataflux"):
             for op in ("save", "load"):

@@ -555,15 +555,11 @@ def main(argv: list[str] | None = None) -> int:
     with h.emulator(latency=args.presets[0]) as emu:
         for ds in sets:
             h.seed(emu, ds.bucket, count=ds.count, size=ds.size, prefix=PREFIX)
-            # The presets alternate run by run (and which goes first, repeat by
-            # repeat), so that the VM's drift (a third for one contender within
-            # minutes, see docs/benchmarks.md) weighs on both alike: run one
-            # after the other, the tail's runs all came last.
             runs_by: dict[str, dict[str, list[dict[str, Any]]]] = {
                 p: {c.key: [] for c in selected} for p in args.presets
             }
             for rep in range(args.repeats):
-                for preset in args.presets if rep % 2 == 0 else args.presets[::-1]:
+                for preset in h.presets_for_repeat(args.presets, rep):
                     emu.set_latency(preset)
                     runs = runs_by[preset]
                     for c in selected:

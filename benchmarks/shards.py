@@ -28,8 +28,9 @@ Ends with ``RESULT {json}``. Goals: >= 2x torchbucket's compose path at
 10 KiB, >= 3x webdataset over gcsfs, <= 0.01 requests per sample, first batch
 <= 0.5 s.
 
-Latency (issue 19): ``--latency`` takes presets run in turn against the same
-buckets and shards, by default ``same-region`` (constant) then
+Latency (issue 19): ``--latency`` takes presets alternated repeat by repeat
+(``_harness.presets_for_repeat``) against the same buckets and shards, by
+default ``same-region`` (constant) and
 ``same-region-tail`` (the same medians, a log-normal tail with p99 = 5x and 1
 request in 1,000 stalled 2 s; see ``torchbucket.emulator._latency``), one
 table per preset. The first preset's figures are the keys above; RESULT adds,
@@ -292,10 +293,13 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            for preset in args.presets:
-                emu.set_latency(preset)
-                runs: dict[str, list[dict[str, Any]]] = {c.key: [] for c in selected}
-                for rep in range(args.repeats):
+            runs_by: dict[str, dict[str, list[dict[str, Any]]]] = {
+                p: {c.key: [] for c in selected} for p in args.presets
+            }
+            for rep in range(args.repeats):
+                for preset in h.presets_for_repeat(args.presets, rep):
+                    emu.set_latency(preset)
+                    runs = runs_by[preset]
                     for c in selected:
                         print(
                             f"  {preset} {ds.key} {c.key} run {rep + 1} ...",
@@ -307,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
                         r = run_one(emu, ds, c, rep, names, bench_py, args.timeout)
                         runs[c.key].append(r)
                         print(f" {r['samples_per_s']:,.0f} samples/s", file=sys.stderr, flush=True)
+            for preset, runs in runs_by.items():
                 by_preset[preset][ds.key] = {k: h.median_figures(v) for k, v in runs.items()}
     summaries = by_preset[args.presets[0]]
 
