@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     size = args.size_mib * MiB
     print(
         f"checkpoint ({mode}): state dict of {args.size_mib} MiB, latency "
-        f"{' then '.join(args.presets)}, "
+        f"{' and '.join(args.presets)} (alternated repeat by repeat), "
         f"every load checked tensor by tensor; DCP on {args.ranks} ranks (gloo); "
         f"{args.repeats} save+load per contender ({args.fsspec_repeats} for gcsfs and "
         "torch's fsspec DCP), medians."

@@ -540,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     sets = datasets_for(args)
     print(
         f"dataloading ({mode}): one epoch, DataLoader(num_workers={NUM_WORKERS}, "
-        f"batch_size={BATCH_SIZE}), latency {' then '.join(args.presets)}, every byte checked; "
+        f"batch_size={BATCH_SIZE}), latency {' and '.join(args.presets)} (alternated repeat by repeat), every byte checked; "
         f"{args.repeats} run(s) per torchbucket contender and the bare loop, "
         f"{args.slow_repeats} per other contender, medians.\n"
         f"  datasets: {', '.join(d.label for d in sets)}; plain Dataset on a sample of "
