@@ -457,15 +457,32 @@ def add_latency_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def presets_for_repeat(presets: list[str], rep: int) -> list[str]:
-    """The order repeat ``rep`` runs the presets in: as given, then reversed, in turn.
+def alternating_runs(
+    emu: Any,
+    presets: Sequence[str],
+    repeats: int,
+    contenders: Sequence[T],
+    latency: Callable[[str], Any] = lambda preset: preset,
+    rotate: bool = False,
+) -> Iterator[tuple[int, str, T]]:
+    """Every run of a benchmark, ``(repeat, preset, contender)``, the emulator set for each.
 
-    Each repeat runs every contender under every preset, so the VM's drift
-    within a run (a third for one contender within minutes on the 2-core
-    VM) weighs on each preset alike; run one preset's repeats after
-    another's, the last preset took all of it (docs/benchmarks.md, run N).
+    Each repeat runs every contender under every preset (``latency(preset)``
+    is what the emulator is set to), the presets in the given order and then
+    reversed, in turn. So the VM's drift within a run (a third for one
+    contender within minutes on the 2-core VM) weighs on each preset alike;
+    run one preset's repeats after another's, the last preset took all of it
+    (docs/benchmarks.md, dataloading run N). With ``rotate`` each repeat
+    starts one contender further on, for the same reason.
     """
-    return list(presets) if rep % 2 == 0 else list(reversed(presets))
+    n = len(contenders)
+    for rep in range(repeats):
+        order = list(presets) if rep % 2 == 0 else list(reversed(presets))
+        for preset in order:
+            emu.set_latency(latency(preset))
+            k = rep % n if rotate and n else 0
+            for c in [*contenders[k:], *contenders[:k]]:
+                yield rep, preset, c
 
 
 def latency_presets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:

@@ -53,7 +53,7 @@ checkpoint's size; goal <= 1.2: the loaded tensors themselves are 1.0) and
 over the largest rank's own part of it; goal <= 0.5).
 
 Latency (issue 19): ``--latency`` takes presets alternated repeat by
-repeat (``_harness.presets_for_repeat``), by default ``same-region``
+repeat (``_harness.alternating_runs``), by default ``same-region``
 (constant) and ``same-region-tail`` (a log-normal tail with
 p99 = 5x the median and 1 request in 1,000 stalled 2 s). The first preset's
 figures are the keys above; RESULT adds ``tail_slowdown_{save,load}_{key}``
@@ -321,30 +321,28 @@ def main(argv: list[str] | None = None) -> int:
         notes.append(f"torchbucket CheckpointConfig: {args.tb_config}")
     with h.emulator(latency=model(args.presets[0])) as emu:
         emu.create_bucket(BUCKET)
-        for rep in range(args.repeats):
-            for preset in h.presets_for_repeat(args.presets, rep):
-                emu.set_latency(model(preset))
-                runs = runs_by[preset]
-                order = selected[rep % len(selected) :] + selected[: rep % len(selected)]
-                for c in order:
-                    if c.fsspec and rep >= args.fsspec_repeats:
-                        continue
-                    print(f"  {preset} {c.key} run {rep + 1}: save", end="", flush=True)
-                    saved = run_one(emu, c, "save", rep, args, bench_py)
-                    digests = saved.pop("digests")
-                    if digests is not None:
-                        if c.dcp not in expected:
-                            expected[c.dcp] = digests
-                        elif digests != expected[c.dcp]:
-                            raise SystemExit(f"{c.key}: the generated state dict differs")
-                    runs[c.key]["save"].append(saved)
-                    print(f" {saved['wall_s']:.2f} s, load", end="", flush=True)
-                    loaded = run_one(emu, c, "load", rep, args, bench_py)
-                    loaded["mismatched"] = check_load(c, loaded, expected)
-                    runs[c.key]["load"].append(loaded)
-                    _delete_prefix(emu, f"{c.key}/")
-                    status = "ok" if not loaded["mismatched"] else f"{loaded['mismatched']} DIFFER"
-                    print(f" {loaded['wall_s']:.2f} s, {status}", flush=True)
+        for rep, preset, c in h.alternating_runs(
+            emu, args.presets, args.repeats, selected, latency=model, rotate=True
+        ):
+            runs = runs_by[preset]
+            if c.fsspec and rep >= args.fsspec_repeats:
+                continue
+            print(f"  {preset} {c.key} run {rep + 1}: save", end="", flush=True)
+            saved = run_one(emu, c, "save", rep, args, bench_py)
+            digests = saved.pop("digests")
+            if digests is not None:
+                if c.dcp not in expected:
+                    expected[c.dcp] = digests
+                elif digests != expected[c.dcp]:
+                    raise SystemExit(f"{c.key}: the generated state dict differs")
+            runs[c.key]["save"].append(saved)
+            print(f" {saved['wall_s']:.2f} s, load", end="", flush=True)
+            loaded = run_one(emu, c, "load", rep, args, bench_py)
+            loaded["mismatched"] = check_load(c, loaded, expected)
+            runs[c.key]["load"].append(loaded)
+            _delete_prefix(emu, f"{c.key}/")
+            status = "ok" if not loaded["mismatched"] else f"{loaded['mismatched']} DIFFER"
+            print(f" {loaded['wall_s']:.2f} s, {status}", flush=True)
 
     summaries = {
         preset: {

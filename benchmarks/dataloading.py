@@ -558,36 +558,32 @@ def main(argv: list[str] | None = None) -> int:
             runs_by: dict[str, dict[str, list[dict[str, Any]]]] = {
                 p: {c.key: [] for c in selected} for p in args.presets
             }
-            for rep in range(args.repeats):
-                for preset in h.presets_for_repeat(args.presets, rep):
-                    emu.set_latency(preset)
-                    runs = runs_by[preset]
-                    for c in selected:
-                        slow = c.family in ("dataflux", "naive") or c.spec.get("sampled")
-                        if slow and rep >= args.slow_repeats:
-                            continue
-                        if c.spec.get("large_only") and ds.size < LARGE:
-                            continue
-                        if c.spec.get("small_only") and ds.size >= LARGE:
-                            continue
-                        print(
-                            f"  {preset} {ds.key} {c.key} run {rep + 1} ...",
-                            end="",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-                        r = run_one(
-                            emu,
-                            ds,
-                            c,
-                            rep,
-                            bench_py,
-                            args.timeout,
-                            hedge=not args.no_hedge,
-                            hedge_tuning={"factor": args.hedge_factor, "floor": args.hedge_floor},
-                        )
-                        runs[c.key].append(r)
-                        print(f" {r['samples_per_s']:,.0f} samples/s", file=sys.stderr, flush=True)
+            for rep, preset, c in h.alternating_runs(emu, args.presets, args.repeats, selected):
+                slow = c.family in ("dataflux", "naive") or c.spec.get("sampled")
+                if slow and rep >= args.slow_repeats:
+                    continue
+                if c.spec.get("large_only") and ds.size < LARGE:
+                    continue
+                if c.spec.get("small_only") and ds.size >= LARGE:
+                    continue
+                print(
+                    f"  {preset} {ds.key} {c.key} run {rep + 1} ...",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                r = run_one(
+                    emu,
+                    ds,
+                    c,
+                    rep,
+                    bench_py,
+                    args.timeout,
+                    hedge=not args.no_hedge,
+                    hedge_tuning={"factor": args.hedge_factor, "floor": args.hedge_floor},
+                )
+                runs_by[preset][c.key].append(r)
+                print(f" {r['samples_per_s']:,.0f} samples/s", file=sys.stderr, flush=True)
             for preset, runs in runs_by.items():
                 by_preset[preset][ds.key] = {k: summarize(v) for k, v in runs.items()}
                 if preset == args.presets[0]:

@@ -29,7 +29,7 @@ Ends with ``RESULT {json}``. Goals: >= 2x torchbucket's compose path at
 <= 0.5 s.
 
 Latency (issue 19): ``--latency`` takes presets alternated repeat by repeat
-(``_harness.presets_for_repeat``) against the same buckets and shards, by
+(``_harness.alternating_runs``) against the same buckets and shards, by
 default ``same-region`` (constant) and
 ``same-region-tail`` (the same medians, a log-normal tail with p99 = 5x and 1
 request in 1,000 stalled 2 s; see ``torchbucket.emulator._latency``), one
@@ -296,21 +296,17 @@ def main(argv: list[str] | None = None) -> int:
             runs_by: dict[str, dict[str, list[dict[str, Any]]]] = {
                 p: {c.key: [] for c in selected} for p in args.presets
             }
-            for rep in range(args.repeats):
-                for preset in h.presets_for_repeat(args.presets, rep):
-                    emu.set_latency(preset)
-                    runs = runs_by[preset]
-                    for c in selected:
-                        print(
-                            f"  {preset} {ds.key} {c.key} run {rep + 1} ...",
-                            end="",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-                        names = packs[ds.key]["names"]
-                        r = run_one(emu, ds, c, rep, names, bench_py, args.timeout)
-                        runs[c.key].append(r)
-                        print(f" {r['samples_per_s']:,.0f} samples/s", file=sys.stderr, flush=True)
+            for rep, preset, c in h.alternating_runs(emu, args.presets, args.repeats, selected):
+                print(
+                    f"  {preset} {ds.key} {c.key} run {rep + 1} ...",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                names = packs[ds.key]["names"]
+                r = run_one(emu, ds, c, rep, names, bench_py, args.timeout)
+                runs_by[preset][c.key].append(r)
+                print(f" {r['samples_per_s']:,.0f} samples/s", file=sys.stderr, flush=True)
             for preset, runs in runs_by.items():
                 by_preset[preset][ds.key] = {k: h.median_figures(v) for k, v in runs.items()}
     summaries = by_preset[args.presets[0]]
