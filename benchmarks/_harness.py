@@ -451,8 +451,8 @@ def add_latency_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--latency",
         default="same-region,same-region-tail",
-        help="comma-separated emulator latency presets, alternated repeat by repeat (default both: "
-        "the constant same-region and same-region-tail, its medians with a tail and stalls); "
+        help="comma-separated emulator latency presets, alternated repeat by repeat (default "
+        "both: the constant same-region and same-region-tail, its medians with a tail and stalls); "
         "the first one's figures are the main RESULT keys",
     )
 
@@ -477,11 +477,11 @@ def alternating_runs(
     """
     n = len(contenders)
     for rep in range(repeats):
-        order = list(presets) if rep % 2 == 0 else list(reversed(presets))
-        for preset in order:
+        k = rep % n if rotate and n else 0
+        contenders_now = [*contenders[k:], *contenders[:k]]
+        for preset in presets if rep % 2 == 0 else list(reversed(presets)):
             emu.set_latency(latency(preset))
-            k = rep % n if rotate and n else 0
-            for c in [*contenders[k:], *contenders[:k]]:
+            for c in contenders_now:
                 yield rep, preset, c
 
 

@@ -155,8 +155,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--latency",
         default="same-region,same-region-tail",
-        help="comma-separated emulator latency presets, alternated repeat by repeat (default both: the "
-        "constant same-region and same-region-tail, its medians with a tail and stalls); the "
+        help="comma-separated emulator latency presets, alternated repeat by repeat (default "
+        "both: the constant same-region and same-region-tail, its medians with a tail and stalls); the "
         "first one's figures are the main RESULT keys",
     )
     args = p.parse_args(argv)

@@ -67,9 +67,10 @@ repeat against the same buckets (the first repeat runs every contender under
 the first preset and then under the second, the next the other way round, so
 the VM's drift weighs on both), by default ``same-region`` (constant) and
 ``same-region-tail`` (the same medians, a log-normal tail with p99 = 5x and 1
-request in 1,000 stalled 2 s; see ``torchbucket.emulator._latency``). The first preset's figures are the
-keys above; RESULT adds ``tail_slowdown_100kib`` (torchbucket's best samples/s
-under the constant preset over under the tail; also ``tail_slowdown_map_*``,
+request in 1,000 stalled 2 s; see ``torchbucket.emulator._latency``). The
+first preset's figures are the keys above; RESULT adds
+``tail_slowdown_100kib`` (torchbucket's best samples/s under the constant
+preset over under the tail; also ``tail_slowdown_map_*``,
 ``tail_slowdown_iterable_*``, ``tail_slowdown_dataflux_*`` and, for reference,
 ``tail_slowdown_limit_*``, the bare loop's),
 ``speedup_vs_dataflux_tail_*``, ``p99_batch_s_map_100kib`` and
@@ -540,7 +541,8 @@ def main(argv: list[str] | None = None) -> int:
     sets = datasets_for(args)
     print(
         f"dataloading ({mode}): one epoch, DataLoader(num_workers={NUM_WORKERS}, "
-        f"batch_size={BATCH_SIZE}), latency {' and '.join(args.presets)} (alternated repeat by repeat), every byte checked; "
+        f"batch_size={BATCH_SIZE}), latency {' and '.join(args.presets)} "
+        "(alternated repeat by repeat), every byte checked; "
         f"{args.repeats} run(s) per torchbucket contender and the bare loop, "
         f"{args.slow_repeats} per other contender, medians.\n"
         f"  datasets: {', '.join(d.label for d in sets)}; plain Dataset on a sample of "

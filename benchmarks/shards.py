@@ -266,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     shard_size = (1 << 20) if args.smoke else SHARD_SIZE
     print(
         f"shards ({mode}): one epoch, DataLoader(num_workers={NUM_WORKERS}, "
-        f"batch_size={BATCH_SIZE}), latency {' and '.join(args.presets)} (alternated repeat by repeat), every byte checked, "
+        f"batch_size={BATCH_SIZE}), latency {' and '.join(args.presets)} "
+        "(alternated repeat by repeat), every byte checked, "
         f"{args.repeats} run(s) per contender, medians.\n"
         f"  datasets: {', '.join(d.label for d in sets)}"
         + (" (scaled down from 100,000 x 10 KiB and 20,000 x 100 KiB)" if mode != "full" else "")

@@ -164,11 +164,8 @@ async def fetch_batch(
     if fetch.output == "tensor":
         # The batch's objects read one by one share one segment (gzip objects,
         # whose decoded size is not their listed one, get their own tensors).
-        singles = [
-            i
-            for i in (indices[u.start] for u in units if len(u) == 1)
-            if i not in catalog.transcoded
-        ]
+        singles = [indices[u.start] for u in units if len(u) == 1]
+        singles = [i for i in singles if i not in catalog.transcoded]
         slab = SharedSlab.fitting(catalog.sizes[singles].tolist())
     # The caller waits for all of them: its last stragglers are hedged early.
     with read_batch():

@@ -200,8 +200,8 @@ class DataAdmin:
             ``by_status`` (status as a string; ``"0"`` for a reset or stall);
             ``faults`` by kind; ``throttled``; ``bytes_in`` / ``bytes_out``;
             ``by_bucket`` (per bucket named in a request: its ``by_op``,
-            ``bytes_in`` and ``bytes_out``); ``cpu_seconds`` (the server's CPU since the reset) and
-            ``cpu_seconds_total``; for fake-gcs, ``backend_cpu_seconds_total``.
+            ``bytes_in`` and ``bytes_out``); ``cpu_seconds`` (the server's CPU
+            since the reset) and ``cpu_seconds_total``; for fake-gcs, ``backend_cpu_seconds_total``.
         """
         return dict(self._admin("GET", "stats"))
 
