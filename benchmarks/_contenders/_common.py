@@ -462,10 +462,15 @@ def measure_loader(
         epoch = run_epoch(loader, verifier, names_known=names_known)
         del loader
     # The library's own counts, workers summed (torchbucket's datasets only):
-    # hedges are second GETs of slow reads, also among the gets.
+    # hedges are second GETs of slow reads, also among the gets, and so are
+    # the reads of objects read around a straggling compose.
     stats = getattr(dataset, "last_epoch_stats", None)
     if stats is not None:
-        epoch.update(client_gets=stats.by_op.get("get", 0), hedges=stats.hedges)
+        epoch.update(
+            client_gets=stats.by_op.get("get", 0),
+            hedges=stats.hedges,
+            read_around=stats.read_around,
+        )
     emit(
         {
             **phase.result(),

@@ -72,6 +72,7 @@ def test_dataloading_smoke_reports_the_issue_keys(tmp_path: Path) -> None:
     assert result["tail_slowdown_limit_100kib"] > 0  # the bare loop's, for reference
     assert result["p99_batch_s_map_no_readahead_100kib"] > 0
     assert 0 <= result["hedged_request_fraction"] <= 1
+    assert 0 <= result["read_around_fraction"] <= 1
     # A batch's fetch in the workers (each __getitems__ after a worker's first), both presets.
     for suffix in ("", "_constant"):
         p50 = result[f"p50_batch_fetch_s_map{suffix}_100kib"]

@@ -11,6 +11,8 @@ tell the two apart.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import uuid
 
 import pytest
@@ -20,7 +22,9 @@ from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig, registry
 from torchbucket.compose import _fetch as compose_fetch
 from torchbucket.compose.registry import drain_deletes
 from torchbucket.config import HedgeConfig, RetryConfig
+from torchbucket.datasets import BucketIterableDataset
 from torchbucket.emulator import Emulator
+from torchbucket.runtime import accounting
 from torchbucket.storage.gcs import GCSConfig, GCSStore
 
 pytestmark = pytest.mark.emulator
@@ -137,8 +141,93 @@ def test_a_stalled_composite_delete_is_sent_again(emulator: Emulator, bucket: st
     runtime.run(store.close())
 
 
+# The usual bound far above the stall, the bound for a waited-for group below it.
+SOONER_WHEN_NEEDED = ComposeConfig(
+    read_around_floor=30.0, read_around_needed_after=2.0, read_around_needed_floor=0.2
+)
+
+
+@pytest.mark.parametrize(("needed_at", "read_around"), [(0.0, True), (0.4, True), (None, False)])
+def test_a_group_its_consumer_waits_for_is_read_around_sooner(
+    emulator: Emulator, bucket: str, needed_at: float | None, read_around: bool
+) -> None:
+    # The compose is held 2 s, far under the usual bound (30 s): only a group
+    # marked as waited for (at once, or 0.4 s in) is read around meanwhile.
+    emulator.add_fault("compose", "stall", count=1, stall_seconds=2.0)
+    gcs = GCSConfig(
+        endpoint=emulator.endpoint,
+        anonymous=True,
+        retry=RETRY,
+        hedge=HedgeConfig(enabled=False),
+    )
+    store = GCSStore(bucket, config=gcs)
+    infos = runtime.run(store.list_page("g/")).objects
+    before = emulator.stats()["by_op"]
+
+    async def fetch() -> list[object]:
+        needed = asyncio.Event()
+        if needed_at is not None:
+            asyncio.get_running_loop().call_later(needed_at, needed.set)
+        return list(
+            await compose_fetch.fetch_group(store, infos, SOONER_WHEN_NEEDED, needed=needed)
+        )
+
+    counted = accounting.snapshot()
+    got = runtime.run(fetch())
+    gets_when_returned = emulator.stats()["by_op"].get("get", 0) - before.get("get", 0)
+    counted = accounting.snapshot() - counted
+    assert got == [payload(i) for i in range(N)]
+    if read_around:
+        # Returned with the compose still held: the objects were read directly,
+        # and counted as read around.
+        assert gets_when_returned == N
+        assert counted.read_around == N
+    else:
+        # Returned after the compose's retry, through its composite alone.
+        assert gets_when_returned == 1
+        assert counted.read_around == 0
+    assert _settle(emulator, bucket, store) == []
+    assert emulator.stats()["by_op"].get("compose", 0) - before.get("compose", 0) == 2
+
+
+@pytest.mark.parametrize("needed_after", [2.0, 0.0])
+def test_a_dataset_window_hurries_the_group_its_consumer_waits_for(
+    emulator: Emulator, needed_after: float
+) -> None:
+    # 40 objects: the window reads its first 10 directly, then one group of
+    # 30, whose compose is held 2 s, far under the usual bound: the consumer,
+    # waiting for that group, has it read around, unless the waited-for bound
+    # is off.
+    name = f"hurry-{uuid.uuid4().hex[:12]}"
+    emulator.create_bucket(name)
+    objects = {f"d/{i:03d}": payload(i) for i in range(40)}
+    emulator.seed(name, objects)
+    gcs = GCSConfig(
+        endpoint=emulator.endpoint, anonymous=True, retry=RETRY, hedge=HedgeConfig(enabled=False)
+    )
+    config = dataclasses.replace(SOONER_WHEN_NEEDED, read_around_needed_after=needed_after)
+    ds = BucketIterableDataset.from_prefix(f"gs://{name}/d/", gcs=gcs, compose=config)
+    emulator.add_fault("compose", "stall", count=1, stall_seconds=2.0)
+    before = emulator.stats()["by_op"]
+    got = list(ds)  # ends by draining: every compose path and delete is done
+    after = emulator.stats()["by_op"]
+    assert got == list(objects.values())
+    assert ds.last_epoch_stats.read_around == (30 if needed_after else 0)
+    gets = after.get("get", 0) - before.get("get", 0)
+    composes = after.get("compose", 0) - before.get("compose", 0)
+    assert composes == 2  # the group's, held and retried
+    if needed_after:
+        # 10 direct, the group's 30 read around, and its composite.
+        assert gets == 10 + 30 + 1
+    else:
+        assert gets == 10 + 1
+    assert emulator.object_names(name, COMPOSITE_PREFIX) == []
+
+
 def test_read_around_settings_are_checked() -> None:
     from torchbucket.errors import ConfigError
 
     with pytest.raises(ConfigError, match="read_around_after"):
         ComposeConfig(read_around_after=-1)
+    with pytest.raises(ConfigError, match="read_around_needed_floor"):
+        ComposeConfig(read_around_needed_floor=float("nan"))

@@ -36,6 +36,7 @@ from torchbucket.errors import (
     StorageError,
     ThrottledError,
 )
+from torchbucket.runtime import accounting
 from torchbucket.storage.base import ObjectInfo, ObjectStore
 from torchbucket.storage.listed import read_verified
 
@@ -168,6 +169,48 @@ def _read_around_after(store: ObjectStore, config: ComposeConfig) -> float | Non
     return _recent.straggling_after(store.uri(), config.read_around_after, config.read_around_floor)
 
 
+def _read_around_needed_after(store: ObjectStore, config: ComposeConfig) -> float | None:
+    """The same bound for a group its consumer is already waiting for, or ``None``."""
+    if config.read_around_needed_after <= 0:
+        return None
+    return _recent.straggling_after(
+        store.uri(), config.read_around_needed_after, config.read_around_needed_floor
+    )
+
+
+async def _straggles(
+    attempt: asyncio.Future[Any],
+    after: float,
+    needed: asyncio.Event | None,
+    sooner: float | None,
+) -> bool:
+    """Whether ``attempt`` is still running ``after`` seconds from now.
+
+    Or ``sooner`` seconds from now, if ``needed`` is set before then: the
+    group holds its consumer, and waiting out its compose path no longer
+    overlaps any other work.
+    """
+    if needed is None or sooner is None or sooner >= after:
+        done, _ = await asyncio.wait({attempt}, timeout=after)
+        return not done
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    waiter = asyncio.ensure_future(needed.wait())
+    try:
+        done, _ = await asyncio.wait(
+            {attempt, waiter}, timeout=after, return_when=asyncio.FIRST_COMPLETED
+        )
+        if attempt in done:
+            return False
+        if waiter in done:
+            left = started + sooner - loop.time()
+            if left > 0:
+                done, _ = await asyncio.wait({attempt}, timeout=left)
+        return not attempt.done()
+    finally:
+        waiter.cancel()
+
+
 async def _composed(
     store: ObjectStore,
     name: str,
@@ -212,6 +255,7 @@ async def fetch_group(
     config: ComposeConfig,
     *,
     receive_into: ReceiveInto | None = None,
+    needed: asyncio.Event | None = None,
 ) -> list[Any]:
     """Read a group of objects, through one composite when compose is allowed.
 
@@ -228,6 +272,9 @@ async def fetch_group(
             a composite is received into, given its size; its pieces are
             returned for a composed group. Default: a pooled buffer, cut into
             ``bytes`` copies.
+        needed: Set when the group's consumer is waiting for it: its compose
+            path is then read around after ``ComposeConfig.read_around_needed_after``
+            times the recent median, not ``read_around_after``.
 
     Returns:
         Each object's bytes (or, for a group read through a composite with
@@ -248,13 +295,14 @@ async def fetch_group(
     attempt = asyncio.ensure_future(_composed(store, name, infos, config, receive_into))
     after = _read_around_after(store, config)
     if after is not None:
+        sooner = _read_around_needed_after(store, config) if needed is not None else None
         try:
-            done, _ = await asyncio.wait({attempt}, timeout=after)
+            straggling = await _straggles(attempt, after, needed, sooner)
         except asyncio.CancelledError:
             attempt.cancel()  # its own clean-up deletes what it may have made
             raise
-        if not done:
-            return await _read_around(store, infos, attempt, after)
+        if straggling:
+            return await _read_around(store, infos, attempt)
     data = await attempt
     if data is None:
         return await _read_all(store, infos)
@@ -265,7 +313,6 @@ async def _read_around(
     store: ObjectStore,
     infos: Sequence[ObjectInfo],
     attempt: asyncio.Future[list[Any] | None],
-    after: float,
 ) -> list[Any]:
     """Read a group directly while its slow compose path goes on; the first to finish wins.
 
@@ -274,11 +321,11 @@ async def _read_around(
     as usual, its bytes unused if the direct reads won.
     """
     logger.debug(
-        "compose path of %d objects on %s slower than %.3f s: reading them directly too",
+        "compose path of %d objects on %s straggling: reading them directly too",
         len(infos),
         store.uri(),
-        after,
     )
+    accounting.read_around(len(infos))
     direct = asyncio.ensure_future(_read_all(store, infos))
     try:
         racing: set[asyncio.Future[Any]] = {attempt, direct}

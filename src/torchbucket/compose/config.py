@@ -109,6 +109,16 @@ class ComposeConfig:
         read_around_floor: Seconds a group's compose path (or a composite's
             delete) may always take before it is read around (sent again).
             Default 0.25.
+        read_around_needed_after: The ``read_around_after`` of a group its
+            consumer is already waiting for (the head of a dataset's
+            prefetch window, with every result behind it held): read around
+            after this many times the recent median (at least
+            ``read_around_needed_floor``). Waiting for such a group overlaps
+            no other work, so it pays to give up on it sooner; groups still
+            ahead of their consumer keep the longer bound, which keeps the
+            extra requests few. ``0`` turns it off. Default 2.
+        read_around_needed_floor: Seconds a waited-for group's compose path
+            may always take before it is read around. Default 0.1.
     """
 
     max_composite_object_size: int = DEFAULT_MAX_COMPOSITE_OBJECT_SIZE
@@ -119,6 +129,8 @@ class ComposeConfig:
     allow_with_soft_delete: bool = False
     read_around_after: float = 4.0
     read_around_floor: float = 0.25
+    read_around_needed_after: float = 2.0
+    read_around_needed_floor: float = 0.1
 
     def __post_init__(self) -> None:
         if self.max_composite_object_size < 0:
@@ -143,11 +155,15 @@ class ComposeConfig:
                 f"ComposeConfig.throttle_cooldown must be >= 0, got {self.throttle_cooldown!r}"
             )
 
-        if self.read_around_after < 0 or self.read_around_floor < 0:
-            raise ConfigError(
-                "ComposeConfig.read_around_after and .read_around_floor must be >= 0, got "
-                f"{self.read_around_after!r} and {self.read_around_floor!r}"
-            )
+        for name in (
+            "read_around_after",
+            "read_around_floor",
+            "read_around_needed_after",
+            "read_around_needed_floor",
+        ):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise ConfigError(f"ComposeConfig.{name} must be >= 0, got {value!r}")
 
     @property
     def enabled(self) -> bool:

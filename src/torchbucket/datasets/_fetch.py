@@ -127,6 +127,7 @@ async def _fetch_unit(
     compose: ComposeConfig,
     fetch: FetchConfig,
     slab: SharedSlab | None = None,
+    needed: asyncio.Event | None = None,
 ) -> list[Item]:
     store = catalog.store(indices[0])
     if len(indices) == 1:
@@ -140,6 +141,7 @@ async def _fetch_unit(
             [catalog.info(i) for i in indices],
             compose,
             receive_into=SharedComposite if fetch.output == "tensor" else None,
+            needed=needed,
         )
     except Exception as exc:  # the same: a prefetch window would otherwise wait forever
         return [exc] * len(indices)
@@ -202,6 +204,11 @@ class PrefetchWindow:
     woken once a chunk of results is ready in order (or everything admitted
     has arrived), and the fetchers are woken once a quarter of the window is
     free.
+
+    A consumer that has to wait marks the composed groups in flight that hold
+    what it waits for: their compose path is read around after
+    ``ComposeConfig.read_around_needed_after``, sooner than a group still
+    ahead of the consumer (see :func:`~torchbucket.compose.fetch_group`).
 
     Args:
         catalog: The objects.
@@ -268,6 +275,9 @@ class PrefetchWindow:
         self._start = start
         self._failure: BaseException | None = None
         self._room: asyncio.Event | None = None
+        # Groups in flight: first position -> (end, set once the consumer
+        # waits for one of its objects). Loop thread only.
+        self._groups_in_flight: dict[int, tuple[int, asyncio.Event]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._future: concurrent.futures.Future[None] | None = None
 
@@ -297,6 +307,9 @@ class PrefetchWindow:
                 # (the loop thread reads _wake_at once it sees _waiting_for).
                 self._wake_at = pos + max(1, min(self._chunk, want or self._chunk))
                 self._waiting_for = pos
+                loop = self._loop
+                if loop is not None and self._compose.enabled:
+                    loop.call_soon_threadsafe(self._hurry, pos, self._wake_at)
                 try:
                     while pos not in results:
                         if self._failure is not None:
@@ -320,6 +333,12 @@ class PrefetchWindow:
             assert self._loop is not None and self._room is not None
             self._loop.call_soon_threadsafe(self._room.set)
         return out
+
+    def _hurry(self, pos: int, end: int) -> None:
+        """Mark the groups in flight holding positions ``pos:end`` as waited for."""
+        for first, (stop, needed) in self._groups_in_flight.items():
+            if first < end and pos < stop:
+                needed.set()
 
     def _fits(self, first: int, end: int) -> bool:
         taken = self._taken
@@ -386,14 +405,22 @@ class PrefetchWindow:
                 first, indices = unit
                 await self._admit(first, first + len(indices))
                 grouped = len(indices) > 1
+                needed = None
                 if grouped:
                     await group_slots.acquire()
+                    end = first + len(indices)
+                    needed = asyncio.Event()
+                    self._groups_in_flight[first] = (end, needed)
+                    waiting = self._waiting_for
+                    if 0 <= waiting < end and first < self._wake_at:
+                        needed.set()
             try:
                 items = await _fetch_unit(
-                    self._catalog, indices, self._compose, self._fetch, self._slab
+                    self._catalog, indices, self._compose, self._fetch, self._slab, needed
                 )
             finally:
                 if grouped:
+                    del self._groups_in_flight[first]
                     group_slots.release()
             self._deliver(first, items)
             # Not kept while this fetcher waits for its next unit: with many

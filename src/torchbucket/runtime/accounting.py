@@ -96,6 +96,7 @@ class _Counters:
         "bytes_out",
         "hedges",
         "ops",
+        "read_around",
         "retries",
         "retry_wait_s",
         "throttle_wait_s",
@@ -108,6 +109,7 @@ class _Counters:
         self.bytes_out = 0
         self.retries = 0
         self.hedges = 0
+        self.read_around = 0
         self.throttled = 0
         self.retry_wait_s = 0.0
         self.throttle_wait_s = 0.0
@@ -141,6 +143,11 @@ def retried(wait: float, *, throttled: bool) -> None:
 def hedged() -> None:
     """Record one hedge: a second request sent for a slow read (its GET is counted apart)."""
     _c.hedges += 1
+
+
+def read_around(n: int) -> None:
+    """Record ``n`` objects of a composed group also read directly (their GETs are counted apart)."""
+    _c.read_around += n
 
 
 def throttle() -> None:
@@ -227,6 +234,9 @@ class RequestStats:
         throttle_wait_s: The part of ``retry_wait_s`` after throttled answers.
         hedges: Second requests sent for slow reads (each also in ``by_op``
             as the ``get`` it is).
+        read_around: Objects of composed groups also read directly because
+            their compose path straggled (each read also in ``by_op`` as a
+            ``get``): a second read of objects the composite also brings.
     """
 
     by_op: Mapping[str, int] = field(default_factory=dict)
@@ -237,6 +247,7 @@ class RequestStats:
     retry_wait_s: float = 0.0
     throttle_wait_s: float = 0.0
     hedges: int = 0
+    read_around: int = 0
 
     def _by_class(self, cls: str) -> int:
         return sum(n for op, n in self.by_op.items() if OP_CLASS.get(op) == cls)
@@ -274,6 +285,7 @@ class RequestStats:
             retry_wait_s=self.retry_wait_s + sign * other.retry_wait_s,
             throttle_wait_s=self.throttle_wait_s + sign * other.throttle_wait_s,
             hedges=self.hedges + sign * other.hedges,
+            read_around=self.read_around + sign * other.read_around,
         )
 
     def __add__(self, other: RequestStats) -> RequestStats:
@@ -295,6 +307,7 @@ class RequestStats:
             "retry_wait_s": round(self.retry_wait_s, 6),
             "throttle_wait_s": round(self.throttle_wait_s, 6),
             "hedges": self.hedges,
+            "read_around": self.read_around,
         }
 
     def to_vector(self) -> list[float]:
@@ -308,6 +321,7 @@ class RequestStats:
             self.retry_wait_s,
             self.throttle_wait_s,
             float(self.hedges),
+            float(self.read_around),
         ]
 
     @classmethod
@@ -324,6 +338,7 @@ class RequestStats:
             retry_wait_s=v[n + 4],
             throttle_wait_s=v[n + 5],
             hedges=round(v[n + 6]),
+            read_around=round(v[n + 7]),
         )
 
     def summary(self) -> str:
@@ -335,13 +350,15 @@ class RequestStats:
         )
         if self.hedges:
             line += f", {self.hedges} hedged"
+        if self.read_around:
+            line += f", {self.read_around} objects read around a slow compose"
         if self.throttled:
             line += f", {self.throttled} throttled ({self.throttle_wait_s:.2f} s waited)"
         return line
 
 
 #: Length of :meth:`RequestStats.to_vector`.
-VECTOR_LEN = len(OPERATIONS) + 7
+VECTOR_LEN = len(OPERATIONS) + 8
 
 
 def snapshot() -> RequestStats:
@@ -356,6 +373,7 @@ def snapshot() -> RequestStats:
         retry_wait_s=c.retry_wait_s,
         throttle_wait_s=c.throttle_wait_s,
         hedges=c.hedges,
+        read_around=c.read_around,
     )
 
 
