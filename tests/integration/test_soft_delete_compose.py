@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 import pytest
+from torch.utils.data import DataLoader
 
 from torchbucket.compose import ComposeConfig, _softdelete
 from torchbucket.config import HedgeConfig
@@ -40,8 +41,8 @@ def _bucket(emu: Emulator, soft_delete_seconds: int) -> str:
 def _epoch(emu: Emulator, bucket: str, compose: ComposeConfig | None = None) -> dict[str, int]:
     # No hedged reads: the test counts GETs exactly (a slow read would be hedged).
     config = GCSConfig(endpoint=emu.endpoint, anonymous=True, hedge=HedgeConfig(enabled=False))
+    emu.reset_stats()  # the dataset reads the policy as it is built
     ds = BucketIterableDataset.from_prefix(f"gs://{bucket}/d/", gcs=config, compose=compose)
-    emu.reset_stats()
     data = list(ds)
     assert sorted(data) == sorted(bytes([i]) * 100 for i in range(96))
     return {op: n for op, n in emu.stats()["by_op"].items() if n}
@@ -61,6 +62,30 @@ def test_soft_delete_on_turns_compose_off_with_one_info_line(
     lines = [r.getMessage() for r in caplog.records if "soft delete" in r.getMessage()]
     assert len(lines) == 1, lines
     assert f"gs://{bucket}" in lines[0] and "allow_with_soft_delete=True" in lines[0]
+
+
+@pytest.mark.parametrize("soft_delete_seconds", [WEEK, 0])
+def test_forked_workers_inherit_the_policy_read_when_the_dataset_was_built(
+    emulator: Emulator, soft_delete_seconds: int
+) -> None:
+    # Workers that are not persistent are new processes each epoch; they used
+    # to read the policy each (a buckets.get per worker per epoch, before
+    # their first compose).
+    bucket = _bucket(emulator, soft_delete_seconds)
+    config = GCSConfig(endpoint=emulator.endpoint, anonymous=True)
+    emulator.reset_stats()
+    ds = BucketIterableDataset.from_prefix(f"gs://{bucket}/d/", gcs=config)
+    assert emulator.stats()["by_op"].get("bucket_get") == 1
+    loader = DataLoader(
+        ds, batch_size=16, num_workers=2, multiprocessing_context="fork", collate_fn=list
+    )
+    for _ in range(2):
+        assert sorted(b for batch in loader for b in batch) == sorted(
+            bytes([i]) * 100 for i in range(96)
+        )
+    ops = emulator.stats()["by_op"]
+    assert ops.get("bucket_get") == 1
+    assert (ops.get("compose", 0) > 0) is (soft_delete_seconds == 0)
 
 
 def test_soft_delete_off_composes(emulator: Emulator) -> None:

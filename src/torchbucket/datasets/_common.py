@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from torchbucket import runtime
 from torchbucket._checks import check_callable, check_instance
 from torchbucket.compose import ComposeConfig
+from torchbucket.compose._softdelete import soft_delete_allows
 from torchbucket.compose.registry import install_sigterm_handler
 from torchbucket.datasets._receive import Sample
 from torchbucket.datasets.catalog import Catalog
@@ -19,6 +21,7 @@ __all__ = [
     "check_source_arguments",
     "prepare_compose",
     "raise_item",
+    "read_compose_policies",
 ]
 
 #: Receives the object's ``bytes``, or with ``FetchConfig(output="tensor")`` the
@@ -54,6 +57,31 @@ def prepare_compose(compose: ComposeConfig) -> None:
     """Before fetching in a process: SIGTERM deletes its composites (main thread)."""
     if compose.enabled:
         install_sigterm_handler()
+
+
+def read_compose_policies(catalog: Catalog, *configs: ComposeConfig) -> None:
+    """Read each bucket's soft-delete policy now, in the process that builds the dataset.
+
+    Compose asks for it once per process (``compose/_softdelete.py``), and
+    DataLoader workers that are not persistent are new processes every epoch:
+    each one's first composed group waited for a ``buckets.get`` of its own
+    (a round trip, and under the emulator's ``same-region-tail`` now and then a
+    2 s stall), and where soft delete turns compose off each worker logged the
+    same INFO line, epoch after epoch. Forked workers inherit what is read here;
+    spawned ones read it themselves. A policy that cannot be read is unknown
+    and compose goes ahead, as in a worker.
+    """
+    config = next((c for c in configs if c.enabled and not c.allow_with_soft_delete), None)
+    if config is None:
+        return
+    stores = [s for s in catalog.stores if s.bucket != "/"]
+
+    async def read() -> None:
+        for store in stores:
+            await soft_delete_allows(store, config)
+
+    if stores:
+        runtime.run(read())
 
 
 def check_dataset_arguments(

@@ -19,6 +19,7 @@ from torchbucket.datasets._common import (
     check_source_arguments,
     prepare_compose,
     raise_item,
+    read_compose_policies,
 )
 from torchbucket.datasets._fetch import Item, PrefetchWindow
 from torchbucket.datasets._stats import EpochBoard
@@ -112,6 +113,7 @@ class BucketIterableDataset(ResumableEpochs["_EpochIterator"]):
         self._sharding = sharding if sharding is not None else ShardingConfig()
         self._fetch = fetch if fetch is not None else FetchConfig()
         self._compose = compose if compose is not None else ComposeConfig()
+        read_compose_policies(catalog, self._compose)
         super().__init__()
         self._board = EpochBoard()
 

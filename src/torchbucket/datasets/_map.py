@@ -19,6 +19,7 @@ from torchbucket.datasets._common import (
     check_source_arguments,
     prepare_compose,
     raise_item,
+    read_compose_policies,
 )
 from torchbucket.datasets._fetch import Item, fetch_batch
 from torchbucket.datasets._readahead import ReadAhead
@@ -118,6 +119,7 @@ class BucketMapDataset(Dataset[Any]):
         self._compose = compose if compose is not None else _DEFAULT_COMPOSE
         self._ahead_compose = compose if compose is not None else _DEFAULT_AHEAD_COMPOSE
         self._fetch = fetch if fetch is not None else FetchConfig()
+        read_compose_policies(catalog, self._compose, self._ahead_compose)
         # The order of the last BucketBatchSampler made for this dataset, and
         # this process's read-ahead over it (never pickled or inherited).
         self._plan: BatchPlan | None = None
