@@ -26,6 +26,7 @@ import asyncio
 
 from torchbucket.compose._fetch import compose_allowed, fetch_group
 from torchbucket.compose._plan import plan_groups
+from torchbucket.compose._softdelete import soft_delete_allows
 from torchbucket.compose.config import (
     COMPOSITE_PREFIX,
     DEFAULT_MAX_COMPOSITE_OBJECT_SIZE,
@@ -42,6 +43,7 @@ __all__ = [
     "compose_allowed",
     "fetch_group",
     "plan_groups",
+    "soft_delete_allows",
 ]
 
 _CLEANUP_CONCURRENCY = 32

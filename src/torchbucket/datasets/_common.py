@@ -7,8 +7,7 @@ from typing import Any
 
 from torchbucket import runtime
 from torchbucket._checks import check_callable, check_instance
-from torchbucket.compose import ComposeConfig
-from torchbucket.compose._softdelete import soft_delete_allows
+from torchbucket.compose import ComposeConfig, soft_delete_allows
 from torchbucket.compose.registry import install_sigterm_handler
 from torchbucket.datasets._receive import Sample
 from torchbucket.datasets.catalog import Catalog
