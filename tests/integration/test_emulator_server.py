@@ -179,6 +179,40 @@ def test_latency_can_be_set_and_is_reported(emulator: Emulator, raw_http: Http) 
         emulator.set_latency("far-away")
 
 
+def test_a_stalled_write_is_applied_before_or_after_its_stall(emulator: Emulator) -> None:
+    # Every write stalls 1 s, half of them before the store applies it: while
+    # the upload is held, its object is there for some and not for others
+    # (the admin API, which sees the store directly, is not delayed).
+    from torchbucket import runtime
+    from torchbucket.storage.gcs import GCSConfig, GCSStore
+
+    bucket = _bucket(emulator)
+    store = GCSStore(bucket, config=GCSConfig(endpoint=emulator.endpoint, anonymous=True))
+    emulator.set_latency(
+        LatencyModel(
+            read=0.0,
+            list_page=0.0,
+            write=0.0,
+            bandwidth=None,
+            stall_probability=1.0,
+            stall_seconds=1.0,
+            seed=5,
+        )
+    )
+    seen = []
+    try:
+        for i in range(8):
+            upload = runtime.submit(store.put(f"w/{i}", b"x"))
+            time.sleep(0.4)
+            seen.append(f"w/{i}" in emulator.object_names(bucket, "w/"))
+            upload.result(timeout=30)
+    finally:
+        emulator.set_latency(None)
+        runtime.run(store.close())
+    assert True in seen and False in seen, seen
+    assert emulator.object_names(bucket, "w/") == [f"w/{i}" for i in range(8)]
+
+
 def test_big_bodies_arrive_intact_under_the_bandwidth_model(
     emulator: Emulator, raw_http: Http
 ) -> None:

@@ -95,3 +95,18 @@ def test_the_model_crosses_the_admin_api_as_its_fields() -> None:
 def test_bad_shapes_are_refused(fields: dict[str, float]) -> None:
     with pytest.raises(ConfigError):
         LatencyModel(**fields)
+
+
+def test_a_stall_falls_before_or_after_the_request_is_applied_with_equal_chance() -> None:
+    # Before: the server holds the request, then applies it; after: it applies
+    # it and holds the answer. A client can count on neither.
+    model = LatencyModel(write=0.04, stall_probability=1.0, stall_seconds=0.5, seed=3)
+    sampler = LatencySampler(model)
+    splits = [sampler.first_byte_split("put") for _ in range(10_000)]
+    before = [(b, a) for b, a in splits if b]
+    after = [(b, a) for b, a in splits if not b]
+    assert len(before) / len(splits) == pytest.approx(0.5, abs=0.02)
+    assert all(b == 0.5 and a == pytest.approx(0.04) for b, a in before)
+    assert all(a == pytest.approx(0.54) for _, a in after)
+    quiet = LatencySampler(LatencyModel(tail_p99=5.0, seed=1))
+    assert all(quiet.first_byte_split("put")[0] == 0.0 for _ in range(1000))

@@ -154,14 +154,17 @@ class DataAdmin:
                 ``"truncate"`` (the body stops halfway, its full length announced),
                 ``"corrupt"`` (one body byte flipped, headers intact),
                 ``"corrupt_request"`` (one byte of the request's body flipped
-                before the store sees it) or ``"stall"`` (no answer for
-                ``stall_seconds``, then the connection closes).
+                before the store sees it), ``"stall"`` (no answer for
+                ``stall_seconds``, then the connection closes) or
+                ``"stall_answer"`` (the same, after the store has applied the
+                request).
             nth: The first matching request (1-based, counted from now) that
                 fails. Default ``None``: the next one.
             count: How many matching requests fail from there, ``None`` for all.
                 Default 1.
             match: Only requests whose object name (or list prefix) contains this.
-            stall_seconds: How long a ``"stall"`` lasts. Default 30.
+            stall_seconds: How long a ``"stall"`` or ``"stall_answer"`` lasts.
+                Default 30.
 
         Returns:
             The rule's id.

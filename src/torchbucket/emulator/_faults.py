@@ -32,7 +32,17 @@ STATUS_KINDS = frozenset({"403", "404", "405", "408", "429", "500", "501", "502"
 #: answer's body; ``"corrupt_request"`` flips a byte of the request's body before
 #: the store sees it (damage in transit on the way up, which a checksum the
 #: client declares lets the store refuse); a request without a body passes.
-FAULT_KINDS = STATUS_KINDS | {"reset", "truncate", "corrupt", "corrupt_request", "stall"}
+#: ``"stall"`` holds a request before the store sees it; ``"stall_answer"``
+#: lets the store apply it and then holds the answer (the write is visible
+#: to others meanwhile); both then close the connection unanswered.
+FAULT_KINDS = STATUS_KINDS | {
+    "reset",
+    "truncate",
+    "corrupt",
+    "corrupt_request",
+    "stall",
+    "stall_answer",
+}
 
 #: Operation names, as rules, counters and the latency model use them.
 OPERATIONS = frozenset(
@@ -78,8 +88,9 @@ class FaultRule:
             ``None`` for all of them. Default 1.
         match: Only requests whose object name (or list prefix) contains this
             substring match. Default ``None``: any.
-        stall_seconds: For ``"stall"``: how long the server holds the request
-            before closing the connection without an answer. Default 30.
+        stall_seconds: For ``"stall"`` and ``"stall_answer"``: how long the
+            server holds the request (or its answer) before closing the
+            connection without an answer. Default 30.
         id: Assigned by the table.
         seen: Matching requests counted so far.
         fired: Times the rule fired so far.

@@ -8,8 +8,9 @@ A :class:`LatencyModel` gives each operation class (reads, list pages, writes)
 a median time to answer. With ``tail_p99 > 1`` each request's time is drawn
 from a log-normal distribution around that median whose 99th percentile is
 ``tail_p99`` times the median, and with ``stall_probability > 0`` a request
-now and then waits ``stall_seconds`` more before it answers (a straggler, not
-a failure: the answer then comes, whole and correct). Draws come from a
+now and then waits ``stall_seconds`` more (a straggler, not a failure: the
+answer then comes, whole and correct), before the request is applied or
+after, with equal chance. Draws come from a
 :class:`LatencySampler` seeded with the model's ``seed``: the same requests in
 the same order wait the same times, run after run. Bandwidth (the transfer
 time of a body) is never drawn: the tail is in the time to the first byte.
@@ -58,7 +59,9 @@ class LatencyModel:
             median (the log-normal body's shape); 1.0 makes every request take
             exactly the median. Default 1.0.
         stall_probability: Chance that a request stalls: it waits
-            ``stall_seconds`` on top of its drawn time. Default 0.
+            ``stall_seconds`` on top of its drawn time, before the server
+            applies it or after (its answer late), with equal chance.
+            Default 0.
         stall_seconds: How long a stall adds, seconds. Default 0.
         seed: Seed of the draws (see :class:`LatencySampler`). Default 0.
     """
@@ -143,21 +146,38 @@ class LatencySampler:
 
     def first_byte(self, op: str) -> float:
         """One draw of the time to the first byte of a request of ``op``, seconds."""
+        before, after = self.first_byte_split(op)
+        return before + after
+
+    def first_byte_split(self, op: str) -> tuple[float, float]:
+        """One draw of :meth:`first_byte`, split into the waits before and after handling.
+
+        The server sleeps the first before it applies the request and the
+        second before it answers. A stall falls on either side with equal
+        chance: Google documents no place where a slow request spends its
+        time, and its retry guide treats a write whose answer never came as
+        possibly applied (https://cloud.google.com/storage/docs/retry-strategy),
+        so a client may count neither on a slow write having taken effect nor
+        on its not having. The rest of the draw comes after handling.
+        """
         model = self.model
         median = model.median(op)
         rng = self._rng
         wait = median * rng.lognormvariate(0.0, self._sigma) if self._sigma else median
         if model.stall_probability and rng.random() < model.stall_probability:
+            if rng.random() < 0.5:
+                return model.stall_seconds, wait
             wait += model.stall_seconds
-        return wait
+        return 0.0, wait
+
+    def transfer(self, bytes_in: int, bytes_out: int) -> float:
+        """Seconds the bodies take at the model's bandwidth (0 without one)."""
+        bandwidth = self.model.bandwidth
+        return (bytes_in + bytes_out) / bandwidth if bandwidth is not None else 0.0
 
     def delay(self, op: str, bytes_in: int, bytes_out: int) -> float:
         """One draw of :meth:`LatencyModel.delay`: a drawn first byte plus the transfer."""
-        wait = self.first_byte(op)
-        bandwidth = self.model.bandwidth
-        if bandwidth is not None:
-            wait += (bytes_in + bytes_out) / bandwidth
-        return wait
+        return self.first_byte(op) + self.transfer(bytes_in, bytes_out)
 
 
 #: ``same-region-tail``: the medians of ``same-region`` with a tail and stalls.

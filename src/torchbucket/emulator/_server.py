@@ -216,6 +216,12 @@ class FrontServer:
                 return early
             if rule.kind == "corrupt_request":
                 body = flip_byte(body)  # damaged on the way up; the answer is left alone
+        latency = self._sampler
+        after = 0.0
+        if latency is not None:
+            before, after = latency.first_byte_split(op)
+            if before:
+                await asyncio.sleep(before)  # a stall before the request is applied
         call = Call(
             request.method, route, raw, query, request.headers, body, request.host, request.scheme
         )
@@ -227,7 +233,6 @@ class FrontServer:
             resp = await self.backend.handle(call)
         out_len = len(resp.body) if resp.body is not None else 0  # type: ignore[arg-type]
         stats.count(op, resp.status, len(body), out_len, route.bucket)
-        latency = self._sampler
         if latency is not None:
             bandwidth = latency.model.bandwidth
             if (
@@ -238,9 +243,13 @@ class FrontServer:
             ):
                 # A big body flows at the modelled rate after the first byte,
                 # so a client's read timeout sees steady progress, not silence.
-                await asyncio.sleep(latency.delay(op, len(body), 0))
+                await asyncio.sleep(after + latency.transfer(len(body), 0))
                 return await _stream(request, resp, bandwidth)
-            await asyncio.sleep(latency.delay(op, len(body), out_len))
+            await asyncio.sleep(after + latency.transfer(len(body), out_len))
+        if rule is not None and rule.kind == "stall_answer":
+            await asyncio.sleep(rule.stall_seconds)  # applied; its answer never comes
+            _reset(request)
+            return web.Response(status=500)
         if rule is not None and rule.kind != "corrupt_request":
             return await self._mangle(request, resp, rule.kind)
         return resp
