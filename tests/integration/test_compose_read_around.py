@@ -141,6 +141,48 @@ def test_a_stalled_composite_delete_is_sent_again(emulator: Emulator, bucket: st
     runtime.run(store.close())
 
 
+def test_a_drain_deletes_a_made_composite_without_waiting_for_its_compose_answer(
+    emulator: Emulator, bucket: str
+) -> None:
+    # The compose is applied and its answer held 8 s (under the client's 10 s
+    # read timeout, so it is sent once). The group is read around; the
+    # drain finds the composite there, ends the compose path and deletes it
+    # by generation, instead of waiting 8 s for the answer, a retry and a GET.
+    emulator.add_fault("compose", "stall_answer", count=1, stall_seconds=8.0)
+    before = emulator.stats()["by_op"]
+    got, store = _group(emulator, bucket, ComposeConfig(read_around_floor=0.2))
+    assert got == [payload(i) for i in range(N)]
+    assert registry._pending  # the compose path still waits for its answer
+    runtime.run(drain_deletes(), timeout=60)
+    after = emulator.stats()["by_op"]
+    assert not registry._pending
+    assert emulator.object_names(bucket, COMPOSITE_PREFIX) == []
+    assert registry.in_flight() == []
+    assert after.get("compose", 0) - before.get("compose", 0) == 1  # never retried
+    assert after.get("get", 0) - before.get("get", 0) == N  # the composite never read
+    assert after.get("head", 0) - before.get("head", 0) == 1
+    runtime.run(store.close())
+
+
+def test_a_drain_waits_for_a_compose_held_before_it_was_applied(
+    emulator: Emulator, bucket: str
+) -> None:
+    # Held before the store applies it: no composite yet, so the drain has
+    # nothing to delete and waits for the compose path (its retry, the GET
+    # of the composite it then makes, and its delete).
+    emulator.add_fault("compose", "stall", count=1, stall_seconds=2.0)
+    before = emulator.stats()["by_op"]
+    got, store = _group(emulator, bucket, ComposeConfig(read_around_floor=0.2))
+    assert got == [payload(i) for i in range(N)]
+    runtime.run(drain_deletes(), timeout=60)
+    after = emulator.stats()["by_op"]
+    assert emulator.object_names(bucket, COMPOSITE_PREFIX) == []
+    assert after.get("head", 0) - before.get("head", 0) == 1  # looked, found nothing
+    assert after.get("compose", 0) - before.get("compose", 0) == 2
+    assert after.get("get", 0) - before.get("get", 0) == N + 1
+    runtime.run(store.close())
+
+
 # The usual bound far above the stall, the bound for a waited-for group below it.
 SOONER_WHEN_NEEDED = ComposeConfig(
     read_around_floor=30.0, read_around_needed_after=2.0, read_around_needed_floor=0.2

@@ -23,6 +23,7 @@ from torchbucket.compose._recent import RecentTimes
 from torchbucket.compose._softdelete import soft_delete_allows, soft_delete_blocked
 from torchbucket.compose.config import ComposeConfig
 from torchbucket.compose.registry import (
+    delete_composite,
     delete_in_background,
     drain_also,
     register,
@@ -86,8 +87,11 @@ async def _compose_and_read(
     infos: Sequence[ObjectInfo],
     config: ComposeConfig,
     receive_into: ReceiveInto | None,
+    sent: dict[str, int],
 ) -> tuple[list[Any] | None, bool, int | None]:
     """Compose, read the composite and split it.
+
+    The compose's requests (each try of its retries) are counted in ``sent``.
 
     Returns:
         The group's objects' bytes, or ``None`` to read the group directly;
@@ -96,7 +100,8 @@ async def _compose_and_read(
     """
     key = store.uri()
     try:
-        composite = await store.compose(name, infos, if_generation_match=0)
+        with accounting.tally_requests(sent):
+            composite = await store.compose(name, infos, if_generation_match=0)
     except PermissionDeniedError as exc:
         _refused.add(key)
         _warn_once(
@@ -217,6 +222,7 @@ async def _composed(
     infos: Sequence[ObjectInfo],
     config: ComposeConfig,
     receive_into: ReceiveInto | None,
+    sent: dict[str, int],
 ) -> list[Any] | None:
     """Compose, read and split the group, then delete the composite (in the background).
 
@@ -229,7 +235,7 @@ async def _composed(
     data: list[Any] | None = None
     try:
         data, may_exist, generation = await _compose_and_read(
-            store, name, infos, config, receive_into
+            store, name, infos, config, receive_into, sent
         )
     finally:
         if may_exist:
@@ -292,7 +298,8 @@ async def fetch_group(
         return await _read_all(store, infos)
     name = f"{config.composite_prefix}{uuid.uuid4().hex}"
     register(store, name)
-    attempt = asyncio.ensure_future(_composed(store, name, infos, config, receive_into))
+    sent: dict[str, int] = {}
+    attempt = asyncio.ensure_future(_composed(store, name, infos, config, receive_into, sent))
     after = _read_around_after(store, config)
     if after is not None:
         sooner = _read_around_needed_after(store, config) if needed is not None else None
@@ -302,7 +309,7 @@ async def fetch_group(
             attempt.cancel()  # its own clean-up deletes what it may have made
             raise
         if straggling:
-            return await _read_around(store, infos, attempt)
+            return await _read_around(store, infos, attempt, name, sent)
     data = await attempt
     if data is None:
         return await _read_all(store, infos)
@@ -313,12 +320,15 @@ async def _read_around(
     store: ObjectStore,
     infos: Sequence[ObjectInfo],
     attempt: asyncio.Future[list[Any] | None],
+    name: str,
+    sent: dict[str, int],
 ) -> list[Any]:
     """Read a group directly while its slow compose path goes on; the first to finish wins.
 
-    The compose path is never cancelled (a compose cancelled in flight may
+    The compose path is not cancelled here (a compose cancelled in flight may
     still create its composite): it runs to its end and deletes its composite
-    as usual, its bytes unused if the direct reads won.
+    as usual, its bytes unused if the direct reads won; an epoch's drain may
+    end it sooner (:func:`_settle_early`).
     """
     logger.debug(
         "compose path of %d objects on %s straggling: reading them directly too",
@@ -347,10 +357,43 @@ async def _read_around(
         # yet make a composite, and its own clean-up deletes it (a compose
         # retried past a 1 s deadline left one after the epoch had drained;
         # the fault matrix caught it).
-        drain_also(attempt)
+        drain_also(attempt, settle=functools.partial(_settle_early, store, name, sent, attempt))
     elif not attempt.cancelled():
         attempt.exception()  # retrieved: the direct read stands in for it
     return await direct
+
+
+async def _settle_early(
+    store: ObjectStore, name: str, sent: dict[str, int], attempt: asyncio.Future[Any]
+) -> None:
+    """At an epoch's drain, stop waiting for a compose whose composite already exists.
+
+    A compose path left running after its group was read around is waited
+    for, because until its compose answers, the compose may still make the
+    composite. That holds while a request may yet take effect; but if the
+    compose was sent exactly once and its composite exists, that one request
+    has taken effect and nothing else can make the composite again once the
+    path is cancelled (no retry is sent after that): the composite is then
+    deleted, pinned to its generation, without waiting for the answer. A
+    compose sent more than once, or whose composite does not exist yet, is
+    waited for as before. The counts are read again after the HEAD, and the
+    path is cancelled in the same step, so no retry can start in between.
+    """
+    if attempt.done() or sent.get("compose", 0) != 1:
+        return
+    try:
+        composite = await store.head(name)
+    except StorageError:  # not made yet (or unknown): it may still be
+        return
+    if attempt.done() or sent.get("compose", 0) != 1:
+        return
+    logger.debug(
+        "composite %s exists while its compose is unanswered: deleting it now", store.uri(name)
+    )
+    attempt.cancel()
+    error = await delete_composite(store, name, composite.generation)
+    if error is not None:
+        _delete_failed(store, name, error)
 
 
 def _finished(attempt: asyncio.Future[list[Any] | None]) -> None:

@@ -29,7 +29,7 @@ import multiprocessing.util
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import Any
 
@@ -59,8 +59,10 @@ _in_flight: dict[str, tuple[ObjectStore, str]] = {}
 # Deletes running in the background on the runtime loop (loop thread only).
 _deleting: set[asyncio.Task[StorageError | None]] = set()
 # Work that may still create a composite and then delete it (a compose path
-# read around), which drain_deletes also waits for (loop thread only).
+# read around), which drain_deletes also waits for (loop thread only), and
+# what a drain may run to end such work sooner.
 _pending: set[asyncio.Future[Any]] = set()
+_settles: dict[asyncio.Future[Any], Callable[[], Awaitable[None]]] = {}
 _finalizer_pid: int | None = None
 _exit_hooks_installed = False
 _sigterm_pid: int | None = None
@@ -225,27 +227,53 @@ def delete_in_background(
     task.add_done_callback(done)
 
 
-def drain_also(future: asyncio.Future[Any]) -> None:
+def drain_also(
+    future: asyncio.Future[Any], settle: Callable[[], Awaitable[None]] | None = None
+) -> None:
     """Make :func:`drain_deletes` wait for ``future`` too, until it is done.
 
     For work left running that may still create a composite and start its
     delete (a compose path whose group was read around it): an epoch that
     ends by draining must not end before that composite is gone.
+
+    Args:
+        future: The work.
+        settle: Run once by the first drain that finds ``future`` still
+            running, beside it: it may end the work sooner (by cancelling it
+            once that is safe), and is waited for too.
     """
     _pending.add(future)
-    future.add_done_callback(_pending.discard)
+    if settle is not None:
+        _settles[future] = settle
+    future.add_done_callback(_forget_pending)
+
+
+def _forget_pending(future: asyncio.Future[Any]) -> None:
+    _pending.discard(future)
+    _settles.pop(future, None)
 
 
 async def drain_deletes() -> None:
     """Wait for the composite deletes running in the background to finish.
 
-    Also waits for the work handed to :func:`drain_also`, and then for the
-    deletes it started. Must run on the runtime loop. Failures are not
-    raised: a composite whose delete failed stays registered (see
-    :func:`delete_composite`).
+    Also waits for the work handed to :func:`drain_also` (running its
+    ``settle``), and then for the deletes it started. Must run on the
+    runtime loop. Failures are not raised: a composite whose delete failed
+    stays registered (see :func:`delete_composite`).
     """
-    while _deleting or _pending:
-        await asyncio.wait(_deleting | _pending)
+    settling: set[asyncio.Future[None]] = set()
+    while _deleting or _pending or settling:
+        for future in list(_pending):
+            settle = _settles.pop(future, None)
+            if settle is not None:
+                settling.add(asyncio.ensure_future(settle()))
+        done, _ = await asyncio.wait(
+            _deleting | _pending | settling, return_when=asyncio.FIRST_COMPLETED
+        )
+        for task in done & settling:
+            settling.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                logger.error("settling a compose path failed", exc_info=task.exception())
 
 
 async def cleanup_registered() -> int:
@@ -352,6 +380,7 @@ def _after_fork_in_child() -> None:
     _in_flight.clear()
     _deleting.clear()
     _pending.clear()
+    _settles.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

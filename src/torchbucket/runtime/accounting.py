@@ -43,6 +43,7 @@ Across DataLoader workers, datasets sum their workers' counts themselves (see
 
 from __future__ import annotations
 
+import contextvars
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -118,12 +119,38 @@ class _Counters:
 _c = _Counters()
 
 
+# The requests sent in this context, by operation (see tally_requests).
+_tally: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
+    "torchbucket_request_tally", default=None
+)
+
+
 def count(op: str, bytes_out: int = 0) -> None:
-    """Record one request of operation ``op`` sending ``bytes_out`` body bytes."""
+    """Record one request of operation ``op`` sending ``bytes_out`` body bytes.
+
+    Called before the request is sent (a request counted may not have left).
+    """
     c = _c
     c.ops[op] = c.ops.get(op, 0) + 1
     if bytes_out:
         c.bytes_out += bytes_out
+    tally = _tally.get()
+    if tally is not None:
+        tally[op] = tally.get(op, 0) + 1
+
+
+@contextmanager
+def tally_requests(tally: dict[str, int]) -> Iterator[dict[str, int]]:
+    """Also count into ``tally`` the requests this context sends, by operation.
+
+    For a caller that must know how many times one call sent its request
+    (every try of its retries counted as it starts, before it is sent).
+    """
+    token = _tally.set(tally)
+    try:
+        yield tally
+    finally:
+        _tally.reset(token)
 
 
 def received(n: int) -> None:
