@@ -279,3 +279,22 @@ def test_a_deadline_error_names_the_status_once() -> None:
     assert text.startswith("get gs://b/k: gave up after 2 attempts (")
     assert text.endswith("; last error: ThrottledError: slow down (HTTP 503)")
     assert text.count("gs://b/k") == 1 and text.count("HTTP 503") == 1
+
+
+def test_a_deadline_that_cuts_a_try_short_names_the_error_of_the_tries_before() -> None:
+    # Each try fails at once until the last, which hangs and is cut short by
+    # the deadline: the error chains from the failures, not from the cut.
+    config = RetryConfig(initial_backoff=0.001, max_backoff=0.001, deadline=0.3)
+    failures = 0
+
+    async def fn() -> None:
+        nonlocal failures
+        if failures < 3:
+            failures += 1
+            raise TransientError("503 from the server", status=503)
+        await asyncio.sleep(10)
+
+    with pytest.raises(DeadlineExceededError, match="last error: TransientError") as info:
+        asyncio.run(retry.call(fn, config=config, operation="get", uri="gs://b/k"))
+    assert isinstance(info.value.__cause__, TransientError)
+    assert info.value.status == 503

@@ -273,6 +273,16 @@ async def call(
                         uri=uri,
                         status=last.status,
                     ) from last
+                if last is not None:
+                    # The cut attempt is not what failed: the tries before it
+                    # were (an endless throttle reported a bare timeout).
+                    raise DeadlineExceededError(
+                        f"no answer before {why}; last error: "
+                        f"{type(last).__name__}: {last.message}",
+                        operation=operation,
+                        uri=uri,
+                        status=last.status,
+                    ) from last
                 raise DeadlineExceededError(
                     f"no answer before {why}", operation=operation, uri=uri
                 ) from cause
