@@ -63,6 +63,17 @@ def _group(
     return list(got), store
 
 
+def _held(
+    emulator: Emulator, bucket: str, kind: str, seconds: float, config: ComposeConfig
+) -> tuple[GCSStore, dict[str, int]]:
+    """The group read with its first compose held by a ``kind`` fault; the counts before."""
+    emulator.add_fault("compose", kind, count=1, stall_seconds=seconds)
+    before = emulator.stats()["by_op"]
+    got, store = _group(emulator, bucket, config)
+    assert got == [payload(i) for i in range(N)]
+    return store, before
+
+
 def _settle(emulator: Emulator, bucket: str, store: GCSStore) -> list[str]:
     """Wait for compose paths left running and their deletes; the composites left."""
     runtime.run(drain_deletes(), timeout=60)
@@ -74,11 +85,7 @@ def _settle(emulator: Emulator, bucket: str, store: GCSStore) -> list[str]:
 def test_a_stalled_compose_is_read_around_and_its_composite_still_deleted(
     emulator: Emulator, bucket: str
 ) -> None:
-    emulator.add_fault("compose", "stall", count=1, stall_seconds=3.0)
-    before = emulator.stats()["by_op"]
-    config = ComposeConfig(read_around_floor=0.2)
-    got, store = _group(emulator, bucket, config)
-    assert got == [payload(i) for i in range(N)]
+    store, before = _held(emulator, bucket, "stall", 3.0, ComposeConfig(read_around_floor=0.2))
     left = _settle(emulator, bucket, store)
     after = emulator.stats()["by_op"]
     # Each object was read directly while the compose was held ...
@@ -92,10 +99,7 @@ def test_a_stalled_compose_is_read_around_and_its_composite_still_deleted(
 def test_with_read_around_off_the_group_waits_for_its_compose(
     emulator: Emulator, bucket: str
 ) -> None:
-    emulator.add_fault("compose", "stall", count=1, stall_seconds=1.5)
-    before = emulator.stats()["by_op"]
-    got, store = _group(emulator, bucket, ComposeConfig(read_around_after=0))
-    assert got == [payload(i) for i in range(N)]
+    store, before = _held(emulator, bucket, "stall", 1.5, ComposeConfig(read_around_after=0))
     left = _settle(emulator, bucket, store)
     after = emulator.stats()["by_op"]
     # One GET: the composite's, after the compose's retry.
@@ -148,10 +152,8 @@ def test_a_drain_deletes_a_made_composite_without_waiting_for_its_compose_answer
     # read timeout, so it is sent once). The group is read around; the
     # drain finds the composite there, ends the compose path and deletes it
     # by generation, instead of waiting 8 s for the answer, a retry and a GET.
-    emulator.add_fault("compose", "stall_answer", count=1, stall_seconds=8.0)
-    before = emulator.stats()["by_op"]
-    got, store = _group(emulator, bucket, ComposeConfig(read_around_floor=0.2))
-    assert got == [payload(i) for i in range(N)]
+    config = ComposeConfig(read_around_floor=0.2)
+    store, before = _held(emulator, bucket, "stall_answer", 8.0, config)
     assert registry._pending  # the compose path still waits for its answer
     runtime.run(drain_deletes(), timeout=60)
     after = emulator.stats()["by_op"]
@@ -170,10 +172,7 @@ def test_a_drain_waits_for_a_compose_held_before_it_was_applied(
     # Held before the store applies it: no composite yet, so the drain has
     # nothing to delete and waits for the compose path (its retry, the GET
     # of the composite it then makes, and its delete).
-    emulator.add_fault("compose", "stall", count=1, stall_seconds=2.0)
-    before = emulator.stats()["by_op"]
-    got, store = _group(emulator, bucket, ComposeConfig(read_around_floor=0.2))
-    assert got == [payload(i) for i in range(N)]
+    store, before = _held(emulator, bucket, "stall", 2.0, ComposeConfig(read_around_floor=0.2))
     runtime.run(drain_deletes(), timeout=60)
     after = emulator.stats()["by_op"]
     assert emulator.object_names(bucket, COMPOSITE_PREFIX) == []
