@@ -383,7 +383,12 @@ async def _settle_early(
         return
     try:
         composite = await store.head(name)
-    except StorageError:  # not made yet (or unknown): it may still be
+    except StorageError:
+        # Not made yet, or unknown: it may still be. GCS promises a written
+        # object readable only once its write has answered
+        # (https://cloud.google.com/storage/docs/consistency), so a 404 here
+        # proves nothing and is waited out; only a composite found is acted on,
+        # and this compose is the only request that makes that name.
         return
     if attempt.done() or sent.get("compose", 0) != 1:
         return

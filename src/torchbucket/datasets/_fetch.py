@@ -408,12 +408,10 @@ class PrefetchWindow:
                 needed = None
                 if grouped:
                     await group_slots.acquire()
-                    end = first + len(indices)
                     needed = asyncio.Event()
-                    self._groups_in_flight[first] = (end, needed)
-                    waiting = self._waiting_for
-                    if 0 <= waiting < end and first < self._wake_at:
-                        needed.set()
+                    self._groups_in_flight[first] = (first + len(indices), needed)
+                    if self._waiting_for >= 0:  # the consumer already waits
+                        self._hurry(self._waiting_for, self._wake_at)
             try:
                 items = await _fetch_unit(
                     self._catalog, indices, self._compose, self._fetch, self._slab, needed
