@@ -55,7 +55,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -474,15 +474,33 @@ def alternating_runs(
     run one preset's repeats after another's, the last preset took all of it
     (docs/benchmarks.md, dataloading run N). With ``rotate`` each repeat
     starts one contender further on, for the same reason.
+
+    Every run starts a fresh sampler seeded with the model's ``seed`` plus the
+    repeat's number: within a repeat every contender meets the same draws (in
+    the order it sends its requests), and each repeat draws anew. Before,
+    the sampler was set once per preset and repeat, so a contender's repeats
+    all started from one point of one sequence, shifted only by the requests
+    of the contenders before it: one sample of the tail's stalls, not three.
     """
     n = len(contenders)
     for rep in range(repeats):
         k = rep % n if rotate and n else 0
         contenders_now = [*contenders[k:], *contenders[:k]]
         for preset in presets if rep % 2 == 0 else list(reversed(presets)):
-            emu.set_latency(latency(preset))
+            model = reseeded(latency(preset), rep)
             for c in contenders_now:
+                emu.set_latency(model)
                 yield rep, preset, c
+
+
+def reseeded(latency: Any, offset: int) -> Any:
+    """``latency`` (a preset name, a ``LatencyModel`` or ``None``) as a model seeded ``offset`` on."""
+    from torchbucket.emulator import resolve_latency
+
+    model = resolve_latency(latency)
+    if model is None:
+        return None
+    return replace(model, seed=model.seed + offset)
 
 
 def latency_presets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:

@@ -62,6 +62,7 @@ __all__ = [
     "generated_bytes",
     "generated_names",
     "main",
+    "resolve_latency",
 ]
 
 logger = logging.getLogger(__name__)
