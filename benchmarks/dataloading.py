@@ -359,6 +359,8 @@ def run_one(
         "composites_left": left,
         "setup_class_a": (d.get("setup_server") or {}).get("class_a", 0),
         "by_op": server["by_op"],
+        # The latency model's stalls during the epoch, "<op>:before" / ":after" applying.
+        "stalls": server.get("stalls", {}),
         "failures": {k: v for k, v in server["by_status"].items() if not k.startswith("2")},
         "batch_s_p50": d.get("batch_s_p50") or math.nan,
         "batch_s_p99": d.get("batch_s_p99") or math.nan,
@@ -381,7 +383,7 @@ def run_one(
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians of the numeric figures over repeats (composites: the total)."""
-    out = h.median_figures(runs, last=("by_op", "failures"))
+    out = h.median_figures(runs, last=("by_op", "failures", "stalls"))
     if runs:
         out["composites_left"] = sum(r["composites_left"] for r in runs)
     return out

@@ -181,8 +181,10 @@ def server_stats(endpoint: str) -> dict[str, Any]:
     """The emulator's counters since the last reset, summarised.
 
     Returns:
-        ``requests``, ``class_a``, ``class_b``, ``by_op``, ``by_status`` and
-        ``cpu_s`` (the server's CPU seconds).
+        ``requests``, ``class_a``, ``class_b``, ``by_op``, ``by_status``,
+        ``stalls`` (the latency model's stalls, ``"<op>:before"`` or
+        ``":after"`` the request was applied) and ``cpu_s`` (the server's CPU
+        seconds).
     """
     s = _admin(endpoint, "GET", "stats")
     by_class = s.get("by_class", {})
@@ -192,6 +194,7 @@ def server_stats(endpoint: str) -> dict[str, Any]:
         "class_b": int(by_class.get("B", 0)),
         "by_op": dict(s.get("by_op", {})),
         "by_status": dict(s.get("by_status", {})),
+        "stalls": dict(s.get("stalls", {})),
         "cpu_s": float(s.get("cpu_seconds", 0.0)),
     }
 

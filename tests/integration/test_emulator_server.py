@@ -200,16 +200,21 @@ def test_a_stalled_write_is_applied_before_or_after_its_stall(emulator: Emulator
         )
     )
     seen = []
+    emulator.reset_stats()
     try:
         for i in range(8):
             upload = runtime.submit(store.put(f"w/{i}", b"x"))
             time.sleep(0.4)
             seen.append(f"w/{i}" in emulator.object_names(bucket, "w/"))
             upload.result(timeout=30)
+        stalls = emulator.stats()["stalls"]
     finally:
         emulator.set_latency(None)
         runtime.run(store.close())
     assert True in seen and False in seen, seen
+    # The server counts each stall where it fell: an upload held before it
+    # was applied is one whose object was not there yet.
+    assert stalls == {"put:before": seen.count(False), "put:after": seen.count(True)}
     assert emulator.object_names(bucket, "w/") == [f"w/{i}" for i in range(8)]
 
 

@@ -102,7 +102,11 @@ def test_a_stall_falls_before_or_after_the_request_is_applied_with_equal_chance(
     # it and holds the answer. A client can count on neither.
     model = LatencyModel(write=0.04, stall_probability=1.0, stall_seconds=0.5, seed=3)
     sampler = LatencySampler(model)
-    splits = [sampler.first_byte_split("put") for _ in range(10_000)]
+    splits = []
+    for _ in range(10_000):
+        splits.append(sampler.first_byte_split("put"))
+        # The sampler says where the stall fell, for the server's counters.
+        assert sampler.last_stall == ("before" if splits[-1][0] else "after")
     before = [(b, a) for b, a in splits if b]
     after = [(b, a) for b, a in splits if not b]
     assert len(before) / len(splits) == pytest.approx(0.5, abs=0.02)
@@ -110,3 +114,4 @@ def test_a_stall_falls_before_or_after_the_request_is_applied_with_equal_chance(
     assert all(a == pytest.approx(0.54) for _, a in after)
     quiet = LatencySampler(LatencyModel(tail_p99=5.0, seed=1))
     assert all(quiet.first_byte_split("put")[0] == 0.0 for _ in range(1000))
+    assert quiet.last_stall is None

@@ -157,13 +157,15 @@ class DataAdmin:
                 before the store sees it), ``"stall"`` (no answer for
                 ``stall_seconds``, then the connection closes) or
                 ``"stall_answer"`` (the same, after the store has applied the
-                request).
+                request) or ``"stall_apply"`` (no answer for
+                ``stall_seconds``, then the store applies the request and it is
+                answered as usual).
             nth: The first matching request (1-based, counted from now) that
                 fails. Default ``None``: the next one.
             count: How many matching requests fail from there, ``None`` for all.
                 Default 1.
             match: Only requests whose object name (or list prefix) contains this.
-            stall_seconds: How long a ``"stall"`` or ``"stall_answer"`` lasts.
+            stall_seconds: How long a ``"stall*"`` fault holds the request.
                 Default 30.
 
         Returns:

@@ -35,6 +35,9 @@ STATUS_KINDS = frozenset({"403", "404", "405", "408", "429", "500", "501", "502"
 #: ``"stall"`` holds a request before the store sees it; ``"stall_answer"``
 #: lets the store apply it and then holds the answer (the write is visible
 #: to others meanwhile); both then close the connection unanswered.
+#: ``"stall_apply"`` holds a request before the store sees it, then applies it
+#: and answers as usual, even if the client has gone (the latency model's
+#: stall before a request is applied, on demand).
 FAULT_KINDS = STATUS_KINDS | {
     "reset",
     "truncate",
@@ -42,6 +45,7 @@ FAULT_KINDS = STATUS_KINDS | {
     "corrupt_request",
     "stall",
     "stall_answer",
+    "stall_apply",
 }
 
 #: Operation names, as rules, counters and the latency model use them.
@@ -88,7 +92,7 @@ class FaultRule:
             ``None`` for all of them. Default 1.
         match: Only requests whose object name (or list prefix) contains this
             substring match. Default ``None``: any.
-        stall_seconds: For ``"stall"`` and ``"stall_answer"``: how long the
+        stall_seconds: For the ``"stall*"`` kinds: how long the
             server holds the request (or its answer) before closing the
             connection without an answer. Default 30.
         id: Assigned by the table.

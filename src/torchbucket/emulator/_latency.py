@@ -137,12 +137,15 @@ class LatencySampler:
         model: The model to draw from.
     """
 
-    __slots__ = ("_rng", "_sigma", "model")
+    __slots__ = ("_rng", "_sigma", "last_stall", "model")
 
     def __init__(self, model: LatencyModel) -> None:
         self.model = model
         self._rng = random.Random(model.seed)
         self._sigma = math.log(model.tail_p99) / _Z99
+        #: Where the last draw's stall fell, ``"before"`` or ``"after"`` the
+        #: request is applied, or ``None`` (the server counts them per operation).
+        self.last_stall: str | None = None
 
     def first_byte(self, op: str) -> float:
         """One draw of the time to the first byte of a request of ``op``, seconds."""
@@ -164,9 +167,12 @@ class LatencySampler:
         median = model.median(op)
         rng = self._rng
         wait = median * rng.lognormvariate(0.0, self._sigma) if self._sigma else median
+        self.last_stall = None
         if model.stall_probability and rng.random() < model.stall_probability:
             if rng.random() < 0.5:
+                self.last_stall = "before"
                 return model.stall_seconds, wait
+            self.last_stall = "after"
             wait += model.stall_seconds
         return 0.0, wait
 

@@ -216,10 +216,14 @@ class FrontServer:
                 return early
             if rule.kind == "corrupt_request":
                 body = flip_byte(body)  # damaged on the way up; the answer is left alone
+        if rule is not None and rule.kind == "stall_apply":
+            await asyncio.sleep(rule.stall_seconds)  # held; applied afterwards all the same
         latency = self._sampler
         after = 0.0
         if latency is not None:
             before, after = latency.first_byte_split(op)
+            if latency.last_stall is not None:
+                stats.stalls[f"{op}:{latency.last_stall}"] += 1
             if before:
                 await asyncio.sleep(before)  # a stall before the request is applied
         call = Call(
@@ -250,7 +254,7 @@ class FrontServer:
             await asyncio.sleep(rule.stall_seconds)  # applied; its answer never comes
             _reset(request)
             return web.Response(status=500)
-        if rule is not None and rule.kind != "corrupt_request":
+        if rule is not None and rule.kind not in ("corrupt_request", "stall_apply"):
             return await self._mangle(request, resp, rule.kind)
         return resp
 

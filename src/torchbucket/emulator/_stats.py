@@ -56,6 +56,7 @@ class Stats:
         "bytes_out",
         "faults",
         "requests",
+        "stalls",
         "throttled",
     )
 
@@ -69,6 +70,9 @@ class Stats:
         self.by_op: Counter[str] = Counter()
         self.by_status: Counter[int] = Counter()
         self.faults: Counter[str] = Counter()
+        # Stalls the latency model drew, as "<op>:before" / "<op>:after" (the
+        # request applied after its stall, or its answer held after applying).
+        self.stalls: Counter[str] = Counter()
         self.bytes_in = 0
         self.bytes_out = 0
         # Per bucket: its operations and bytes, so that a test can count its
@@ -111,6 +115,7 @@ class Stats:
             "by_op": dict(self.by_op),
             "by_status": {str(k): v for k, v in self.by_status.items()},
             "faults": dict(self.faults),
+            "stalls": dict(self.stalls),
             "throttled": self.throttled,
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
