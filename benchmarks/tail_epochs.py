@@ -13,7 +13,10 @@ This benchmark tells them apart. It runs torchbucket's two small-object
 paths, the iterable dataset and the map-style dataset with
 ``BucketBatchSampler`` (compose on, ``bytes`` samples: ``dataloading.py``'s
 ``tb_iter_compose`` and ``tb_map_fast_compose``, through the same contender
-script, ``DataLoader(num_workers=2, batch_size=64)``, every byte checked), on
+script, ``DataLoader(num_workers=2, batch_size=64)``, every byte checked),
+each with its prefetch window's anchor (the default, see
+``torchbucket/compose/_anchor.py``) and without (``ComposeConfig(anchor=False)``:
+the epoch's end then waits for a compose held before it was applied), on
 10 KiB datasets of growing size, under ``same-region`` and
 ``same-region-tail`` alternated repeat by repeat
 (``_harness.alternating_runs``: every run starts a fresh sampler seeded by
@@ -25,7 +28,8 @@ anew). Per path and preset it fits the median epoch's seconds as
 full run adds 120,000 and takes 5 repeats. ``--smoke``: 256 and 1,024
 objects, one repeat (a code-path check).
 
-Ends with ``RESULT {json}``: per path (``iterable``, ``map``),
+Ends with ``RESULT {json}``: per path (``iterable``, ``map``,
+``iterable_no_anchor``, ``map_no_anchor``),
 ``tail_slowdown_<path>_<count>`` (median samples/s under the constant preset
 over under the tail, per dataset size), ``tail_fixed_cost_s_<path>`` (the
 seconds the tail adds to an epoch of any length: the fits' difference at 0
@@ -34,13 +38,18 @@ over constant: what the tail costs an epoch long enough that its ends no
 longer matter), ``first_batch_s_<path>_<preset>`` (medians over every run),
 and ``server_cpu_fraction_max`` (the emulator's CPU seconds over an epoch's
 wall time, the highest over the runs' medians: below 1, the server was not
-the bottleneck). No goal of its own: issue 19's goal is ``dataloading.py``'s
+the bottleneck), ``tail_runs_held_by_compose`` (runs under the tail that met a
+compose stalled before it was applied, of ``tail_runs``; the emulator counts
+its stalls per operation and side, and the output lists every tail run with
+them), ``anchor_saves_s_<path>`` (the fixed cost without anchors less with
+them). No goal of its own: issue 19's goal is ``dataloading.py``'s
 ``tail_slowdown_10kib``; this says what it is made of.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,7 +61,14 @@ import dataloading as dl
 
 NAME = "tail_epochs"
 SIZE = 10 << 10
-PATHS = {"iterable": "tb_iter_compose", "map": "tb_map_fast_compose"}
+# Path -> (dataloading.py's contender, ComposeConfig fields): each path with
+# its anchors (the default) and without, side by side.
+PATHS = {
+    "iterable": ("tb_iter_compose", {}),
+    "map": ("tb_map_fast_compose", {}),
+    "iterable_no_anchor": ("tb_iter_compose", {"anchor": False}),
+    "map_no_anchor": ("tb_map_fast_compose", {"anchor": False}),
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -97,7 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     base, tail = args.presets
-    contenders = [next(c for c in dl.CONTENDERS if c.key == key) for key in PATHS.values()]
+    contenders = []
+    for path, (key, fields) in PATHS.items():
+        c = next(c for c in dl.CONTENDERS if c.key == key)
+        spec = {**c.spec, "compose_config": fields}
+        contenders.append(dataclasses.replace(c, key=path, spec=spec))
     sets = [dl.DataSet(f"10kib-{n}", n, SIZE, 0) for n in args.counts]
     print(
         f"tail_epochs ({mode}): one epoch, DataLoader(num_workers={dl.NUM_WORKERS}, "
@@ -111,14 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         for ds in sets:
             h.seed(emu, ds.bucket, count=ds.count, size=ds.size, prefix=dl.PREFIX)
             for rep, preset, c in h.alternating_runs(emu, args.presets, args.repeats, contenders):
-                path = next(p for p, key in PATHS.items() if key == c.key)
+                path = c.key
                 print(f"  {preset} {ds.label} {path} run {rep + 1} ...", end="", file=sys.stderr)
                 r = dl.run_one(emu, ds, c, rep, None, args.timeout)
                 runs.setdefault((path, ds.count, preset), []).append(r)
                 print(f" {r['samples_per_s']:,.0f} samples/s", file=sys.stderr, flush=True)
             leftovers += len(emu.object_names(ds.bucket, dl.COMPOSITES))
 
-    med = {k: h.median_figures(v, last=("by_op", "failures")) for k, v in runs.items()}
+    med = {k: dl.summarize(v) for k, v in runs.items()}
     result: dict[str, Any] = {}
     rows = []
     server_share = 0.0
@@ -181,6 +201,45 @@ def main(argv: list[str] | None = None) -> int:
             ("left", "composites left", "d"),
         ],
     )
+    # Each run under the tail with the stalls it met: a compose stalled before
+    # it was applied holds the epoch's end until it answers (its group was
+    # read around, but until it answers it may still make a composite).
+    tail_rows = [
+        {
+            "path": p,
+            "objects": n,
+            "run": i + 1,
+            "rate": r["samples_per_s"],
+            "wall": r["wall_s"],
+            "compose_before": r["stalls"].get("compose:before", 0),
+            "compose_after": r["stalls"].get("compose:after", 0),
+            "other": sum(v for k, v in r["stalls"].items() if not k.startswith("compose:")),
+        }
+        for (p, n, preset), rs in runs.items()
+        if preset == tail
+        for i, r in enumerate(rs)
+    ]
+    result["tail_runs"] = len(tail_rows)
+    result["tail_runs_held_by_compose"] = sum(1 for r in tail_rows if r["compose_before"])
+    h.print_table(
+        f"Every run under {tail}, with the stalls it met:",
+        tail_rows,
+        [
+            ("path", "path", "s"),
+            ("objects", "objects", ",d"),
+            ("run", "run", "d"),
+            ("rate", "samples/s", ",.0f"),
+            ("wall", "epoch s", ".2f"),
+            ("compose_before", "composes stalled before applied", "d"),
+            ("compose_after", "composes stalled after", "d"),
+            ("other", "other stalls (GET, DELETE...)", "d"),
+        ],
+    )
+    for path in ("iterable", "map"):
+        # What the anchors save an epoch under the tail: the fitted fixed costs' difference.
+        result[f"anchor_saves_s_{path}"] = round(
+            result[f"tail_fixed_cost_s_{path}_no_anchor"] - result[f"tail_fixed_cost_s_{path}"], 3
+        )
     for path in PATHS:
         f = result[f"fit_{path}"]
         print(

@@ -40,7 +40,8 @@ def main() -> None:
     tuned = {k: spec[f"hedge_{k}"] for k in ("factor", "floor") if spec.get(f"hedge_{k}")}
     hedge = HedgeConfig(enabled=spec.get("hedge", True), **tuned)
     gcs = GCSConfig(endpoint=spec["endpoint"], hedge=hedge)
-    compose = ComposeConfig(disable=not spec["compose"])
+    # ``compose_config``: ComposeConfig fields for an A/B (benchmarks/tail_epochs.py).
+    compose = ComposeConfig(disable=not spec["compose"], **spec.get("compose_config", {}))
     output = spec.get("output", "bytes")
     fetch = FetchConfig(output=output)
     dataset: BucketMapDataset | BucketIterableDataset

@@ -96,13 +96,15 @@ def test_tail_epochs_smoke_splits_the_tails_cost(tmp_path: Path) -> None:
     assert result["counts"] == [256, 1024]
     assert result["composites_left"] == 0
     assert result["composites_left_in_buckets"] == 0
-    for path in ("iterable", "map"):
+    for path in ("iterable", "map", "iterable_no_anchor", "map_no_anchor"):
         for n in result["counts"]:
             assert result[f"tail_slowdown_{path}_{n}"] > 0
         assert f"tail_fixed_cost_s_{path}" in result
         assert result[f"fit_{path}"]["same-region"]["us_per_object"] > 0
         assert result[f"first_batch_s_{path}_same_region_tail"] > 0
     assert result["server_cpu_fraction_max"] > 0
+    assert 0 <= result["tail_runs_held_by_compose"] <= result["tail_runs"] == 8
+    assert "anchor_saves_s_iterable" in result
 
 
 def test_checkpoint_smoke_against_gcsfs_and_torchs_fsspec_dcp(

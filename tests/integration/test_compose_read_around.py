@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 import uuid
 
 import pytest
@@ -231,9 +232,9 @@ def test_a_group_its_consumer_waits_for_is_read_around_sooner(
     assert emulator.stats()["by_op"].get("compose", 0) - before.get("compose", 0) == 2
 
 
-@pytest.mark.parametrize("needed_after", [2.0, 0.0])
+@pytest.mark.parametrize(("needed_after", "anchor"), [(2.0, True), (2.0, False), (0.0, True)])
 def test_a_dataset_window_hurries_the_group_its_consumer_waits_for(
-    emulator: Emulator, needed_after: float
+    emulator: Emulator, needed_after: float, anchor: bool
 ) -> None:
     # 40 objects: the window reads its first 10 directly, then one group of
     # 30, whose compose is held 2 s, far under the usual bound: the consumer,
@@ -246,7 +247,9 @@ def test_a_dataset_window_hurries_the_group_its_consumer_waits_for(
     gcs = GCSConfig(
         endpoint=emulator.endpoint, anonymous=True, retry=RETRY, hedge=HedgeConfig(enabled=False)
     )
-    config = dataclasses.replace(SOONER_WHEN_NEEDED, read_around_needed_after=needed_after)
+    config = dataclasses.replace(
+        SOONER_WHEN_NEEDED, read_around_needed_after=needed_after, anchor=anchor
+    )
     ds = BucketIterableDataset.from_prefix(f"gs://{name}/d/", gcs=gcs, compose=config)
     emulator.add_fault("compose", "stall", count=1, stall_seconds=2.0)
     before = emulator.stats()["by_op"]
@@ -256,12 +259,77 @@ def test_a_dataset_window_hurries_the_group_its_consumer_waits_for(
     assert ds.last_epoch_stats.read_around == (30 if needed_after else 0)
     gets = after.get("get", 0) - before.get("get", 0)
     composes = after.get("compose", 0) - before.get("compose", 0)
-    assert composes == 2  # the group's, held and retried
-    if needed_after:
-        # 10 direct, the group's 30 read around, and its composite.
-        assert gets == 10 + 30 + 1
+    if needed_after and anchor:
+        # 10 direct, the group's 30 read around; the window's end revoked the
+        # held compose (its anchor deleted): never retried, no composite.
+        assert (composes, gets) == (1, 10 + 30)
+    elif needed_after:
+        # The held compose was waited for: retried, its composite read.
+        assert (composes, gets) == (2, 10 + 30 + 1)
     else:
-        assert gets == 10 + 1
+        assert (composes, gets) == (2, 10 + 1)
+    assert after.get("put", 0) - before.get("put", 0) == (1 if anchor else 0)
+    assert emulator.object_names(name, COMPOSITE_PREFIX) == []
+    assert registry.in_flight() == []
+
+
+def _anchored_epoch(
+    emulator: Emulator, config: ComposeConfig, hold: float
+) -> tuple[str, dict[str, bytes], BucketIterableDataset]:
+    """40 objects (10 read directly, then a group of 30) whose compose is held, then applied."""
+    name = f"anchor-{uuid.uuid4().hex[:12]}"
+    emulator.create_bucket(name)
+    objects = {f"d/{i:03d}": payload(i) for i in range(40)}
+    emulator.seed(name, objects)
+    gcs = GCSConfig(
+        endpoint=emulator.endpoint, anonymous=True, retry=RETRY, hedge=HedgeConfig(enabled=False)
+    )
+    ds = BucketIterableDataset.from_prefix(f"gs://{name}/d/", gcs=gcs, compose=config)
+    emulator.add_fault("compose", "stall_apply", count=1, stall_seconds=hold)
+    return name, objects, ds
+
+
+def test_an_epoch_does_not_wait_for_a_compose_its_anchor_revoked(emulator: Emulator) -> None:
+    # The group's compose is held 3 s before the store applies it (as the
+    # tail preset's stalls are, half the time). The group is read around; the
+    # window's end deletes its anchor, so the epoch ends (drained) before the
+    # compose is even applied; applied later, it fails, its first source gone.
+    name, objects, ds = _anchored_epoch(emulator, SOONER_WHEN_NEEDED, 3.0)
+    stats = emulator.stats()
+    got = list(ds)
+    ended = emulator.stats()
+    assert got == list(objects.values())
+    assert ds.last_epoch_stats.read_around == 30
+    # A request is counted when it is answered: the compose still is not.
+    assert ended["by_op"].get("compose", 0) == stats["by_op"].get("compose", 0)
+    assert ended["by_op"].get("put", 0) - stats["by_op"].get("put", 0) == 1  # the anchor
+    assert registry.in_flight() == []
+    # Once the store has applied it: refused (404: a source is missing), and
+    # nothing under the composites' prefix, neither composite nor anchor.
+    for _ in range(100):
+        now = emulator.stats()
+        if now["by_op"].get("compose", 0) > stats["by_op"].get("compose", 0):
+            break
+        time.sleep(0.1)
+    assert now["by_op"].get("compose", 0) - stats["by_op"].get("compose", 0) == 1
+    assert now["by_status"].get("404", 0) > stats["by_status"].get("404", 0)
+    assert emulator.object_names(name, COMPOSITE_PREFIX) == []
+
+
+def test_without_an_anchor_the_epoch_waits_for_a_compose_held_before_it_was_applied(
+    emulator: Emulator,
+) -> None:
+    config = dataclasses.replace(SOONER_WHEN_NEEDED, anchor=False)
+    name, objects, ds = _anchored_epoch(emulator, config, 1.5)
+    stats = emulator.stats()
+    got = list(ds)
+    ended = emulator.stats()
+    assert got == list(objects.values())
+    assert ds.last_epoch_stats.read_around == 30
+    # Waited for: the compose was applied and answered, its composite read and deleted.
+    assert ended["by_op"].get("compose", 0) - stats["by_op"].get("compose", 0) == 1
+    assert ended["by_op"].get("get", 0) - stats["by_op"].get("get", 0) == 10 + 30 + 1
+    assert ended["by_op"].get("put", 0) == stats["by_op"].get("put", 0)
     assert emulator.object_names(name, COMPOSITE_PREFIX) == []
 
 

@@ -96,7 +96,9 @@ def test_iterable_last_epoch_stats_equal_the_servers(
         # Every object read once: as itself, or inside a composite.
         if compose:
             assert stats.by_op["compose"] > 0
-            assert stats.by_op["delete"] == stats.by_op["compose"]
+            # Each composite deleted, and each worker's anchor (its one upload).
+            assert stats.by_op["put"] == 2
+            assert stats.by_op["delete"] == stats.by_op["compose"] + stats.by_op["put"]
         else:
             assert stats.by_op == {"get": N}
 

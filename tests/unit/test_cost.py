@@ -56,17 +56,20 @@ def test_plan_of_a_fixed_example_against_a_hand_computation() -> None:
     assert direct.run.total_usd == pytest.approx(30_000 * 0.0004 / 1000 + 10 * 0.005 / 1000)
 
     # Compose, per worker shard of 5,000: 64 read directly, then 4,936 in
-    # groups of 32 (3.2 MiB <= 4 MiB): 154 full groups and one of 8 = 155
-    # composes, 155 GETs of composites, 155 deletes; plus 2 policy reads.
+    # groups of 31 (the anchor takes a compose's first source; 3.1 MiB <=
+    # 4 MiB): 159 full groups and one of 7 = 160 composes, 160 GETs of
+    # composites, 160 deletes; the anchor's upload and delete; plus 2 policy
+    # reads.
     comp = plans["compose"]
     assert comp.per_epoch.by_op == {
-        "compose": 310,
-        "get": 2 * (64 + 155),
-        "delete": 310,
+        "compose": 320,
+        "get": 2 * (64 + 160),
+        "delete": 320 + 2,
+        "put": 2,
         "bucket_get": 2,
     }
     composite_gib = 2 * 4936 * (100 << 10) / GIB
-    per_epoch = 310 * 0.005 / 1000 + 440 * 0.0004 / 1000 + composite_gib * 0.020 * 7 * 24 / 730
+    per_epoch = 322 * 0.005 / 1000 + 450 * 0.0004 / 1000 + composite_gib * 0.020 * 7 * 24 / 730
     assert comp.epoch.total_usd == pytest.approx(per_epoch)
     assert comp.run.total_usd == pytest.approx(3 * per_epoch + 10 * 0.005 / 1000)
     assert "OFF by default" in comp.note

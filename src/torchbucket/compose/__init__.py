@@ -14,7 +14,9 @@ Sources are pinned to their listed generations and the composite is created with
 a refusal, throttling) falls back to direct reads, which are themselves pinned
 and size-checked, so the bytes returned are always the listed objects' bytes.
 
-Composites are deleted in ``finally``; those still in flight when the process
+A dataset's prefetch window names an empty anchor object as each compose's
+first source and deletes it at its end, which revokes the composes not yet
+applied (see :class:`Anchor`). Composites are deleted in ``finally``; those still in flight when the process
 exits or gets SIGTERM are deleted by a process-wide registry (see
 :mod:`torchbucket.compose.registry`); :func:`cleanup_composites` removes what a
 killed process left behind.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 
+from torchbucket.compose._anchor import Anchor
 from torchbucket.compose._fetch import compose_allowed, fetch_group
 from torchbucket.compose._plan import plan_groups
 from torchbucket.compose._softdelete import soft_delete_allows
@@ -38,6 +41,7 @@ from torchbucket.storage.base import ObjectStore
 __all__ = [
     "COMPOSITE_PREFIX",
     "DEFAULT_MAX_COMPOSITE_OBJECT_SIZE",
+    "Anchor",
     "ComposeConfig",
     "cleanup_composites",
     "compose_allowed",

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from torchbucket.compose._anchor import Anchor
 from torchbucket.compose._composite import ReceiveInto, read_and_cut
 from torchbucket.compose._recent import RecentTimes
 from torchbucket.compose._softdelete import soft_delete_allows, soft_delete_blocked
@@ -88,10 +89,13 @@ async def _compose_and_read(
     config: ComposeConfig,
     receive_into: ReceiveInto | None,
     sent: dict[str, int],
+    anchor: Anchor | None,
 ) -> tuple[list[Any] | None, bool, int | None]:
     """Compose, read the composite and split it.
 
-    The compose's requests (each try of its retries) are counted in ``sent``.
+    The compose's requests (each try of its retries) are counted in ``sent``;
+    ``sent["anchored"]`` is 1 when the compose named ``anchor`` as its first
+    source.
 
     Returns:
         The group's objects' bytes, or ``None`` to read the group directly;
@@ -99,9 +103,14 @@ async def _compose_and_read(
         generation when known, which makes its delete safe to retry.
     """
     key = store.uri()
+    sources = infos
+    first = await anchor.info() if anchor is not None else None
+    if first is not None:
+        sources = [first, *infos]
+        sent["anchored"] = 1
     try:
         with accounting.tally_requests(sent):
-            composite = await store.compose(name, infos, if_generation_match=0)
+            composite = await store.compose(name, sources, if_generation_match=0)
     except PermissionDeniedError as exc:
         _refused.add(key)
         _warn_once(
@@ -133,7 +142,9 @@ async def _compose_and_read(
         except NotFoundError:
             return None, False, None
     except NotFoundError:
-        return None, False, None  # a source is gone: the direct read names it
+        # A source is gone (the direct read names it), or the anchor was
+        # revoked: this compose can never be applied.
+        return None, False, None
     except StorageError as exc:
         logger.debug("compose %s failed (%s); reading its sources directly", store.uri(name), exc)
         return None, True, None
@@ -223,6 +234,7 @@ async def _composed(
     config: ComposeConfig,
     receive_into: ReceiveInto | None,
     sent: dict[str, int],
+    anchor: Anchor | None,
 ) -> list[Any] | None:
     """Compose, read and split the group, then delete the composite (in the background).
 
@@ -235,7 +247,7 @@ async def _composed(
     data: list[Any] | None = None
     try:
         data, may_exist, generation = await _compose_and_read(
-            store, name, infos, config, receive_into, sent
+            store, name, infos, config, receive_into, sent, anchor
         )
     finally:
         if may_exist:
@@ -262,6 +274,7 @@ async def fetch_group(
     *,
     receive_into: ReceiveInto | None = None,
     needed: asyncio.Event | None = None,
+    anchor: Anchor | None = None,
 ) -> list[Any]:
     """Read a group of objects, through one composite when compose is allowed.
 
@@ -281,6 +294,10 @@ async def fetch_group(
         needed: Set when the group's consumer is waiting for it: its compose
             path is then read around after ``ComposeConfig.read_around_needed_after``
             times the recent median, not ``read_around_after``.
+        anchor: The caller's :class:`~torchbucket.compose._anchor.Anchor` on
+            ``store``, named as the compose's first source (``infos`` then
+            holds at most ``max_sources - 1`` objects): a drain can then
+            revoke a compose path left running instead of waiting for it.
 
     Returns:
         Each object's bytes (or, for a group read through a composite with
@@ -299,7 +316,9 @@ async def fetch_group(
     name = f"{config.composite_prefix}{uuid.uuid4().hex}"
     register(store, name)
     sent: dict[str, int] = {}
-    attempt = asyncio.ensure_future(_composed(store, name, infos, config, receive_into, sent))
+    attempt = asyncio.ensure_future(
+        _composed(store, name, infos, config, receive_into, sent, anchor)
+    )
     after = _read_around_after(store, config)
     if after is not None:
         sooner = _read_around_needed_after(store, config) if needed is not None else None
@@ -309,7 +328,7 @@ async def fetch_group(
             attempt.cancel()  # its own clean-up deletes what it may have made
             raise
         if straggling:
-            return await _read_around(store, infos, attempt, name, sent)
+            return await _read_around(store, infos, attempt, name, sent, anchor)
     data = await attempt
     if data is None:
         return await _read_all(store, infos)
@@ -322,6 +341,7 @@ async def _read_around(
     attempt: asyncio.Future[list[Any] | None],
     name: str,
     sent: dict[str, int],
+    anchor: Anchor | None,
 ) -> list[Any]:
     """Read a group directly while its slow compose path goes on; the first to finish wins.
 
@@ -357,28 +377,47 @@ async def _read_around(
         # yet make a composite, and its own clean-up deletes it (a compose
         # retried past a 1 s deadline left one after the epoch had drained;
         # the fault matrix caught it).
-        drain_also(attempt, settle=functools.partial(_settle_early, store, name, sent, attempt))
+        drain_also(
+            attempt, settle=functools.partial(_settle_early, store, name, sent, attempt, anchor)
+        )
     elif not attempt.cancelled():
         attempt.exception()  # retrieved: the direct read stands in for it
     return await direct
 
 
 async def _settle_early(
-    store: ObjectStore, name: str, sent: dict[str, int], attempt: asyncio.Future[Any]
+    store: ObjectStore,
+    name: str,
+    sent: dict[str, int],
+    attempt: asyncio.Future[Any],
+    anchor: Anchor | None,
 ) -> None:
-    """At an epoch's drain, stop waiting for a compose whose composite already exists.
+    """At an epoch's drain, stop waiting for a compose path left running, when that is safe.
 
     A compose path left running after its group was read around is waited
     for, because until its compose answers, the compose may still make the
-    composite. That holds while a request may yet take effect; but if the
-    compose was sent exactly once and its composite exists, that one request
-    has taken effect and nothing else can make the composite again once the
-    path is cancelled (no retry is sent after that): the composite is then
-    deleted, pinned to its generation, without waiting for the answer. A
-    compose sent more than once, or whose composite does not exist yet, is
-    waited for as before. The counts are read again after the HEAD, and the
-    path is cancelled in the same step, so no retry can start in between.
+    composite. Two cases end it sooner:
+
+    - Its compose named the window's anchor: once the anchor is deleted, no
+      try of that compose can be applied any more, and one applied before is
+      visible (see ``compose/_anchor.py``). The path is cancelled, and the
+      composite, if found, deleted by generation.
+    - Else, if the compose was sent exactly once and its composite exists,
+      that one request has taken effect and nothing else can make the
+      composite again once the path is cancelled (no retry is sent after
+      that): the composite is then deleted, pinned to its generation,
+      without waiting for the answer. The counts are read again after the
+      HEAD, and the path is cancelled in the same step, so no retry can
+      start in between.
+
+    Otherwise (a compose sent more than once without an anchor, or whose
+    composite does not exist yet) it is waited for as before.
     """
+    if attempt.done():
+        return
+    if anchor is not None and sent.get("anchored") and await anchor.revoke():
+        await _settle_revoked(store, name, attempt)
+        return
     if attempt.done() or sent.get("compose", 0) != 1:
         return
     try:
@@ -399,6 +438,29 @@ async def _settle_early(
     error = await delete_composite(store, name, composite.generation)
     if error is not None:
         _delete_failed(store, name, error)
+
+
+async def _settle_revoked(store: ObjectStore, name: str, attempt: asyncio.Future[Any]) -> None:
+    """End a compose path whose compose can no longer be applied (its anchor is gone)."""
+    if attempt.done():
+        return
+    try:
+        composite = await store.head(name)
+    except NotFoundError:
+        composite = None
+    except StorageError:
+        return  # unknown: waited for as before
+    if attempt.done():
+        return
+    logger.debug(
+        "compose of %s revoked by its anchor's delete: not waiting for its answer",
+        store.uri(name),
+    )
+    attempt.cancel()  # its clean-up unregisters the name (a delete finds it gone)
+    if composite is not None:
+        error = await delete_composite(store, name, composite.generation)
+        if error is not None:
+            _delete_failed(store, name, error)
 
 
 def _finished(attempt: asyncio.Future[list[Any] | None]) -> None:

@@ -119,6 +119,15 @@ class ComposeConfig:
             extra requests few. ``0`` turns it off. Default 2.
         read_around_needed_floor: Seconds a waited-for group's compose path
             may always take before it is read around. Default 0.1.
+        anchor: A dataset's prefetch window (one per DataLoader worker and
+            epoch) uploads an empty object under ``composite_prefix`` and
+            names it as the first source of each of its composes (so groups
+            hold ``max_sources - 1`` objects); at the window's end it deletes
+            it, which revokes any compose not yet applied. An epoch then no
+            longer waits for the answer of a compose left running after its
+            group was read around (a compose held before it was applied may
+            still make its composite until it answers). Costs two class A
+            requests per window and bucket. Default ``True``.
     """
 
     max_composite_object_size: int = DEFAULT_MAX_COMPOSITE_OBJECT_SIZE
@@ -131,6 +140,7 @@ class ComposeConfig:
     read_around_floor: float = 0.25
     read_around_needed_after: float = 2.0
     read_around_needed_floor: float = 0.1
+    anchor: bool = True
 
     def __post_init__(self) -> None:
         if self.max_composite_object_size < 0:

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from torchbucket import runtime
-from torchbucket.compose import ComposeConfig, compose_allowed, fetch_group, plan_groups
+from torchbucket.compose import Anchor, ComposeConfig, compose_allowed, fetch_group, plan_groups
+from torchbucket.compose.registry import drain_also
 from torchbucket.datasets._receive import (
     Sample,
     SharedComposite,
@@ -128,6 +130,7 @@ async def _fetch_unit(
     fetch: FetchConfig,
     slab: SharedSlab | None = None,
     needed: asyncio.Event | None = None,
+    anchors: dict[str, Anchor] | None = None,
 ) -> list[Item]:
     store = catalog.store(indices[0])
     if len(indices) == 1:
@@ -135,6 +138,11 @@ async def _fetch_unit(
             return [await read_object(store, catalog.info(indices[0]), fetch, slab)]
         except Exception as exc:  # handed to the consumer, raised there in order
             return [exc]
+    anchor = None
+    if anchors is not None:
+        anchor = anchors.get(store.uri())
+        if anchor is None:
+            anchor = anchors[store.uri()] = Anchor(store, compose)
     try:
         items = await fetch_group(
             store,
@@ -142,6 +150,7 @@ async def _fetch_unit(
             compose,
             receive_into=SharedComposite if fetch.output == "tensor" else None,
             needed=needed,
+            anchor=anchor,
         )
     except Exception as exc:  # the same: a prefetch window would otherwise wait forever
         return [exc] * len(indices)
@@ -228,6 +237,14 @@ class PrefetchWindow:
     ) -> None:
         self._catalog = catalog
         self._order = order
+        # Per bucket, the anchor every compose of this window names first, so
+        # that a drain can revoke a compose left running instead of waiting
+        # for its answer (see compose/_anchor.py); it takes one of a
+        # compose's sources.
+        self._anchors: dict[str, Anchor] | None = None
+        if compose.enabled and compose.anchor and compose.max_sources > 2:
+            self._anchors = {}
+            compose = dataclasses.replace(compose, max_sources=compose.max_sources - 1)
         self._compose = compose
         self._fetch = fetch
         self._fetchers = fetch.prefetch
@@ -287,10 +304,23 @@ class PrefetchWindow:
             self._future = runtime.submit(self._produce())
 
     def close(self) -> None:
-        """Stop fetching; composites in flight are still deleted."""
+        """Stop fetching; composites in flight are still deleted.
+
+        Also has the window's anchors revoked, in a callback the runtime's
+        loop runs before anything the caller submits after this call (a
+        drain then waits for the revokes).
+        """
         future = self._future
         if future is not None and not future.done():
             future.cancel()
+        loop = self._loop
+        if self._anchors and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._revoke_anchors)
+
+    def _revoke_anchors(self) -> None:
+        """Revoke the window's anchors, the drain waiting for it (loop thread only)."""
+        for anchor in (self._anchors or {}).values():
+            drain_also(anchor.revoke())
 
     def take(self, pos: int, want: int | None = None) -> list[Item]:
         """The results that have arrived in order from ``pos``: at least one, at most a chunk.
@@ -414,7 +444,13 @@ class PrefetchWindow:
                         self._hurry(self._waiting_for, self._wake_at)
             try:
                 items = await _fetch_unit(
-                    self._catalog, indices, self._compose, self._fetch, self._slab, needed
+                    self._catalog,
+                    indices,
+                    self._compose,
+                    self._fetch,
+                    self._slab,
+                    needed,
+                    self._anchors,
                 )
             finally:
                 if grouped:
@@ -449,6 +485,10 @@ class PrefetchWindow:
                     self._cond.notify_all()
             raise
         finally:
+            # Every group has its bytes: what compose is still running was
+            # read around. Revoked now, it can no longer make a composite, and
+            # the drain that ends the epoch no longer waits for its answer.
+            self._revoke_anchors()
             # The last results may have arrived while the consumer waited for
             # a whole chunk.
             with self._cond:

@@ -106,20 +106,28 @@ def compose_epoch(
     max_composite_object_size: int,
     max_sources: int = 32,
     direct_first: int = 64,
+    anchor: bool = True,
 ) -> tuple[RequestStats, int]:
     """Requests and composite bytes of one compose epoch (iterable dataset's plan).
 
     Each of ``parts`` shards (ranks x workers) reads its first ``direct_first``
-    objects directly, then groups consecutive objects up to the cap and 32 per
-    group: a group of two or more is one compose (A), one GET (B) and one delete
-    (free); a lone object or one over the cap is one GET.
+    objects directly, then groups consecutive objects up to the cap and
+    ``max_sources`` per group (one less with ``anchor``: a shard that composes
+    uploads an empty anchor, one insert (A), deleted at its end (free), and
+    names it in every compose): a group of two or more is one compose (A), one
+    GET (B) and one delete (free); a lone object or one over the cap is one GET.
 
     Returns:
         The requests, and the bytes written as composites (then deleted).
     """
-    compose = get = delete = 0
+    compose = get = delete = put = 0
     composite_bytes = 0
+    if anchor and max_sources > 2:
+        max_sources -= 1
+    else:
+        anchor = False
     for shard in _shards_of(len(sizes), parts):
+        composed_before = compose
         group: list[int] = []
 
         def close(group: list[int]) -> None:
@@ -140,7 +148,10 @@ def compose_epoch(
                 group = []
             group.append(size)
         close(group)
-    stats = _ops(compose=compose, get=get, delete=delete)
+        if anchor and compose > composed_before:
+            put += 1
+            delete += 1
+    stats = _ops(compose=compose, get=get, delete=delete, put=put)
     return replace(stats, bytes_in=sum(sizes)), composite_bytes
 
 
