@@ -38,10 +38,10 @@ over constant: what the tail costs an epoch long enough that its ends no
 longer matter), ``first_batch_s_<path>_<preset>`` (medians over every run),
 and ``server_cpu_fraction_max`` (the emulator's CPU seconds over an epoch's
 wall time, the highest over the runs' medians: below 1, the server was not
-the bottleneck), ``tail_runs_held_by_compose`` (runs under the tail that met a
-compose stalled before it was applied, of ``tail_runs``; the emulator counts
-its stalls per operation and side, and the output lists every tail run with
-them), ``anchor_saves_s_<path>`` (the fixed cost without anchors less with
+the bottleneck), ``tail_runs_with_compose_stalled_before`` (runs under the
+tail that met a compose stalled before it was applied, of ``tail_runs``; the
+emulator counts its stalls per operation and side, and the output lists every
+tail run with them: without anchors, such a run was held at its end), ``anchor_saves_s_<path>`` (the fixed cost without anchors less with
 them). No goal of its own: issue 19's goal is ``dataloading.py``'s
 ``tail_slowdown_10kib``; this says what it is made of.
 """
@@ -220,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         for i, r in enumerate(rs)
     ]
     result["tail_runs"] = len(tail_rows)
-    result["tail_runs_held_by_compose"] = sum(1 for r in tail_rows if r["compose_before"])
+    result["tail_runs_with_compose_stalled_before"] = sum(
+        1 for r in tail_rows if r["compose_before"]
+    )
     h.print_table(
         f"Every run under {tail}, with the stalls it met:",
         tail_rows,

@@ -103,7 +103,7 @@ def test_tail_epochs_smoke_splits_the_tails_cost(tmp_path: Path) -> None:
         assert result[f"fit_{path}"]["same-region"]["us_per_object"] > 0
         assert result[f"first_batch_s_{path}_same_region_tail"] > 0
     assert result["server_cpu_fraction_max"] > 0
-    assert 0 <= result["tail_runs_held_by_compose"] <= result["tail_runs"] == 8
+    assert 0 <= result["tail_runs_with_compose_stalled_before"] <= result["tail_runs"] == 8
     assert "anchor_saves_s_iterable" in result
 
 
