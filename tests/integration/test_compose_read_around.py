@@ -6,7 +6,9 @@ A composite's delete held the same way is sent again.
 With ``read_around_after`` on, the group's objects are read directly while the
 compose path goes on; the compose path still ends by deleting its composite.
 With it off, the group waits for the compose's retry. Request counts, not times,
-tell the two apart.
+tell the two apart. Through a dataset, whose window names an anchor in its
+composes, a compose held before it is applied (a ``stall_apply`` fault) is
+revoked at the window's end instead of waited for.
 """
 
 from __future__ import annotations
@@ -232,6 +234,22 @@ def test_a_group_its_consumer_waits_for_is_read_around_sooner(
     assert emulator.stats()["by_op"].get("compose", 0) - before.get("compose", 0) == 2
 
 
+def _held_window(
+    emulator: Emulator, config: ComposeConfig, kind: str, hold: float
+) -> tuple[str, dict[str, bytes], BucketIterableDataset]:
+    """40 objects (10 read directly, then a group of 30) whose compose a ``kind`` fault holds."""
+    name = f"window-{uuid.uuid4().hex[:12]}"
+    emulator.create_bucket(name)
+    objects = {f"d/{i:03d}": payload(i) for i in range(40)}
+    emulator.seed(name, objects)
+    gcs = GCSConfig(
+        endpoint=emulator.endpoint, anonymous=True, retry=RETRY, hedge=HedgeConfig(enabled=False)
+    )
+    ds = BucketIterableDataset.from_prefix(f"gs://{name}/d/", gcs=gcs, compose=config)
+    emulator.add_fault("compose", kind, count=1, stall_seconds=hold)
+    return name, objects, ds
+
+
 @pytest.mark.parametrize(("needed_after", "anchor"), [(2.0, True), (2.0, False), (0.0, True)])
 def test_a_dataset_window_hurries_the_group_its_consumer_waits_for(
     emulator: Emulator, needed_after: float, anchor: bool
@@ -240,18 +258,10 @@ def test_a_dataset_window_hurries_the_group_its_consumer_waits_for(
     # 30, whose compose is held 2 s, far under the usual bound: the consumer,
     # waiting for that group, has it read around, unless the waited-for bound
     # is off.
-    name = f"hurry-{uuid.uuid4().hex[:12]}"
-    emulator.create_bucket(name)
-    objects = {f"d/{i:03d}": payload(i) for i in range(40)}
-    emulator.seed(name, objects)
-    gcs = GCSConfig(
-        endpoint=emulator.endpoint, anonymous=True, retry=RETRY, hedge=HedgeConfig(enabled=False)
-    )
     config = dataclasses.replace(
         SOONER_WHEN_NEEDED, read_around_needed_after=needed_after, anchor=anchor
     )
-    ds = BucketIterableDataset.from_prefix(f"gs://{name}/d/", gcs=gcs, compose=config)
-    emulator.add_fault("compose", "stall", count=1, stall_seconds=2.0)
+    name, objects, ds = _held_window(emulator, config, "stall", 2.0)
     before = emulator.stats()["by_op"]
     got = list(ds)  # ends by draining: every compose path and delete is done
     after = emulator.stats()["by_op"]
@@ -273,28 +283,12 @@ def test_a_dataset_window_hurries_the_group_its_consumer_waits_for(
     assert registry.in_flight() == []
 
 
-def _anchored_epoch(
-    emulator: Emulator, config: ComposeConfig, hold: float
-) -> tuple[str, dict[str, bytes], BucketIterableDataset]:
-    """40 objects (10 read directly, then a group of 30) whose compose is held, then applied."""
-    name = f"anchor-{uuid.uuid4().hex[:12]}"
-    emulator.create_bucket(name)
-    objects = {f"d/{i:03d}": payload(i) for i in range(40)}
-    emulator.seed(name, objects)
-    gcs = GCSConfig(
-        endpoint=emulator.endpoint, anonymous=True, retry=RETRY, hedge=HedgeConfig(enabled=False)
-    )
-    ds = BucketIterableDataset.from_prefix(f"gs://{name}/d/", gcs=gcs, compose=config)
-    emulator.add_fault("compose", "stall_apply", count=1, stall_seconds=hold)
-    return name, objects, ds
-
-
 def test_an_epoch_does_not_wait_for_a_compose_its_anchor_revoked(emulator: Emulator) -> None:
     # The group's compose is held 3 s before the store applies it (as the
     # tail preset's stalls are, half the time). The group is read around; the
     # window's end deletes its anchor, so the epoch ends (drained) before the
     # compose is even applied; applied later, it fails, its first source gone.
-    name, objects, ds = _anchored_epoch(emulator, SOONER_WHEN_NEEDED, 3.0)
+    name, objects, ds = _held_window(emulator, SOONER_WHEN_NEEDED, "stall_apply", 3.0)
     stats = emulator.stats()
     got = list(ds)
     ended = emulator.stats()
@@ -320,7 +314,7 @@ def test_without_an_anchor_the_epoch_waits_for_a_compose_held_before_it_was_appl
     emulator: Emulator,
 ) -> None:
     config = dataclasses.replace(SOONER_WHEN_NEEDED, anchor=False)
-    name, objects, ds = _anchored_epoch(emulator, config, 1.5)
+    name, objects, ds = _held_window(emulator, config, "stall_apply", 1.5)
     stats = emulator.stats()
     got = list(ds)
     ended = emulator.stats()
