@@ -14,15 +14,17 @@ of 20,000 objects for up to 2 s (``benchmarks/tail_epochs.py``).
 How: every compose of a prefetch window names the anchor, pinned to its
 generation, as its first source (it is empty: the composite's bytes and
 checksum are the group's). Deleting the anchor revokes every compose of the
-window not yet applied: applied afterwards, it fails, its source gone. A
-compose applied before the anchor's delete answered is visible to a
+window not yet applied: applied afterwards, it fails, its source gone (a
+compose is performed only if each source's generation matches its
+``ifGenerationMatch``: https://cloud.google.com/storage/docs/json_api/v1/objects/compose).
+A compose applied before the anchor's delete answered is visible to a
 ``HEAD`` sent after it, GCS being strongly consistent
 (https://cloud.google.com/storage/docs/consistency); so once the anchor is
 gone, a compose path still unanswered either made its composite, which is
 found and deleted by generation, or never will, and the epoch need not wait
-for it. The cost: the anchor's upload and delete (two class A requests per
-window and bucket, that is per DataLoader worker and epoch), and groups of
-``max_sources - 1`` objects.
+for it. The cost: the anchor's upload (one class A request per window and
+bucket, that is per DataLoader worker and epoch) and its delete (free), and
+groups of ``max_sources - 1`` objects.
 """
 
 from __future__ import annotations

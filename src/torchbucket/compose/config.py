@@ -126,8 +126,9 @@ class ComposeConfig:
             it, which revokes any compose not yet applied. An epoch then no
             longer waits for the answer of a compose left running after its
             group was read around (a compose held before it was applied may
-            still make its composite until it answers). Costs two class A
-            requests per window and bucket. Default ``True``.
+            still make its composite until it answers). Costs one class A
+            request (the upload) and one free delete per window and bucket.
+            Default ``True``.
     """
 
     max_composite_object_size: int = DEFAULT_MAX_COMPOSITE_OBJECT_SIZE
