@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import time
 import uuid
+from typing import Any
 
 import pytest
 
@@ -283,17 +284,28 @@ def test_a_dataset_window_hurries_the_group_its_consumer_waits_for(
     assert registry.in_flight() == []
 
 
+def _read_held_epoch(
+    emulator: Emulator, ds: BucketIterableDataset, objects: dict[str, bytes]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Read one epoch of a held window; the server's counters before and after it.
+
+    Every object arrives, and the held group's 30 were read around.
+    """
+    stats = emulator.stats()
+    got = list(ds)
+    ended = emulator.stats()
+    assert got == list(objects.values())
+    assert ds.last_epoch_stats.read_around == 30
+    return stats, ended
+
+
 def test_an_epoch_does_not_wait_for_a_compose_its_anchor_revoked(emulator: Emulator) -> None:
     # The group's compose is held 3 s before the store applies it (as the
     # tail preset's stalls are, half the time). The group is read around; the
     # window's end deletes its anchor, so the epoch ends (drained) before the
     # compose is even applied; applied later, it fails, its first source gone.
     name, objects, ds = _held_window(emulator, SOONER_WHEN_NEEDED, "stall_apply", 3.0)
-    stats = emulator.stats()
-    got = list(ds)
-    ended = emulator.stats()
-    assert got == list(objects.values())
-    assert ds.last_epoch_stats.read_around == 30
+    stats, ended = _read_held_epoch(emulator, ds, objects)
     # A request is counted when it is answered: the compose still is not.
     assert ended["by_op"].get("compose", 0) == stats["by_op"].get("compose", 0)
     assert ended["by_op"].get("put", 0) - stats["by_op"].get("put", 0) == 1  # the anchor
@@ -315,11 +327,7 @@ def test_without_an_anchor_the_epoch_waits_for_a_compose_held_before_it_was_appl
 ) -> None:
     config = dataclasses.replace(SOONER_WHEN_NEEDED, anchor=False)
     name, objects, ds = _held_window(emulator, config, "stall_apply", 1.5)
-    stats = emulator.stats()
-    got = list(ds)
-    ended = emulator.stats()
-    assert got == list(objects.values())
-    assert ds.last_epoch_stats.read_around == 30
+    stats, ended = _read_held_epoch(emulator, ds, objects)
     # Waited for: the compose was applied and answered, its composite read and deleted.
     assert ended["by_op"].get("compose", 0) - stats["by_op"].get("compose", 0) == 1
     assert ended["by_op"].get("get", 0) - stats["by_op"].get("get", 0) == 10 + 30 + 1
