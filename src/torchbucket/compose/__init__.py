@@ -16,10 +16,10 @@ and size-checked, so the bytes returned are always the listed objects' bytes.
 
 A dataset's prefetch window names an empty anchor object as each compose's
 first source and deletes it at its end, which revokes the composes not yet
-applied (see :class:`Anchor`). Composites are deleted in ``finally``; those still in flight when the process
-exits or gets SIGTERM are deleted by a process-wide registry (see
-:mod:`torchbucket.compose.registry`); :func:`cleanup_composites` removes what a
-killed process left behind.
+applied (see :class:`Anchor`). Composites are deleted in ``finally``; those
+still in flight when the process exits or gets SIGTERM are deleted by a
+process-wide registry (see :mod:`torchbucket.compose.registry`);
+:func:`cleanup_composites` removes what a killed process left behind.
 """
 
 from __future__ import annotations

@@ -92,9 +92,10 @@ class FaultRule:
             ``None`` for all of them. Default 1.
         match: Only requests whose object name (or list prefix) contains this
             substring match. Default ``None``: any.
-        stall_seconds: For the ``"stall*"`` kinds: how long the
-            server holds the request (or its answer) before closing the
-            connection without an answer. Default 30.
+        stall_seconds: For the ``"stall*"`` kinds: how long the server
+            holds the request (or its answer); ``"stall"`` and
+            ``"stall_answer"`` then close the connection without an answer.
+            Default 30.
         id: Assigned by the table.
         seen: Matching requests counted so far.
         fired: Times the rule fired so far.
