@@ -167,6 +167,9 @@ def test_a_drain_deletes_a_made_composite_without_waiting_for_its_compose_answer
     assert after.get("compose", 0) - before.get("compose", 0) == 1  # never retried
     assert after.get("get", 0) - before.get("get", 0) == N  # the composite never read
     assert after.get("head", 0) - before.get("head", 0) == 1
+    # One delete, pinned to the composite's generation: the cancelled path's
+    # own clean-up does not send another.
+    assert after.get("delete", 0) - before.get("delete", 0) == 1
     runtime.run(store.close())
 
 
@@ -309,6 +312,8 @@ def test_an_epoch_does_not_wait_for_a_compose_its_anchor_revoked(emulator: Emula
     # A request is counted when it is answered: the compose still is not.
     assert ended["by_op"].get("compose", 0) == stats["by_op"].get("compose", 0)
     assert ended["by_op"].get("put", 0) - stats["by_op"].get("put", 0) == 1  # the anchor
+    # Deleted: the anchor alone; the revoked compose's composite, never made, is not.
+    assert ended["by_op"].get("delete", 0) - stats["by_op"].get("delete", 0) == 1
     assert registry.in_flight() == []
     # Once the store has applied it: refused (404: a source is missing), and
     # nothing under the composites' prefix, neither composite nor anchor.

@@ -250,7 +250,9 @@ async def _composed(
             store, name, infos, config, receive_into, sent, anchor
         )
     finally:
-        if may_exist:
+        if sent.get("settled"):
+            pass  # a drain ended this path, and deletes (or forgets) the composite itself
+        elif may_exist:
             # Off the critical path: the group's bytes are returned now.
             delete_in_background(
                 store,
@@ -416,7 +418,7 @@ async def _settle_early(
     if attempt.done():
         return
     if anchor is not None and sent.get("anchored") and await anchor.revoke():
-        await _settle_revoked(store, name, attempt)
+        await _settle_revoked(store, name, sent, attempt)
         return
     if attempt.done() or sent.get("compose", 0) != 1:
         return
@@ -434,13 +436,12 @@ async def _settle_early(
     logger.debug(
         "composite %s exists while its compose is unanswered: deleting it now", store.uri(name)
     )
-    attempt.cancel()
-    error = await delete_composite(store, name, composite.generation)
-    if error is not None:
-        _delete_failed(store, name, error)
+    await _end_path(store, name, sent, attempt, composite)
 
 
-async def _settle_revoked(store: ObjectStore, name: str, attempt: asyncio.Future[Any]) -> None:
+async def _settle_revoked(
+    store: ObjectStore, name: str, sent: dict[str, int], attempt: asyncio.Future[Any]
+) -> None:
     """End a compose path whose compose can no longer be applied (its anchor is gone)."""
     if attempt.done():
         return
@@ -456,11 +457,31 @@ async def _settle_revoked(store: ObjectStore, name: str, attempt: asyncio.Future
         "compose of %s revoked by its anchor's delete: not waiting for its answer",
         store.uri(name),
     )
-    attempt.cancel()  # its clean-up unregisters the name (a delete finds it gone)
-    if composite is not None:
-        error = await delete_composite(store, name, composite.generation)
-        if error is not None:
-            _delete_failed(store, name, error)
+    await _end_path(store, name, sent, attempt, composite)
+
+
+async def _end_path(
+    store: ObjectStore,
+    name: str,
+    sent: dict[str, int],
+    attempt: asyncio.Future[Any],
+    composite: ObjectInfo | None,
+) -> None:
+    """Cancel a compose path left running; delete its composite here, or forget the name.
+
+    The path's own clean-up stands down (``sent["settled"]``): it would send
+    a delete unpinned to any generation, hence never re-sent, which a stall
+    could hold on the drain's path for a composite known to be gone or
+    deleted here.
+    """
+    sent["settled"] = 1
+    attempt.cancel()
+    if composite is None:
+        unregister(store, name)
+        return
+    error = await delete_composite(store, name, composite.generation)
+    if error is not None:
+        _delete_failed(store, name, error)
 
 
 def _finished(attempt: asyncio.Future[list[Any] | None]) -> None:
