@@ -29,6 +29,7 @@ import multiprocessing.util
 import os
 import signal
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import Any
@@ -262,6 +263,8 @@ async def drain_deletes() -> None:
     stays registered (see :func:`delete_composite`).
     """
     settling: set[asyncio.Future[None]] = set()
+    began = time.monotonic()
+    waited_for = len(_deleting) + len(_pending)
     while _deleting or _pending or settling:
         for future in list(_pending):
             settle = _settles.pop(future, None)
@@ -274,6 +277,11 @@ async def drain_deletes() -> None:
             settling.discard(task)
             if not task.cancelled() and task.exception() is not None:
                 logger.error("settling a compose path failed", exc_info=task.exception())
+    logger.debug(
+        "drain %.4f s: %d deletes and compose paths in flight at its start",
+        time.monotonic() - began,
+        waited_for,
+    )
 
 
 async def cleanup_registered() -> int:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import logging
 import threading
+import time
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -31,6 +33,10 @@ from torchbucket.datasets.sharding import IndexArray
 from torchbucket.storage.batch import read_batch
 
 __all__ = ["Item", "PrefetchWindow", "fetch_batch", "plan_units"]
+
+# At DEBUG, a prefetch window logs its timeline: its start, each unit's fetch
+# and each wait of its consumer (benchmarks/window_timeline.py reads them).
+logger = logging.getLogger(__name__)
 
 Item = Sample | BaseException
 
@@ -297,6 +303,7 @@ class PrefetchWindow:
         self._groups_in_flight: dict[int, tuple[int, asyncio.Event]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._future: concurrent.futures.Future[None] | None = None
+        self._timeline = logger.isEnabledFor(logging.DEBUG)
 
     def start(self) -> None:
         """Start the fetchers on the runtime loop."""
@@ -340,6 +347,7 @@ class PrefetchWindow:
                 loop = self._loop
                 if loop is not None and self._compose.enabled:
                     loop.call_soon_threadsafe(self._hurry, pos, self._wake_at)
+                began = time.monotonic()
                 try:
                     while pos not in results:
                         if self._failure is not None:
@@ -347,6 +355,13 @@ class PrefetchWindow:
                         self._cond.wait()
                 finally:
                     self._waiting_for = -1
+            if self._timeline:  # outside the lock
+                logger.debug(
+                    "window wait %.4f s for position %d, %d groups in flight",
+                    time.monotonic() - began,
+                    pos,
+                    len(self._groups_in_flight),
+                )
         # At most a chunk: what is handed over leaves the window's count, so
         # handing over everything that arrived would let the consumer's
         # backlog grow past the window's bounds (it did: 500+ objects).
@@ -442,6 +457,7 @@ class PrefetchWindow:
                     self._groups_in_flight[first] = (first + len(indices), needed)
                     if self._waiting_for >= 0:  # the consumer already waits
                         self._hurry(self._waiting_for, self._wake_at)
+            began = time.monotonic()
             try:
                 items = await _fetch_unit(
                     self._catalog,
@@ -456,6 +472,14 @@ class PrefetchWindow:
                 if grouped:
                     del self._groups_in_flight[first]
                     group_slots.release()
+            if self._timeline:
+                logger.debug(
+                    "window unit at position %d: %d objects in %.4f s%s",
+                    first,
+                    len(indices),
+                    time.monotonic() - began,
+                    ", waited for" if needed is not None and needed.is_set() else "",
+                )
             self._deliver(first, items)
             # Not kept while this fetcher waits for its next unit: with many
             # fetchers waiting on a full window, their last groups' bytes
@@ -465,6 +489,13 @@ class PrefetchWindow:
     async def _produce(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._room = asyncio.Event()
+        if self._timeline:
+            logger.debug(
+                "window start: %d objects from position %d, %d groups in flight at most",
+                len(self._order) - self._start,
+                self._start,
+                self._groups,
+            )
         units = self._units()
         gate = asyncio.Lock()
         remaining = len(self._order) - self._start
