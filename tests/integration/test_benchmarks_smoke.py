@@ -107,6 +107,23 @@ def test_tail_epochs_smoke_splits_the_tails_cost(tmp_path: Path) -> None:
     assert "anchor_saves_s_iterable" in result
 
 
+def test_window_timeline_smoke_splits_the_waits(tmp_path: Path) -> None:
+    result = run_benchmark("window_timeline", tmp_path)
+    assert result["count"] == 512
+    assert result["composites_left"] == 0
+    for path in ("iterable", "map"):
+        assert result[f"tail_slowdown_{path}"] > 0
+        for preset in ("same_region", "same_region_tail"):
+            # Parsed from the workers' DEBUG timeline: a window started, its
+            # first composed group arrived, and the epoch's drain was logged.
+            assert result[f"worker_start_s_{path}_{preset}"] > 0
+            assert result[f"first_group_s_{path}_{preset}"] > 0
+            assert result[f"group_path_p50_s_{path}_{preset}"] > 0
+            assert result[f"drain_s_{path}_{preset}"] >= 0
+            assert result[f"startup_wait_s_{path}_{preset}"] >= 0
+    assert result["server_cpu_fraction_max"] > 0
+
+
 def test_checkpoint_smoke_against_gcsfs_and_torchs_fsspec_dcp(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
