@@ -330,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         [
             h.Panel("Start-up waits per worker", labels, [r["startup_wait_s"] for r in rows], "s"),
             h.Panel("Steady waits per worker", labels, [r["steady_wait_s"] for r in rows], "s"),
+            h.Panel("Drain per worker", labels, [r["drain_s"] for r in rows], "s"),
             h.Panel("Epoch", labels, [r["epoch_s"] for r in rows], "s"),
         ],
         suptitle=f"window_timeline ({mode}): {args.count:,} x 10 KiB, {base} vs {tail}",
