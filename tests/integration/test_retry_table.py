@@ -138,7 +138,11 @@ def test_an_error_after_retries_reads_once(
         runtime.run(store.get("obj"))
     text = str(caught.value)
     uri = store.uri("obj")
-    assert text.startswith(f"get {uri}: gave up after ")
+    # Which of the two the deadline gives depends on timing: the retry loop
+    # gave up between attempts, or the deadline cut an attempt short (on a
+    # loaded machine a try can take the rest of the 0.5 s). Both name the
+    # last error's cause.
+    assert text.startswith((f"get {uri}: gave up after ", f"get {uri}: no answer before "))
     assert text.count(uri) == 1
     assert text.count("HTTP 503") == 1 and text.endswith("(HTTP 503)")
     assert "ThrottledError: Service unavailable (injected fault)." in text
