@@ -21,8 +21,9 @@ the window's first composed group arrived:
 - steady: every wait after that (a group at the window's head still in
   flight when the consumer reached it).
 
-``--quick``: 6,000 x 10 KiB, 6 repeats (~2 minutes). ``--smoke``: 512
-objects, one repeat (a code-path check). No goal of its own: issue 19's goal
+``--quick``: 6,000 x 10 KiB, 6 repeats (about a minute on the 2-core VM);
+the full run: 20,000 objects, 8 repeats. ``--smoke``: 512 objects, one
+repeat (a code-path check). No goal of its own: issue 19's goal
 is ``dataloading.py``'s ``tail_slowdown_10kib``; this says what it is made of.
 
 Ends with ``RESULT {json}``: per path (``iterable``, ``map``) and preset
