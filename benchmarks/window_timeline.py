@@ -16,8 +16,8 @@ the window's first composed group arrived:
 
 - start-up: waiting for the first objects (read directly, ``_DIRECT_START``)
   and for the first composed group, whose path is a chain of round trips
-  (the bucket's soft-delete policy, the window's anchor upload, the compose,
-  the composite's GET);
+  (the window's anchor upload, the compose, the composite's GET; the
+  bucket's soft-delete policy was read when the dataset was built);
 - steady: every wait after that (a group at the window's head still in
   flight when the consumer reached it).
 
