@@ -6,7 +6,8 @@ well under a second, and issue 19's ``tail_slowdown_10kib`` is still above
 benchmark shows where the wait goes. It runs torchbucket's two small-object
 paths, the iterable dataset and the map-style dataset with
 ``BucketBatchSampler`` (compose on, ``bytes`` samples,
-``DataLoader(num_workers=2, batch_size=64)``), under ``same-region`` and
+``DataLoader(num_workers=2, batch_size=64)``, every byte checked in the
+loop as ``dataloading.py``'s contenders do), under ``same-region`` and
 ``same-region-tail`` alternated repeat by repeat (``_harness.alternating_runs``,
 a fresh seeded sampler per run). Each DataLoader worker logs its prefetch
 window's timeline at DEBUG (``torchbucket.datasets._fetch``: the window's
@@ -56,6 +57,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
+
+sys.path.insert(0, str(h.CONTENDERS_DIR))
+from _common import Verifier  # the contenders' byte check
 
 NAME = "window_timeline"
 SIZE = 10 << 10
@@ -137,8 +141,12 @@ def worker_timeline(text: str, epoch_start: float) -> dict[str, Any]:
     }
 
 
-def run_epoch(emu: Any, path: str, seed: int, count: int, log_dir: str) -> dict[str, Any]:
-    """One epoch of ``path`` with every worker's window timeline logged; its figures."""
+def run_epoch(emu: Any, path: str, seed: int, names: list[str], log_dir: str) -> dict[str, Any]:
+    """One epoch of ``path`` with every worker's window timeline logged; its figures.
+
+    Every sample is checked against ``names``' generated contents (CRC32C, each
+    once), in the loop as ``dataloading.py``'s contenders do.
+    """
     from torch.utils.data import DataLoader
 
     from torchbucket.compose import ComposeConfig
@@ -170,16 +178,18 @@ def run_epoch(emu: Any, path: str, seed: int, count: int, log_dir: str) -> dict[
         worker_init_fn=functools.partial(_log_to, log_dir),
         **kwargs,
     )
+    verifier = Verifier(names, SIZE)
     emu.reset_stats()
     samples = 0
     epoch_start = time.time()  # the workers' log times are wall-clock times too
     t0 = time.perf_counter()
     for batch in loader:
+        for sample in batch:
+            verifier.check(sample)
         samples += len(batch)
     wall = time.perf_counter() - t0
     stats = emu.stats()
-    if samples != count:
-        raise RuntimeError(f"{path}: the epoch yielded {samples} samples of {count}")
+    verifier.finish()  # every object arrived
     workers = [
         worker_timeline(Path(log_dir, f"worker-{w}.log").read_text(), epoch_start)
         for w in range(NUM_WORKERS)
@@ -220,21 +230,21 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"window_timeline ({mode}): one epoch of {args.count:,} x 10 KiB, "
         f"DataLoader(num_workers={NUM_WORKERS}, batch_size={BATCH_SIZE}), compose on, bytes "
-        f"samples; {base} and {tail} alternated repeat by repeat, a fresh seeded sampler per "
+        f"samples, every byte checked; {base} and {tail} alternated repeat by repeat, a fresh seeded sampler per "
         f"run; {args.repeats} run(s) per path and preset, medians. Each worker logs its "
         "prefetch window's timeline at DEBUG; the consumer's waits are split at its first "
         "composed group's arrival."
     )
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     with h.emulator(latency=base) as emu, tempfile.TemporaryDirectory() as tmp:
-        h.seed(emu, BUCKET, count=args.count, size=SIZE, prefix=PREFIX)
+        names = h.seed(emu, BUCKET, count=args.count, size=SIZE, prefix=PREFIX)
         for n, (rep, preset, path) in enumerate(
             h.alternating_runs(emu, args.presets, args.repeats, list(PATHS))
         ):
             log_dir = os.path.join(tmp, str(n))
             os.mkdir(log_dir)
             print(f"  {preset} {path} run {rep + 1} ...", end="", file=sys.stderr)
-            r = run_epoch(emu, path, rep, args.count, log_dir)
+            r = run_epoch(emu, path, rep, names, log_dir)
             runs.setdefault((path, preset), []).append(r)
             print(
                 f" {r['samples_per_s']:,.0f} samples/s, waits {r['startup_wait_s']:.3f} s "
