@@ -697,16 +697,23 @@ def main(argv: list[str] | None = None) -> int:
             (result.get(f"map_fraction_of_iterable_{d.key}") or 0) >= 0.9 for d in sets
         ),
         "map_speedup_vs_gcsfs_100kib_ge_2": (result.get("map_speedup_vs_gcsfs_100kib") or 0) >= 2,
-        # Large samples (issue 18): 0.8 of the bare loop, 3x dataflux, 2 ms CPU per MiB.
-        "large_fraction_of_limit_ge_0_8": all(
-            (result.get(f"fraction_of_limit_{d.key}") or 0) >= 0.8 for d in sets if d.size >= LARGE
-        ),
-        "large_speedup_vs_dataflux_ge_3": all(
-            (result.get(f"speedup_vs_dataflux_{d.key}") or 0) >= 3 for d in sets if d.size >= LARGE
-        ),
-        "client_cpu_le_2_ms_per_mib_4mib": (result.get("client_cpu_ms_per_mib_4mib") or math.inf)
-        <= 2,
     }
+    large = [d for d in sets if d.size >= LARGE]
+    if large:
+        # Large samples (issue 18): 0.8 of the bare loop, 3x dataflux, 2 ms CPU
+        # per MiB; judged only when run (``--datasets`` may leave them out).
+        result["goals"].update(
+            large_fraction_of_limit_ge_0_8=all(
+                (result.get(f"fraction_of_limit_{d.key}") or 0) >= 0.8 for d in large
+            ),
+            large_speedup_vs_dataflux_ge_3=all(
+                (result.get(f"speedup_vs_dataflux_{d.key}") or 0) >= 3 for d in large
+            ),
+        )
+        if any(d.key == "4mib" for d in large):
+            result["goals"]["client_cpu_le_2_ms_per_mib_4mib"] = (
+                result.get("client_cpu_ms_per_mib_4mib") or math.inf
+            ) <= 2
     result["goals"].update(result.pop("goals_tail", {}))
     result.update(
         mode=mode,
