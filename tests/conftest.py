@@ -3,8 +3,6 @@
 - ``emulator``: a session-wide emulator on the model store, no latency.
 - ``fake_gcs``: a session-wide emulator on the fake-gcs-server binary.
 - ``gcs_bucket_factory``: ``make(emu, **config) -> GCSStore`` on a fresh bucket.
-- ``seeded_memory_bucket(tag, objects)``: a fresh ``memory://`` bucket holding
-  ``objects``, deleted on exit (the unit tests' datasets).
 
 After every test, fault rules are cleared on every emulator started here, and
 latency or an rps cap a test set through the :class:`Emulator` API is reset, so
@@ -13,12 +11,11 @@ nothing leaks from one test into the next.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -33,29 +30,6 @@ EMULATOR_RETRY = RetryConfig(
 )
 
 _started: list[Emulator] = []
-
-
-@contextlib.contextmanager
-def seeded_memory_bucket(tag: str, objects: Iterable[tuple[str, bytes]]) -> Iterator[str]:
-    """A fresh ``memory://`` bucket named ``<tag>-<random>`` holding ``objects``.
-
-    Yields the bucket's name; the bucket is deleted on exit.
-    """
-    from torchbucket import runtime
-    from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
-
-    name = f"{tag}-{uuid.uuid4().hex[:8]}"
-    store = MemoryStore(name)
-
-    async def seed() -> None:
-        for key, data in objects:
-            await store.put(key, data)
-
-    runtime.run(seed())
-    try:
-        yield name
-    finally:
-        delete_memory_bucket(name)
 
 
 def _start(backend: str) -> Emulator:

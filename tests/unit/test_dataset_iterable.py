@@ -15,7 +15,6 @@ from resume_helper import check_resumable
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from conftest import seeded_memory_bucket
 from torchbucket import runtime
 from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig
 from torchbucket.datasets import BucketIterableDataset, FetchConfig, ShardingConfig
@@ -32,8 +31,16 @@ def payload(i: int) -> bytes:
 
 @pytest.fixture
 def bucket() -> Iterator[str]:
-    with seeded_memory_bucket("it", ((f"train/{i:04d}", payload(i)) for i in range(N))) as name:
-        yield name
+    name = f"it-{uuid.uuid4().hex[:8]}"
+    store = MemoryStore(name)
+
+    async def seed() -> None:
+        for i in range(N):
+            await store.put(f"train/{i:04d}", payload(i))
+
+    runtime.run(seed())
+    yield name
+    delete_memory_bucket(name)
 
 
 def _composites(bucket: str) -> list[str]:

@@ -12,7 +12,6 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from conftest import seeded_memory_bucket
 from torchbucket import runtime
 from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig
 from torchbucket.datasets import BucketMapDataset
@@ -30,14 +29,17 @@ def payload(i: int) -> bytes:
 
 @pytest.fixture
 def bucket() -> Iterator[str]:
-    with seeded_memory_bucket(
-        "map",
-        [
-            *((f"train/{i:04d}.bin", payload(i)) for i in range(N)),
-            ("other/x.bin", b"not in the prefix"),
-        ],
-    ) as name:
-        yield name
+    name = f"map-{uuid.uuid4().hex[:8]}"
+    store = MemoryStore(name)
+
+    async def seed() -> None:
+        for i in range(N):
+            await store.put(f"train/{i:04d}.bin", payload(i))
+        await store.put("other/x.bin", b"not in the prefix")
+
+    runtime.run(seed())
+    yield name
+    delete_memory_bucket(name)
 
 
 class GetCounter(MemoryStore):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import tarfile
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,6 @@ from resume_helper import check_resumable
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from conftest import seeded_memory_bucket
 from torchbucket import runtime
 from torchbucket.datasets import ShardingConfig
 from torchbucket.errors import ConfigError, IntegrityError, TransientError
@@ -26,7 +26,7 @@ from torchbucket.shards import (
     ShardReadConfig,
     pack,
 )
-from torchbucket.storage.memory import MemoryStore
+from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
 
 KEYS = 60
 
@@ -41,15 +41,17 @@ def image(i: int) -> bytes:
 
 @pytest.fixture
 def bucket() -> Iterator[str]:
-    with seeded_memory_bucket(
-        "sh",
-        (
-            obj
-            for i in range(KEYS)
-            for obj in ((f"raw/{i:04d}.jpg", image(i)), (f"raw/{i:04d}.txt", text(i)))
-        ),
-    ) as name:
-        yield name
+    name = f"sh-{uuid.uuid4().hex[:8]}"
+    store = MemoryStore(name)
+
+    async def seed() -> None:
+        for i in range(KEYS):
+            await store.put(f"raw/{i:04d}.jpg", image(i))
+            await store.put(f"raw/{i:04d}.txt", text(i))
+
+    runtime.run(seed())
+    yield name
+    delete_memory_bucket(name)
 
 
 def _get(bucket: str, key: str) -> bytes:
