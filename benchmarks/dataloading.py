@@ -13,7 +13,9 @@ every sample checked in the consumer:
   batches), compose on and off (``tb_map_fast*``);
 - both with compose and ``FetchConfig(output="tensor")`` (``*_compose_tensor``,
   small samples): each composite received into one shared-memory tensor, its
-  objects handed from the workers as views of it, by handle;
+  objects handed from the workers as views of it, by handle; and the same with
+  ``FetchConfig(reuse_shared_memory=True)`` (``*_compose_tensor_reuse``): a
+  worker reuses a segment once the main process has dropped every view of it;
 - gcsfs, map-style, with a ``__getitems__`` that calls ``fs.cat(paths)``
   for the batch and ``DataLoader(shuffle=True)`` (``gcsfs_cat``), in
   ``.venv-gcsfs``, run with ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``
@@ -156,6 +158,18 @@ CONTENDERS = [
     Contender("tb_iter_compose_tensor", "torchbucket iterable, compose, tensor output",
               "tb_loader.py", False, "torchbucket",
               {"kind": "iterable", "compose": True, "output": "tensor", "small_only": True}),
+    # The same with FetchConfig(reuse_shared_memory=True): a worker reuses a
+    # composite's segment once the main process has dropped every view of it.
+    Contender("tb_map_fast_compose_tensor_reuse",
+              "torchbucket map + BucketBatchSampler, compose, tensor output, reuse", "tb_loader.py",
+              False, "torchbucket",
+              {"kind": "map_fast", "compose": True, "output": "tensor", "small_only": True,
+               "reuse_shm": True}),
+    Contender("tb_iter_compose_tensor_reuse",
+              "torchbucket iterable, compose, tensor output, reuse", "tb_loader.py", False,
+              "torchbucket",
+              {"kind": "iterable", "compose": True, "output": "tensor", "small_only": True,
+               "reuse_shm": True}),
     # Large samples only: received into shared-memory tensors, handed over by handle.
     Contender("tb_map_fast_tensor", "torchbucket map + BucketBatchSampler, tensor output",
               "tb_loader.py", False, "torchbucket",

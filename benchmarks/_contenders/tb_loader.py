@@ -9,7 +9,8 @@ Spec: ``endpoint``, ``bucket``, ``prefix``, ``count``, ``size``, ``seed``,
 ``BucketBatchSampler``, or ``"iterable"``), ``compose`` (bool), ``batch_size``,
 ``num_workers``, ``pid_file``, ``output`` (``"bytes"``, the default, or
 ``"tensor"``: samples received into shared-memory tensors and handed over by
-handle; measure_loader's identity collate keeps a batch a list of them).
+handle; measure_loader's identity collate keeps a batch a list of them),
+``reuse_shm`` (bool: ``FetchConfig(reuse_shared_memory=...)``, default False).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def main() -> None:
     # ``compose_config``: ComposeConfig fields for an A/B (benchmarks/tail_epochs.py).
     compose = ComposeConfig(disable=not spec["compose"], **spec.get("compose_config", {}))
     output = spec.get("output", "bytes")
-    fetch = FetchConfig(output=output)
+    fetch = FetchConfig(output=output, reuse_shared_memory=spec.get("reuse_shm", False))
     dataset: BucketMapDataset | BucketIterableDataset
     loader_kwargs: dict[str, object] = {}
     if spec["kind"] == "map":

@@ -22,6 +22,7 @@ from torchbucket.datasets._common import (
     read_compose_policies,
 )
 from torchbucket.datasets._fetch import Item, PrefetchWindow
+from torchbucket.datasets._shm import enable as reuse_shared_memory
 from torchbucket.datasets._stats import EpochBoard
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig, ShardingConfig
@@ -234,6 +235,8 @@ class BucketIterableDataset(ResumableEpochs["_EpochIterator"]):
         iterator = self._start_iterator()
         prepare_compose(self._compose)
         settle_worker(self._fetch.freeze_gc)
+        if self._fetch.output == "tensor" and self._fetch.reuse_shared_memory:
+            reuse_shared_memory()
         self._board.begin(iterator.epoch)
         return iterator
 

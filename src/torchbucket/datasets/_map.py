@@ -25,6 +25,7 @@ from torchbucket.datasets._fetch import Item, fetch_batch
 from torchbucket.datasets._readahead import ReadAhead
 from torchbucket.datasets._receive import read_object
 from torchbucket.datasets._sampler import BatchPlan
+from torchbucket.datasets._shm import enable as reuse_shared_memory
 from torchbucket.datasets._stats import EpochBoard
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig
@@ -269,6 +270,8 @@ class BucketMapDataset(Dataset[Any]):
 
     def _count_begin(self) -> None:
         settle_worker(self._fetch.freeze_gc)
+        if self._fetch.output == "tensor" and self._fetch.reuse_shared_memory:
+            reuse_shared_memory()
         board = self._board
         mark = board.mark
         if not board.begun(mark):

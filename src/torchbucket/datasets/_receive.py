@@ -6,16 +6,16 @@ the body where it belongs). In a DataLoader worker that tensor is allocated on
 shared memory (``UntypedStorage._new_shared``, what ``default_collate`` uses for
 a batch), so when the worker hands a batch to the main process, torch's
 multiprocessing pickler sends a handle to the memory instead of the bytes: no
-pickling, no pipe, no copy. With the default ``file_descriptor`` sharing
-strategy on Linux the segment is unlinked from ``/dev/shm`` as soon as it is
-made, so a killed worker leaves nothing behind; its memory goes when the last
-process holding the tensor drops it. Such a tensor's pages are mapped in before
-the socket writes them (``madvise(MADV_POPULATE_WRITE)``, Linux 5.14 and
-later; skipped silently elsewhere): one system call instead of a page fault per
-4 KiB, measured 2.7 -> 2.1 ms of CPU per 4 MiB on a 2-core VM. The buffers are
-not reused: a worker cannot tell when the main process dropped a tensor it
-handed over (the ``file_descriptor`` strategy keeps no count across processes),
-so shared memory is never reused. Objects read one by one (not through a
+pickling, no pipe, no copy. Such a tensor's pages are mapped in before the
+socket writes them (``madvise(MADV_POPULATE_WRITE)``, Linux 5.14 and later;
+skipped silently elsewhere): one system call instead of a page fault per 4 KiB,
+measured 2.7 -> 2.1 ms of CPU per 4 MiB on a 2-core VM. By default torch's
+``file_descriptor`` sharing strategy unlinks each segment as it is made, so a
+killed worker leaves nothing behind, and a segment is never reused, since
+nothing counts who still maps it. With ``FetchConfig(reuse_shared_memory=True)``
+a worker reuses its segments once the main process has let go of them, under
+torch's ``file_system`` strategy, which counts the processes mapping a segment
+(``_shm``). Objects read one by one (not through a
 composite) are carved in order out of shared segments of a few MiB
 (:class:`SharedSlab`), as a composite's objects are views of it: a batch then
 costs a handle per segment it draws from. A fresh segment per object cost a
@@ -34,11 +34,8 @@ https://cloud.google.com/storage/docs/sliced-object-downloads).
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import logging
 import math
-import mmap
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,7 +44,7 @@ import torch
 import torch.multiprocessing  # registers the shared-memory storages of _new_shared
 from torch.utils.data import get_worker_info
 
-from torchbucket._madvise import MADV_POPULATE_WRITE, madvise
+from torchbucket.datasets._shm import new_shared
 from torchbucket.datasets.config import FetchConfig
 from torchbucket.errors import IntegrityError, NotFoundError
 from torchbucket.storage.base import ObjectInfo, ObjectStore
@@ -73,25 +70,6 @@ Sample = bytes | torch.Tensor
 _ATTEMPTS = 2
 
 
-_madvise = madvise
-
-
-def _prefault(tensor: torch.Tensor) -> None:
-    """Map a fresh shared tensor's pages in at once, before the socket writes them.
-
-    Only an optimisation: on a kernel without ``MADV_POPULATE_WRITE`` (EINVAL)
-    it is turned off for the process, and a failure leaves the pages to fault
-    in as they are written.
-    """
-    global _madvise
-    address = tensor.data_ptr()
-    if _madvise is None or address % mmap.PAGESIZE:
-        return
-    failed = _madvise(address, tensor.numel(), MADV_POPULATE_WRITE) != 0
-    if failed and ctypes.get_errno() == errno.EINVAL:  # advice unknown to this kernel
-        _madvise = None
-
-
 def collate_list(batch: Sequence[Any]) -> list[Any]:
     """A DataLoader ``collate_fn`` that keeps a batch as the list of its samples.
 
@@ -105,15 +83,14 @@ def collate_list(batch: Sequence[Any]) -> list[Any]:
 def new_tensor(size: int) -> torch.Tensor:
     """A 1-D ``torch.uint8`` tensor of ``size`` bytes, not yet written.
 
-    On shared memory in a DataLoader worker (so it is handed over by handle);
-    ordinary memory in any other process, where nothing is handed over.
+    On shared memory in a DataLoader worker (so it is handed over by handle),
+    carved from a segment the main process has let go of where the worker
+    reuses them (``_shm``); ordinary memory in any other process, where
+    nothing is handed over.
     """
     if size == 0 or get_worker_info() is None:
         return torch.empty(size, dtype=torch.uint8)
-    storage = torch.UntypedStorage._new_shared(size)  # type: ignore[no-untyped-call]
-    tensor = torch.empty(0, dtype=torch.uint8).set_(storage)
-    _prefault(tensor)
-    return tensor
+    return new_shared(size)
 
 
 class SharedComposite:

@@ -54,6 +54,25 @@ class FetchConfig:
             images, ``.npy``/``.pt`` blobs, token blocks; at 100 KiB with
             compose it read ~1.4x the samples/s of ``"bytes"``); at ~10 KiB
             ``"bytes"`` is faster. See the README's "Large samples".
+        reuse_shared_memory: With ``output="tensor"``, a DataLoader worker
+            reuses a shared-memory segment once the main process holds no
+            tensor of it any more, instead of making one per composite or
+            segment of objects: its pages are mapped already, and the handle
+            goes by name, with no connection to the worker. For that the
+            worker shares tensors by torch's ``file_system`` strategy
+            (``torch.multiprocessing.set_sharing_strategy``, in the worker
+            only: every tensor it hands over goes that way), whose segments
+            have a name in ``/dev/shm`` while in use. At 100 KiB with compose
+            it cut client CPU per object by about a quarter (see
+            docs/benchmarks.md). Off by default, because of one cost: a batch
+            the worker has sent and the main process never reads (an epoch
+            stopped early, with ``persistent_workers=False``: up to
+            ``prefetch_factor`` batches per worker) keeps its segments' names
+            until the training process exits, when torch's
+            ``torch_shm_manager`` removes them (so does it for a killed
+            worker's). Epochs read to the end, and persistent workers (whose
+            next epoch reads what the last one left), leave nothing. Default
+            False: torch's default strategy and fresh segments.
         large_object_size: Objects at least this large are read with parallel
             ranged GETs of ``range_size`` bytes into one buffer, instead of
             one stream. Default 8 MiB.
@@ -70,6 +89,7 @@ class FetchConfig:
     prefetch: int = 128
     prefetch_bytes: int = 256 * 1024 * 1024
     output: Literal["bytes", "tensor"] = "bytes"
+    reuse_shared_memory: bool = False
     large_object_size: int = 8 * 1024 * 1024
     range_size: int = 8 * 1024 * 1024
     freeze_gc: bool = True
@@ -83,6 +103,10 @@ class FetchConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"FetchConfig.{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.reuse_shared_memory, bool):
+            raise ConfigError(
+                f"FetchConfig.reuse_shared_memory must be a bool, got {self.reuse_shared_memory!r}"
+            )
         if not isinstance(self.freeze_gc, bool):
             raise ConfigError(f"FetchConfig.freeze_gc must be a bool, got {self.freeze_gc!r}")
         if self.prefetch < 1:
