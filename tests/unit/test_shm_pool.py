@@ -15,6 +15,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.multiprocessing as mp
+from hypothesis import given
+from hypothesis import strategies as st
 
 from torchbucket.datasets import FetchConfig, _shm
 from torchbucket.errors import ConfigError
@@ -91,11 +93,12 @@ def test_sizes_fit_a_segment_up_to_twice_their_own(file_system: None) -> None:
     assert pool.tensor(1100 * KIB).numel() == 1100 * KIB
 
 
-def test_capacity_rounds_up_by_an_eighth_at_most() -> None:
-    for size in (1, 100, 64 * KIB, 100 * KIB, 3_276_800, 3_276_801, 64 << 20):
-        cap = _shm._capacity(size)
-        assert cap >= size
-        assert cap - size < max(64 * KIB, size / 4)
+@given(st.integers(min_value=1, max_value=1 << 36))
+def test_capacity_rounds_up_by_at_most_a_quarter_or_64_kib(size: int) -> None:
+    cap = _shm._capacity(size)
+    assert cap >= size
+    assert cap - size < max(64 * KIB, size / 4)
+    assert cap % (64 * KIB) == 0
 
 
 def test_free_segments_beyond_the_idle_cap_are_let_go(file_system: None) -> None:

@@ -54,11 +54,6 @@ import mmap
 import multiprocessing.util
 import os
 import threading
-
-try:
-    import _posixshmem
-except ImportError:  # pragma: no cover - not on Windows; file_system pools are POSIX
-    _posixshmem = None
 from collections.abc import Callable
 
 import torch
@@ -67,14 +62,20 @@ from torch.utils.data import get_worker_info
 
 from torchbucket._madvise import MADV_POPULATE_WRITE, madvise
 
-__all__ = ["SegmentPool", "enable", "pool"]
+try:
+    import _posixshmem  # what multiprocessing.shared_memory unlinks names with
+except ImportError:  # pragma: no cover - not on Windows, where this pool is never made
+    _posixshmem = None
+
+__all__ = ["SegmentPool", "enable", "new_shared", "pool", "prefault"]
 
 logger = logging.getLogger(__name__)
 
 #: Where RefcountedMapAllocator keeps its count: this many bytes before the data.
 _HEADER = 64
-#: Segments are made in steps of an eighth of their size (at least 64 KiB), so
-#: composites of nearly equal sizes fit each other's segments.
+#: Segments are made in steps of a power of two between an eighth and a quarter
+#: of their size (at least 64 KiB), so composites of nearly equal sizes fit each
+#: other's segments.
 _STEP_LEAST = 64 << 10
 #: Free segments kept for reuse, bytes per worker; more are let go.
 IDLE_BYTES_MOST = 64 << 20
@@ -148,8 +149,8 @@ class SegmentPool:
 
     def _free(self, segment: torch.Tensor) -> bool:
         storage = segment.untyped_storage()
-        # Three holders in this process when free: the pool's tensor, the
-        # ``storage`` object just made, and nothing else.
+        # Two holders in this process when free: the pool's tensor and the
+        # ``storage`` object just made.
         return self._use_count(storage._cdata) <= 2 and _count(segment) == 1
 
     def tensor(self, size: int) -> torch.Tensor:
