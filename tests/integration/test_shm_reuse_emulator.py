@@ -3,11 +3,11 @@
 With ``FetchConfig(output="tensor", reuse_shared_memory=True)`` a worker
 receives composites into shared segments and, once the main process holds no
 tensor of one any more, receives the next into it. What must hold: a tensor
-the consumer still holds is never written again; the reuse happens; the
-default, and a torch whose count is not where the pool reads it, keep torch's
-default strategy; an epoch read to the end leaves nothing in ``/dev/shm``, one
-stopped early at most the batches in flight, and a killed worker nothing once
-the job has ended.
+the consumer still holds is never written again; the reuse happens, by the
+pool's own handles; the default, and a worker where the handover cannot work,
+keep fresh segments; nothing gets a name in ``/dev/shm``; an epoch read to the
+end or stopped early leaves the main process holding no segment, and a killed
+worker leaves the main process only what it still holds.
 """
 
 from __future__ import annotations
@@ -62,7 +62,11 @@ def bucket(emulator: Emulator) -> tuple[str, dict[str, bytes]]:
 
 
 def with_worker_state(sample: torch.Tensor) -> tuple[torch.Tensor, str, int, int]:
-    """data_format_fn: the sample, the worker's sharing strategy and its pool's counts."""
+    """data_format_fn: the sample, the worker's sharing strategy and its pool's counts.
+
+    The strategy stays torch's default: the pool hands its segments over its
+    own way, and everything else goes torch's.
+    """
     pool = _shm.pool()
     strategy = torch.multiprocessing.get_sharing_strategy()  # type: ignore[no-untyped-call]
     return sample, strategy, pool.made if pool else -1, pool.reused if pool else -1
@@ -103,6 +107,7 @@ def test_workers_reuse_segments_and_never_write_over_a_tensor_still_held(
     fetch = FetchConfig(output="tensor", prefetch=16, reuse_shared_memory=True)
     ds, loader = _loader(emulator, name, kind, fetch, context)
     held: list[torch.Tensor] = []  # every fourth batch, kept to the end
+    opened_before = len(_shm._opened)
     seen: dict[str, bytes] = {}
     strategies: set[str] = set()
     reused = 0
@@ -115,8 +120,10 @@ def test_workers_reuse_segments_and_never_write_over_a_tensor_still_held(
             if number % 4 == 0:
                 held.append(sample)
     assert seen == objects
-    assert strategies == {"file_system"}
+    assert strategies == {"file_descriptor"}
     assert reused > 0, "no segment was reused"
+    assert len(_shm._opened) > opened_before, "no sample came by the pool's handle"
+    assert _segment_names() == []
     assert len(held) >= 300
     # Reused segments were carved only from memory nobody held: every tensor
     # kept since its batch still has its object's bytes.
@@ -141,11 +148,12 @@ def test_by_default_torchs_strategy_and_fresh_segments_are_kept(
     assert states == {("file_descriptor", -1, -1)}
 
 
-def test_a_torch_without_the_count_where_it_is_read_keeps_fresh_segments(
+def test_a_worker_where_the_handover_cannot_work_keeps_fresh_segments(
     emulator: Emulator, bucket: tuple[str, dict[str, bytes]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Forked workers inherit the patch: their check of the count fails.
-    monkeypatch.setattr(_shm, "_HEADER", 128)
+    # Forked workers inherit the patch: their check fails, as it would without
+    # /proc, memfd or OFD locks.
+    monkeypatch.setattr(_shm, "_self_test", lambda: "not here")
     name, objects = bucket
     fetch = FetchConfig(output="tensor", reuse_shared_memory=True)
     _, loader = _loader(emulator, name, "map_fast", fetch)
@@ -159,43 +167,64 @@ def test_a_torch_without_the_count_where_it_is_read_keeps_fresh_segments(
     assert states == {("file_descriptor", -1, -1)}
 
 
-def _named_segments_of(pids: list[int]) -> list[str]:
-    return [n for n in os.listdir("/dev/shm") if any(n.startswith(f"torch_{p}_") for p in pids)]
+def _segment_names() -> list[str]:
+    """Names in /dev/shm of segments the pool's workers would have made (none)."""
+    return [n for n in os.listdir("/dev/shm") if "torchbucket" in n]
 
 
-def _settled(pids: list[int]) -> list[str]:
-    # A worker's names go as its exit and the main process's drops count them
-    # down; give that a moment.
-    deadline = time.monotonic() + 10
-    while _named_segments_of(pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return _named_segments_of(pids)
+def _mapped_segments(pid: int | str = "self") -> list[str]:
+    """The pool's segments ``pid`` maps or holds a descriptor of (memfds have no name)."""
+    with open(f"/proc/{pid}/maps") as maps:
+        found = {line.split()[4] for line in maps if "torchbucket-segment" in line}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if "torchbucket-segment" in target:
+            found.add(str(os.stat(f"/proc/{pid}/fd/{fd}").st_ino))
+    return sorted(found)
 
 
-def test_an_epoch_read_to_the_end_leaves_no_segment_and_one_stopped_early_its_batches_in_flight(
+def test_an_epoch_read_to_the_end_or_stopped_early_leaves_the_main_process_nothing(
     emulator: Emulator, bucket: tuple[str, dict[str, bytes]]
 ) -> None:
     name, objects = bucket
     fetch = FetchConfig(output="tensor", prefetch=16, reuse_shared_memory=True)
     _, loader = _loader(emulator, name, "iterable", fetch)
     iterator = iter(loader)
-    pids = [w.pid for w in iterator._workers]  # type: ignore[attr-defined]
     assert sum(len(batch) for batch in iterator) == len(objects)
     del iterator
-    assert _settled(pids) == []
+    assert _mapped_segments() == []
 
     iterator = iter(loader)
     pids = [w.pid for w in iterator._workers]  # type: ignore[attr-defined]
-    for _ in range(3):
-        next(iterator)
-    # Each worker's window holds segments it has not handed out yet: made
-    # under their own names, as the early stop must clean them.
-    assert len(_named_segments_of(pids)) > 8
-    del iterator  # stopped early: the workers are closed mid-epoch
-    # What is left is at most the batches sent and never read: two per worker
-    # (prefetch_factor), each drawing on at most three segments.
-    left = _settled(pids)
-    assert len(left) <= 2 * 2 * 3, left
+    batches = [next(iterator) for _ in range(3)]
+    # Each worker's window holds segments it has not handed out yet, and this
+    # process maps those of the batches it holds; none has a name.
+    assert all(len(_mapped_segments(pid)) > 4 for pid in pids)
+    assert _mapped_segments() != []
+    assert _segment_names() == []
+    del iterator  # stopped early: the workers are closed mid-epoch, batches unread
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}/maps") or _wait_gone(pid)
+    assert _mapped_segments() != []  # what it still holds stays readable
+    assert all(sample.numpy().any() for batch in batches for sample, *_ in batch)
+    del batches
+    assert _mapped_segments() == []
+
+
+def _wait_gone(pid: int) -> bool:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().split(") ")[1].startswith("Z"):
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 _KILL_SCRIPT = """
@@ -205,9 +234,8 @@ from torchbucket.datasets import BucketIterableDataset, FetchConfig, collate_lis
 from torchbucket.storage.gcs import GCSConfig
 
 def mapped(pid):
-    own = f"/dev/shm/torch_{pid}_"
     with open(f"/proc/{pid}/maps") as maps:
-        return sorted({line.split()[5] for line in maps if f" {own}" in line})
+        return sorted({line.split()[4] for line in maps if "torchbucket-segment" in line})
 
 ds = BucketIterableDataset.from_prefix(
     sys.argv[1],
@@ -223,21 +251,24 @@ pid = iterator._workers[0].pid
 deadline = time.monotonic() + 30
 while len(mapped(pid)) < 8 and time.monotonic() < deadline:
     time.sleep(0.05)
-names = mapped(pid)
-print(json.dumps({"names": names, "there": [os.path.exists(n) for n in names]}), flush=True)
+segments = mapped(pid)
+named = [n for n in os.listdir("/dev/shm") if "torchbucket" in n or n.startswith(f"torch_{pid}_")]
 os.kill(pid, 9)
-time.sleep(1)
+os.waitpid(pid, 0)
+held = mapped(os.getpid())  # the first batch's segments, still readable
+ok = all(s.numel() == 1 << 20 and bool((s == s[0]).all()) for s in first)  # intact, readable
+del first
+print(json.dumps({"segments": segments, "named": named, "held": held, "ok": ok,
+                  "after": mapped(os.getpid())}), flush=True)
 """
 
 
-def test_a_killed_worker_leaves_nothing_in_dev_shm_once_the_job_has_ended(
+def test_a_killed_worker_leaves_nothing_but_what_the_main_process_holds(
     emulator: Emulator, tmp_path: Any
 ) -> None:
-    # Under file_system a segment keeps its name while in use. torch's
-    # torch_shm_manager removes the names of every segment made through it
-    # once all the processes that used it have exited: after a killed worker,
-    # when the training process ends (reuse off, torch's default strategy
-    # leaves nothing even before: test_large_samples_emulator.py).
+    # A segment is a memfd: no name, its memory goes with the last process
+    # that maps it or holds its descriptor. A killed worker's go with it; the
+    # main process keeps what it holds, readable, until it drops it.
     name = f"rkill-{uuid.uuid4().hex[:12]}"
     emulator.create_bucket(name)
     emulator.seed(name, {f"k/{i:03d}": bytes([i]) * (1 << 20) for i in range(40)})
@@ -254,11 +285,9 @@ def test_a_killed_worker_leaves_nothing_in_dev_shm_once_the_job_has_ended(
         )
     finally:
         emulator.clear_faults()
+    assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.splitlines()[0])
-    names = report["names"]
-    assert len(names) >= 8, done.stderr
-    assert all(report["there"]), report
-    deadline = time.monotonic() + 20
-    while any(os.path.exists(n) for n in names) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert [n for n in names if os.path.exists(n)] == []
+    assert len(report["segments"]) >= 8, report
+    assert report["named"] == [], report
+    assert report["held"] != [] and report["ok"], report
+    assert report["after"] == [], report

@@ -13,9 +13,8 @@ measured 2.7 -> 2.1 ms of CPU per 4 MiB on a 2-core VM. By default torch's
 ``file_descriptor`` sharing strategy unlinks each segment as it is made, so a
 killed worker leaves nothing behind, and a segment is never reused, since
 nothing counts who still maps it. With ``FetchConfig(reuse_shared_memory=True)``
-a worker reuses its segments once the main process has let go of them, under
-torch's ``file_system`` strategy, which counts the processes mapping a segment
-(``_shm``). Objects read one by one (not through a
+a worker reuses its segments once the main process has let go of them: it
+hands them over by handles of its own, which tell it when (``_shm``). Objects read one by one (not through a
 composite) are carved in order out of shared segments of a few MiB
 (:class:`SharedSlab`), as a composite's objects are views of it: a batch then
 costs a handle per segment it draws from. A fresh segment per object cost a

@@ -1,4 +1,4 @@
-"""Shared-memory segments a DataLoader worker reuses once the main process has let go of them.
+"""Shared-memory segments a DataLoader worker reuses once every reader has let go of them.
 
 With ``FetchConfig(output="tensor")`` a worker receives objects into tensors
 on shared memory, so the DataLoader hands them to the main process by handle
@@ -9,39 +9,46 @@ sharing strategy on Linux, ``file_descriptor``, also makes each segment a
 connection from the main process to the worker's ``resource_sharer`` thread
 (an authentication handshake, then the descriptor) when a batch is unpickled.
 
-Under the ``file_system`` strategy a segment is named, and torch keeps a count
-of the processes that map it in the segment itself
-(``RefcountedMapAllocator``: an ``int`` in the 64 bytes before the data). The
-pickler adds one before a handle leaves the worker and the main process takes
-it back once it has mapped the segment, so the count is 1 exactly when only
-the worker maps it: every tensor the main process had from it is gone, and no
-handle to it is in flight. When, in the worker as well, nothing but the pool
-holds it (torch's use count of the storage is 1), the segment is free: the
-next tensor of a size it fits is carved from it, its pages already mapped.
-Measured in one process of DataLoader(num_workers=2) over the emulator, 10,000
-x 100 KiB composed, ``output="tensor"``: client CPU 0.49 -> 0.35 ms per object
-(main process 0.08 -> 0.045, workers 0.40 -> 0.30), 25-50 segments made per
-worker and epoch instead of ~157.
+With ``FetchConfig(reuse_shared_memory=True)`` a worker keeps its segments
+and hands them over its own way, and knows when a segment is free again:
 
-So in a worker whose dataset asks for tensors with ``FetchConfig(
-reuse_shared_memory=True)``, :func:`enable` switches that worker's sharing
-strategy to ``file_system`` (torch's docs:
-https://pytorch.org/docs/stable/multiprocessing.html#sharing-strategies), which
-then applies to every tensor the worker hands over, the collate's too. What
-that changes: a segment has a name in ``/dev/shm`` while it is in use, and the
-main process holds no file descriptor per tensor. At the worker's exit the
-pool counts the worker out of its segments (:meth:`SegmentPool.release`), so
-a segment's name goes with the last process that maps it. What it cannot do
-is count down a handle that was sent and never read: when an epoch is stopped
-early the DataLoader closes its workers' queue unread, with up to
-``prefetch_factor`` batches per worker in it, and those segments keep their
-names until torch's ``torch_shm_manager`` removes them as the training process
-exits (a killed worker's too). That is why it is off by default. The main
-process's own strategy is left alone. Before switching, the pool checks on a
-segment that the count sits where it reads it (one, two after
-``_shared_incref``, one again after ``_shared_decref``); on a torch where it
-does not, the worker keeps ``file_descriptor`` and fresh segments, and says so
-at INFO.
+- A segment is a ``memfd`` (``memfd_create(2)``): no name anywhere, its
+  memory goes with the last process that maps it or holds a descriptor of
+  it. It starts with a 64-byte header (a random token, and the number of
+  handles to it readers have opened); tensors are views after it.
+- The worker's pickler (``ForkingPickler``, in the worker only) sends a
+  pooled segment as a handle: the worker's pid, its descriptor's number, the
+  token and the size, and counts the handles it sent. Any other storage goes
+  torch's way (:func:`torch.multiprocessing.reductions.reduce_storage`).
+- The reader (the main process, or any process that unpickles the handle)
+  opens ``/proc/<pid>/fd/<n>``, which gives it an open file description of
+  its own, takes a shared OFD lock on it (``F_OFD_SETLK``), maps it, checks
+  the token, and adds one to the header's count of opened handles (a count,
+  not the latest number seen: a lost update between two readers leaves the
+  segment busy for good, never free too early). An OFD lock lasts as long as its file description: every
+  descriptor and every mapping of it, in every process it reaches (torch
+  passes received storages on by descriptor, and a ``fork`` inherits them).
+  A handle is opened once per reader and storage; a second one for a storage
+  the reader still has is answered from a cache of weak references, as
+  torch's own ``rebuild_storage_fd`` does.
+- The segment is free when, in the worker, nothing but the pool holds it
+  (torch's use count of the storage), every handle sent has been opened
+  (the header's count equals the pool's), and no reader's lock remains
+  (``F_OFD_GETLK`` for an exclusive lock on the worker's descriptor finds no
+  conflict). Then the next tensor of a size it fits is carved from it, its
+  pages already mapped.
+
+Nothing is left behind when an epoch is stopped early or a worker is killed:
+an unread handle is only numbers, and the segment's memory goes with the
+processes. Nothing is started either (torch's ``file_system`` strategy,
+which an earlier version of this pool used for its count of mapping
+processes, starts a ``torch_shm_manager`` per worker: 0.17 s of CPU, as it
+loads ``libtorch_cpu``). What it needs: Linux 3.17 or later (``memfd``, OFD
+locks), ``/proc``, and a reader allowed to open the worker's descriptors
+there (the same user, as DataLoader workers are; ``ptrace`` read access).
+The worker checks what it can of this as it starts (:func:`_self_test`) and
+keeps torch's way and fresh segments where it cannot, and says so at INFO.
+A reader that cannot open a handle raises an error that names the setting.
 """
 
 from __future__ import annotations
@@ -49,39 +56,45 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import logging
 import mmap
-import multiprocessing.util
 import os
+import secrets
+import struct
 import threading
 from collections.abc import Callable
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
 
 import torch
-import torch.multiprocessing
+import torch.multiprocessing.reductions as torch_reductions
 from torch.utils.data import get_worker_info
 
 from torchbucket._madvise import MADV_POPULATE_WRITE, madvise
-
-try:
-    import _posixshmem  # what multiprocessing.shared_memory unlinks names with
-except ImportError:  # pragma: no cover - not on Windows, where this pool is never made
-    _posixshmem = None
 
 __all__ = ["SegmentPool", "enable", "new_shared", "pool", "prefault"]
 
 logger = logging.getLogger(__name__)
 
-#: Where RefcountedMapAllocator keeps its count: this many bytes before the data.
+#: Bytes before a segment's data: the token (u64) and the handles opened (u64).
 _HEADER = 64
+_TOKEN_AT = 0
+_OPENED_AT = 8
 #: Segments are made in steps of a power of two between an eighth and a quarter
 #: of their size (at least 64 KiB), so composites of nearly equal sizes fit each
 #: other's segments.
 _STEP_LEAST = 64 << 10
 #: Free segments kept for reuse, bytes per worker; more are let go.
 IDLE_BYTES_MOST = 64 << 20
-#: Segments the pool tracks; past this the oldest in use are forgotten (the
-#: main process keeps them alive as long as it holds them).
-TRACKED_MOST = 1024
+#: Segments the pool tracks (a descriptor each); past this the oldest with no
+#: handle in flight are forgotten (their holders keep them alive).
+TRACKED_MOST = 256
+
+# struct flock (fcntl(2)) on Linux: l_type, l_whence, l_start, l_len, l_pid.
+_FLOCK = "hh4xqqi4x"
+_SHARED_LOCK = struct.pack(_FLOCK, fcntl.F_RDLCK, os.SEEK_SET, 0, 1, 0)
+_EXCLUSIVE_PROBE = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0)
 
 _madvise = madvise
 
@@ -114,16 +127,43 @@ def _capacity(size: int) -> int:
     return -(-size // step) * step
 
 
-def _count(segment: torch.Tensor) -> int:
-    """The number of processes mapping a ``file_system`` segment (see the module).
+def _word(address: int) -> ctypes.c_uint64:
+    return ctypes.c_uint64.from_address(address)
 
-    -1 where the data starts less than ``_HEADER`` bytes into its page: the
-    count cannot be there, and the page before may not be mapped.
-    """
-    address = segment.data_ptr()
-    if address % mmap.PAGESIZE < _HEADER:
-        return -1
-    return ctypes.c_int.from_address(address - _HEADER).value
+
+def _locked_by_others(fd: int) -> bool:
+    """Whether an open file description other than ``fd``'s holds a lock on its file."""
+    answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _EXCLUSIVE_PROBE)
+    kind: int = struct.unpack(_FLOCK, answer)[0]
+    return kind != fcntl.F_UNLCK
+
+
+class _Segment:
+    __slots__ = ("base", "fd", "sent", "tensor", "token")
+
+    def __init__(self, capacity: int) -> None:
+        fd = os.memfd_create("torchbucket-segment", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, _HEADER + capacity)
+            storage = torch.UntypedStorage._new_shared_fd_cpu(fd, _HEADER + capacity)  # type: ignore[attr-defined]
+        finally:
+            os.close(fd)  # the storage keeps a duplicate: the same file description
+        #: The storage's own descriptor, what handles name and locks are probed on.
+        self.fd: int = storage._share_fd_cpu_()[0]  # type: ignore[attr-defined]
+        self.tensor = torch.empty(0, dtype=torch.uint8).set_(storage)
+        prefault(self.tensor)
+        self.base = self.tensor.data_ptr()
+        self.token = secrets.randbits(63) | 1
+        _word(self.base + _TOKEN_AT).value = self.token
+        #: Handles pickled; the header counts those a reader opened.
+        self.sent = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.tensor.numel() - _HEADER
+
+    def in_flight(self) -> bool:
+        return _word(self.base + _OPENED_AT).value != self.sent
 
 
 class SegmentPool:
@@ -140,18 +180,21 @@ class SegmentPool:
     ) -> None:
         self._idle_most = idle_bytes_most
         self._tracked_most = tracked_most
-        self._segments: list[torch.Tensor] = []  # oldest first
+        self._segments: list[_Segment] = []  # oldest first
+        self._by_base: dict[int, _Segment] = {}
         self._lock = threading.Lock()
         self._use_count: Callable[[int], int] = torch._C._storage_Use_Count
         #: Segments made, and tensors carved from a reused one (for tests, the timeline).
         self.made = 0
         self.reused = 0
 
-    def _free(self, segment: torch.Tensor) -> bool:
-        storage = segment.untyped_storage()
+    def _free(self, segment: _Segment) -> bool:
+        storage = segment.tensor.untyped_storage()
         # Two holders in this process when free: the pool's tensor and the
         # ``storage`` object just made.
-        return self._use_count(storage._cdata) <= 2 and _count(segment) == 1
+        if self._use_count(storage._cdata) > 2 or segment.in_flight():
+            return False
+        return not _locked_by_others(segment.fd)
 
     def tensor(self, size: int) -> torch.Tensor:
         """A 1-D ``torch.uint8`` tensor of ``size`` bytes on shared memory, not yet written.
@@ -161,74 +204,148 @@ class SegmentPool:
         """
         with self._lock:
             for segment in self._segments:
-                if size <= segment.numel() <= 2 * size and self._free(segment):
+                if size <= segment.capacity <= 2 * size and self._free(segment):
                     self.reused += 1
-                    return segment[:size]
-            segment = _fresh(_capacity(size))
+                    return segment.tensor[_HEADER : _HEADER + size]
+            segment = _Segment(_capacity(size))
             self.made += 1
             self._trim()
             self._segments.append(segment)
-            return segment[:size]
+            self._by_base[segment.base] = segment
+            return segment.tensor[_HEADER : _HEADER + size]
 
     def _trim(self) -> None:
         idle = 0
-        kept: list[torch.Tensor] = []
+        kept: list[_Segment] = []
         for segment in reversed(self._segments):  # newest first: let the oldest free go
             if self._free(segment):
-                idle += segment.numel()
+                idle += segment.capacity
                 if idle > self._idle_most:
                     continue
             kept.append(segment)
         kept.reverse()
-        del kept[: max(0, len(kept) + 1 - self._tracked_most)]
+        over = len(kept) + 1 - self._tracked_most
+        if over > 0:  # forget the oldest whose handles have all been opened
+            forget = [s for s in kept if not s.in_flight()][:over]
+            kept = [s for s in kept if s not in forget]
         self._segments = kept
+        self._by_base = {s.base: s for s in kept}
 
-    def release(self) -> None:
-        """Let go of every segment, counting the worker out of each (at its exit).
+    def handle(self, storage: torch.UntypedStorage) -> tuple[int, int, int, int] | None:
+        """What a reader needs to open ``storage``, if it is one of the pool's segments.
 
-        A DataLoader worker ends with ``os._exit``, which frees no tensor, so
-        without this every segment would keep the worker's count, and its name
-        in ``/dev/shm``, until torch's manager removed it as the training
-        process ends. A segment nothing else in the worker holds is freed here
-        (torch counts it down and removes its name at zero). One still held
-        (a window's objects not handed out) is counted down by hand, and its
-        name removed when that leaves nobody: no handle to it can still be
-        read, as the main process stops reading a worker before it ends it.
+        Counted as sent: the segment is busy until a reader has opened it.
         """
         with self._lock:
-            segments, self._segments = self._segments, []
-        while segments:
-            segment = segments.pop()
-            storage = segment.untyped_storage()
-            del segment
-            if self._use_count(storage._cdata) <= 1:
-                continue  # the last reference: freed as ``storage`` goes
-            name = storage._share_filename_cpu_()[1].decode()  # type: ignore[no-untyped-call]
-            storage._shared_decref()  # type: ignore[no-untyped-call]
-            tensor = torch.empty(0, dtype=torch.uint8).set_(storage)
-            if _count(tensor) == 0 and _posixshmem is not None:
-                with contextlib.suppress(OSError):
-                    _posixshmem.shm_unlink(name)
+            segment = self._by_base.get(storage.data_ptr())
+            if segment is None:
+                return None
+            segment.sent += 1
+            return (os.getpid(), segment.fd, segment.token, segment.tensor.numel())
 
     def tracked(self) -> int:
         """Segments tracked now, free or in use."""
         return len(self._segments)
 
 
+#: Storages opened from handles in this process, by (pid, descriptor, token).
+_opened: dict[tuple[int, int, int], torch_reductions.StorageWeakRef] = {}
+_opened_lock = threading.Lock()
+
+
+def _open(pid: int, fd: int, token: int, nbytes: int) -> torch.UntypedStorage:
+    """Rebuild a pooled segment sent by a worker (the reader's side of a handle).
+
+    Every handle is opened once, and counted in the segment's header.
+    """
+    key = (pid, fd, token)
+    with _opened_lock:
+        ref = _opened.get(key)
+        storage = None
+        if ref is not None:
+            storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)  # type: ignore[attr-defined]
+        if storage is None:
+            storage = _open_new(pid, fd, token, nbytes)
+            if len(_opened) >= 256:
+                for stale in [k for k, r in _opened.items() if r.expired()]:  # type: ignore[no-untyped-call]
+                    del _opened[stale]
+            _opened[key] = torch_reductions.StorageWeakRef(storage)  # type: ignore[no-untyped-call]
+        _word(storage.data_ptr() + _OPENED_AT).value += 1
+    return storage
+
+
+def _open_new(pid: int, fd: int, token: int, nbytes: int) -> torch.UntypedStorage:
+    path = f"/proc/{pid}/fd/{fd}"
+    try:
+        own = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:
+        raise RuntimeError(
+            f"cannot open the shared-memory segment a DataLoader worker sent ({path}: "
+            f"{exc.strerror}): the worker has exited, or this process may not open its "
+            "descriptors through /proc; read with FetchConfig(reuse_shared_memory=False)"
+        ) from exc
+    try:
+        fcntl.fcntl(own, fcntl.F_OFD_SETLK, _SHARED_LOCK)  # before anything is read
+        storage: torch.UntypedStorage = torch.UntypedStorage._new_shared_fd_cpu(own, nbytes)  # type: ignore[attr-defined]
+    finally:
+        os.close(own)
+    if _word(storage.data_ptr() + _TOKEN_AT).value != token:
+        raise RuntimeError(
+            f"{path} is not the shared-memory segment the DataLoader worker sent "
+            "(the worker closed it or exited before this batch was read)"
+        )
+    return storage
+
+
+def _reduce_storage_with(
+    current: SegmentPool | None, storage: torch.UntypedStorage
+) -> tuple[Any, tuple[Any, ...]]:
+    if current is not None:
+        handle = current.handle(storage)
+        if handle is not None:
+            return _open, handle
+    return torch_reductions.reduce_storage(storage)  # type: ignore[no-untyped-call,no-any-return]
+
+
+def _reduce_storage(storage: torch.UntypedStorage) -> tuple[Any, tuple[Any, ...]]:
+    """The worker's pickler for storages: its pool's segments by handle, others torch's way."""
+    return _reduce_storage_with(pool(), storage)
+
+
 def _self_test() -> str | None:
-    """Why the count cannot be read where the pool reads it, or ``None`` when it can."""
+    """Why segments cannot be handed over and tracked here, or ``None`` when they can."""
     if not hasattr(torch._C, "_storage_Use_Count"):
         return "torch._C._storage_Use_Count is missing"
-    probe = torch.UntypedStorage._new_shared(_STEP_LEAST)  # type: ignore[no-untyped-call]
-    tensor = torch.empty(0, dtype=torch.uint8).set_(probe)
-    seen = [_count(tensor)]
-    probe._shared_incref()  # type: ignore[no-untyped-call]
-    seen.append(_count(tensor))
-    probe._shared_decref()  # type: ignore[no-untyped-call]
-    seen.append(_count(tensor))
-    if seen != [1, 2, 1]:
-        return f"the segment's count read {seen}, not [1, 2, 1]"
-    return None
+    if not hasattr(os, "memfd_create") or not hasattr(fcntl, "F_OFD_GETLK"):
+        return "no memfd_create or OFD locks on this platform"
+    segment = _Segment(_STEP_LEAST)
+    try:
+        storage = _open_new(os.getpid(), segment.fd, segment.token, segment.tensor.numel())
+    except (OSError, RuntimeError) as exc:
+        return f"a segment could not be opened through /proc ({exc})"
+    held = _locked_by_others(segment.fd)
+    del storage
+    if not held or _locked_by_others(segment.fd):
+        return "an OFD lock was not seen while held, or outlived its file description"
+    # A reader may open another process's descriptors only if that process is
+    # "dumpable" (ptrace's read check; prctl(2), PR_GET_DUMPABLE).
+    if _dumpable() in (0, 2):
+        return "this process is not dumpable, so no other may open its descriptors"
+    with contextlib.suppress(OSError):
+        # The reader is the parent: may this process's user read its descriptors?
+        os.listdir(f"/proc/{os.getppid()}/fd")
+        return None
+    return f"the descriptors of process {os.getppid()} cannot be read through /proc"
+
+
+def _dumpable() -> int:
+    """prctl(PR_GET_DUMPABLE): 1 where other processes of the user may open our descriptors."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return -1
+    value: int = prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+    return value
 
 
 _pool: SegmentPool | None = None
@@ -236,10 +353,10 @@ _decided_in: int | None = None  # the pid that decided; a fork's child decides a
 
 
 def enable() -> None:
-    """In this DataLoader worker, share tensors by ``file_system`` and reuse segments.
+    """In this DataLoader worker, reuse segments and hand them over by handle.
 
-    Decided once per process, and only in a DataLoader worker; see the module. A no-op where torch has no
-    ``file_system`` strategy or the count is not where the pool reads it.
+    Decided once per process, and only in a DataLoader worker; see the module.
+    A no-op where :func:`_self_test` finds what it needs missing.
     """
     global _pool, _decided_in
     pid = os.getpid()
@@ -247,23 +364,15 @@ def enable() -> None:
         return
     _decided_in = pid
     _pool = None
-    mp = torch.multiprocessing
-    if "file_system" not in mp.get_all_sharing_strategies():  # type: ignore[no-untyped-call]
-        logger.info("shared memory is not reused: torch has no file_system sharing strategy")
-        return
-    before = mp.get_sharing_strategy()  # type: ignore[no-untyped-call]
-    mp.set_sharing_strategy("file_system")  # type: ignore[no-untyped-call]
     try:
         why = _self_test()
     except (RuntimeError, OSError, ValueError) as exc:
         why = f"{type(exc).__name__}: {exc}"
     if why is not None:
-        mp.set_sharing_strategy(before)  # type: ignore[no-untyped-call]
         logger.info("shared memory is not reused (%s); segments are made fresh", why)
         return
     _pool = SegmentPool()
-    # Run by multiprocessing as the worker's process ends (before os._exit).
-    multiprocessing.util.Finalize(None, _pool.release, exitpriority=0)
+    ForkingPickler.register(torch.UntypedStorage, _reduce_storage)
 
 
 def pool() -> SegmentPool | None:
