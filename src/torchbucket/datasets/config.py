@@ -66,8 +66,8 @@ class FetchConfig:
             Linux, ``/proc``, and a main process that may open its workers'
             descriptors (the same user; a worker checks what it can as it
             starts and makes fresh segments where it cannot). At 100 KiB
-            with compose it cut client CPU per object by about 40% and read
-            1.29x the samples/s of tensor output without it (see
+            with compose it cut client CPU per object by about a third and
+            read 1.34x the samples/s of tensor output without it (see
             docs/benchmarks.md). Default False: torch's own sharing and a
             fresh segment per composite.
         large_object_size: Objects at least this large are read with parallel
