@@ -10,6 +10,7 @@ Workers reusing segments across processes are tested over the emulator in
 from __future__ import annotations
 
 import os
+from multiprocessing.reduction import ForkingPickler
 
 import pytest
 import torch
@@ -201,6 +202,9 @@ def test_enable_outside_a_dataloader_worker_changes_nothing() -> None:
     _shm.enable()
     assert mp.get_sharing_strategy() == before  # type: ignore[no-untyped-call]
     assert _shm.pool() is None
+    # The pickler of this process still sends storages torch's way.
+    reducers = ForkingPickler._extra_reducers  # type: ignore[attr-defined]
+    assert reducers.get(torch.UntypedStorage) is not _shm._reduce_storage
 
 
 def test_reuse_shared_memory_is_off_by_default_and_must_be_a_bool() -> None:
