@@ -34,6 +34,12 @@ _TAIL_PAGES = 1.5
 # and at most _MAX_PROBES.
 _PROBES_PER_PAGE = 2.0
 _MAX_PROBES = 8
+# After the first page, the top range also probes midway (geometrically)
+# between the next page and the last probe when that spans more pages than
+# this: 100k names counted up (``img/000000.jpg``...) then fan out a round
+# sooner (0.15 s, not 0.23 s, on the emulator's same-region latency) for one
+# more request on a prefix of two pages (four, not three).
+_MIDWAY_PAGES = 16.0
 # Probes of an exponential search past the end of the names: at least this
 # many, else as many per page listed as above, up to one per doubling.
 _MIN_SEARCH = 4
@@ -278,7 +284,15 @@ class Planner:
             # probes between them empty.
             budget = max(1.0, _PROBES_PER_PAGE * pages_listed)
             count = int(min(_MAX_PROBES, budget, 1 + 2 * self.top_hits))
-            offsets = _geometric(_PAGE_AIM, tail, count)
+            if count == 1 and self.listed <= self.page_size and tail > _MIDWAY_PAGES:
+                # After the first page: a probe near the end finds names
+                # only where they are spread (hashes). Names packed at the
+                # start (counters) leave it empty, and the search after it
+                # costs a round before the fan-out; a second probe midway
+                # (geometrically) finds them in the same round.
+                offsets = _geometric(_PAGE_AIM, tail, 3)[1:]
+            else:
+                offsets = _geometric(_PAGE_AIM, tail, count)
         elif pages <= _PAGE_AIM * (_MAX_PROBES + 1):
             # The names end within a few pages: pieces of a page each.
             count = int(pages / _PAGE_AIM) + 1
