@@ -6,6 +6,7 @@ import asyncio
 import collections
 import io
 import logging
+import random
 import uuid
 from collections.abc import Iterable
 from dataclasses import replace
@@ -24,6 +25,7 @@ from torchbucket.errors import (
     TransientError,
 )
 from torchbucket.listing import ListingConfig, ListingStats, alist_objects, list_objects
+from torchbucket.listing._ranges import _AHEAD_PIECES, counted_up
 from torchbucket.storage.base import ListPage, ObjectInfo
 from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
 
@@ -216,17 +218,40 @@ class RoundCountingStore(CountingStore):
     [lambda i: f"img/{i:06d}.jpg", lambda i: f"img/{_hashed(i)}.jpg"],
     ids=["sequential", "hashed"],
 )
-def test_the_listing_fans_out_in_its_third_round(bucket: MemoryStore, make: Any) -> None:
-    # The first page, then probes that find where the names are, then pieces of
-    # a page each: names counted up from the start of their key space are found
-    # by the midway probe, not by a search after an empty one (a round later).
+def test_the_listing_fans_out_in_its_second_or_third_round(bucket: MemoryStore, make: Any) -> None:
+    # Counted names: the first page, then probes that find where the names
+    # are (the midway one, not a search after an empty far one, a round
+    # later), then pieces of a page each. Spread names: pieces of a page each
+    # right past the first page go with the far probe.
     names = sorted(make(i) for i in range(20_000))
     seed(bucket, names)
     counting = RoundCountingStore(bucket, latency=0.01)
     assert names_of(listing(counting, "img/", replace(QUIET, page_size=200))) == names
     per_round = collections.Counter(counting.rounds)
     fanned_out = min(r for r, n in per_round.items() if n >= 8)
-    assert fanned_out <= 3, sorted(per_round.items())
+    assert fanned_out <= (3 if counted_up(names[:200]) else 2), sorted(per_round.items())
+
+
+def test_names_counted_up_are_told_from_spread_ones() -> None:
+    assert counted_up([f"img/{i:06d}.jpg" for i in range(990, 1990)])  # carries included
+    assert counted_up([f"log-{1_700_000_000_000 + 37 * i}" for i in range(1000)])  # with gaps
+    assert not counted_up(sorted(f"img/{_hashed(i)}.jpg" for i in range(1000)))
+    rng = random.Random(0)
+    assert not counted_up(sorted(str(uuid.UUID(int=rng.getrandbits(128))) for _ in range(1000)))
+    assert not counted_up(["a", "b"])  # too few to tell
+
+
+def test_names_spread_at_first_and_packed_after_cost_a_bounded_guess(
+    bucket: MemoryStore,
+) -> None:
+    # One day of hashed names under a date: the first page looks spread over
+    # every date, so pieces past it are guessed; the guess is bounded.
+    names = sorted(f"d/20240101_{_hashed(i)}" for i in range(1500))
+    seed(bucket, names)
+    counting = CountingStore(bucket, latency=0.001)
+    assert names_of(listing(counting, "d/")) == names
+    # The first page, its continuation, the far probe, the pieces guessed.
+    assert counting.calls <= 3 + _AHEAD_PIECES
 
 
 def test_names_that_stop_and_resume_far_on(bucket: MemoryStore) -> None:

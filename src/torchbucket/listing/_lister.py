@@ -15,10 +15,12 @@ has answered (the top range, which runs to the end of the prefix, at once):
 - *Probes*: when nobody knows whether its names go on, it keeps a stretch and
   hands out ranges at geometrically growing distances. The top range probes
   near where the names would end if the density held to the end of the
-  prefix's key space (a page and a half short of it), and on the way there:
-  after the first page one probe midway (geometrically) between it and the
-  far one (a prefix of two pages costs four requests), then a couple more per
-  page listed. A range whose neighbour came back empty, or starts
+  prefix's key space (a page and a half short of it), and on the way there.
+  After the first page that is, for names counted up (``img/000000.jpg``...),
+  one probe midway (geometrically) between it and the far one (a prefix of
+  two pages costs four requests) and, for names spread thinly over the key
+  space (hashes), up to 16 pieces of a page each right past the first page;
+  then a couple more per page listed. A range whose neighbour came back empty, or starts
   with names far past it, runs an exponential search instead: a probe per
   doubling of the distance, in one round (at least four, else two per page
   listed), so past the end of the names only a few come back empty.
@@ -39,14 +41,17 @@ whose neighbour above came back empty is searched, never halved by an idle
 lister. The demo's layout (6 folders, 17 pages): 23 requests in 0.26 s with
 folders, 33 in 0.5 s without, against 82 in 0.5 s before either.
 
-Names spread evenly (hashes) are thus listed in about four round trips, since
-the first probe finds names at the far end; so are names packed at the start
-of their key space (counters), which the midway probe finds (without it the
-far probe came back empty and a search took a round more: fanned out at
-0.23 s, not 0.15 s). The ends of packed names are searched for while the
-pages before them are listed. Measured on the emulator (same-region latency,
-100k objects, fresh process): 0.45-0.5 s hashed, 0.55-0.7 s sequential,
-115-122 requests for 100 pages.
+Names spread evenly (hashes) are thus listed in about three round trips: the
+pieces past the first page are listed while the far probe finds names, and
+the fan-out follows (at 0.07 s, not 0.15 s with the far probe alone). Names
+packed at the start of their key space (counters) take one more, the midway
+probe's (without it the far probe came back empty and a search took a round
+more: fanned out at 0.23 s, not 0.15 s); their end is searched for while the
+pages before it are listed. Names spread thinly at first and packed further
+on (hashes under one date) may leave the guessed pieces empty: at most 16
+requests. Measured on the emulator (same-region latency, 100k objects, fresh
+process): about 0.5 s hashed, 0.6-0.65 s sequential, 115-122 requests for
+100 pages.
 
 A piece whose estimate was wrong comes back with a page token: it has its own
 density by then and is cut again the same way; a lister with nothing to do

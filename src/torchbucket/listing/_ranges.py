@@ -20,7 +20,7 @@ from typing import Literal
 from torchbucket.listing._keyspace import Columns, KeyScale
 from torchbucket.storage.base import ObjectInfo
 
-__all__ = ["ListingStats", "Planner", "Range"]
+__all__ = ["ListingStats", "Planner", "Range", "counted_up"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,12 +34,23 @@ _TAIL_PAGES = 1.5
 # and at most _MAX_PROBES.
 _PROBES_PER_PAGE = 2.0
 _MAX_PROBES = 8
-# After the first page, the top range also probes midway (geometrically)
-# between the next page and the last probe when that spans more pages than
-# this: 100k names counted up (``img/000000.jpg``...) then fan out a round
-# sooner (0.15 s, not 0.23 s, on the emulator's same-region latency) for one
-# more request on a prefix of two pages (four, not three).
+# After a first page of names counted up (``img/000000.jpg``...), the top
+# range also probes midway (geometrically) between the next page and the last
+# probe when that spans more pages than this: 100k such names then fan out a
+# round sooner (0.15 s, not 0.23 s, on the emulator's same-region latency) for
+# one more request on a prefix of two pages (four, not three).
 _MIDWAY_PAGES = 16.0
+# After a first page of names spread thinly over their key space (hashes),
+# the top range also hands out up to this many pieces of a page each right
+# past the first page, listed while the far probe finds where the names end
+# (100k hashed names: fanned out at 0.07 s, not 0.15 s). Names spread evenly
+# have them all, and a prefix of a few pages is predicted as such (no pieces);
+# names spread thinly at first and packed further on leave some empty.
+_AHEAD_PIECES = 16
+# A page is counted up when at least this fraction of its neighbouring names
+# (a sample of) first differ at the deepest place any of them do.
+_COUNTED_UP = 0.5
+_COUNT_PAIRS = 64
 # Probes of an exponential search past the end of the names: at least this
 # many, else as many per page listed as above, up to one per doubling.
 _MIN_SEARCH = 4
@@ -49,6 +60,28 @@ _SEARCH_HIT_RATE = 0.5
 # A cut makes at most this many pieces per lister (a range of more pages than
 # that is cut into pieces of several pages each, listed with page tokens).
 _PIECES_PER_LISTER = 4
+
+
+def counted_up(names: list[str]) -> bool:
+    """Whether sorted ``names`` count up (``000998``, ``000999``, ``001000``...).
+
+    Most neighbours of counted names first differ at their last digit, the
+    deepest place at which any neighbours differ; neighbours among spread
+    names (hashes) differ at places spread over a few characters, and few at
+    the deepest. Counted names are packed at the start of the key space a
+    density extrapolates over; spread names fill it.
+    """
+    if len(names) < 3:
+        return False
+    step = max(1, (len(names) - 1) // _COUNT_PAIRS)
+    places = []
+    for i in range(0, len(names) - 1, step):
+        a, b = names[i], names[i + 1]
+        n = min(len(a), len(b))
+        place = next((j for j in range(n) if a[j] != b[j]), n)
+        places.append(place)
+    deepest = max(places)
+    return places.count(deepest) >= _COUNTED_UP * len(places)
 
 
 def _geometric(first: float, last: float, count: int) -> list[float]:
@@ -284,15 +317,21 @@ class Planner:
             # probes between them empty.
             budget = max(1.0, _PROBES_PER_PAGE * pages_listed)
             count = int(min(_MAX_PROBES, budget, 1 + 2 * self.top_hits))
-            if count == 1 and self.listed <= self.page_size and tail > _MIDWAY_PAGES:
-                # After the first page: a probe near the end finds names
-                # only where they are spread (hashes). Names packed at the
-                # start (counters) leave it empty, and the search after it
-                # costs a round before the fan-out; a second probe midway
-                # (geometrically) finds them in the same round.
-                offsets = _geometric(_PAGE_AIM, tail, 3)[1:]
-            else:
-                offsets = _geometric(_PAGE_AIM, tail, count)
+            offsets = _geometric(_PAGE_AIM, tail, count)
+            if count == 1 and self.listed <= self.page_size:
+                # After the first page the probe near the end finds names
+                # only where they are spread (hashes), and the fan-out waits
+                # for it a round.
+                if not counted_up([o.name for o in r.objects]):
+                    # Spread: pieces of a page each right past the first
+                    # page are listed meanwhile.
+                    ahead = min(_AHEAD_PIECES, int(tail / _PAGE_AIM) - 1)
+                    offsets = [_PAGE_AIM * i for i in range(1, ahead + 1)] + [tail]
+                elif tail > _MIDWAY_PAGES:
+                    # Packed at the start (counters): the far probe comes
+                    # back empty and a search after it costs a round more; a
+                    # probe midway (geometrically) finds them in this one.
+                    offsets = _geometric(_PAGE_AIM, tail, 3)[1:]
         elif pages <= _PAGE_AIM * (_MAX_PROBES + 1):
             # The names end within a few pages: pieces of a page each.
             count = int(pages / _PAGE_AIM) + 1
