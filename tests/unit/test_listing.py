@@ -25,7 +25,7 @@ from torchbucket.errors import (
     TransientError,
 )
 from torchbucket.listing import ListingConfig, ListingStats, alist_objects, list_objects
-from torchbucket.listing._ranges import _AHEAD_PIECES, counted_up
+from torchbucket.listing._ranges import _AHEAD_PIECES, Planner, Range, counted_up
 from torchbucket.storage.base import ListPage, ObjectInfo
 from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
 
@@ -230,6 +230,36 @@ def test_the_listing_fans_out_in_its_second_or_third_round(bucket: MemoryStore, 
     per_round = collections.Counter(counting.rounds)
     fanned_out = min(r for r, n in per_round.items() if n >= 8)
     assert fanned_out <= (3 if counted_up(names[:200]) else 2), sorted(per_round.items())
+
+
+def test_the_far_probe_goes_first_and_its_names_cut_the_range_below_at_once() -> None:
+    # After a first page of hashed names: pieces past it and a far probe, all
+    # cut off the top range (labelled so: their hits raise its probe budget).
+    names = sorted(f"img/{_hashed(i)}.jpg" for i in range(100_000))
+    page = [ObjectInfo(n, 1) for n in names[:1000]]
+    stats = ListingStats()
+    plan = Planner("img/", parallelism=64, page_size=1000, stats=stats, on_page=None)
+    root = Range(start=None, end=None, prefix="img/")
+    plan.ranges.append(root)
+    plan.take(root, page)
+    plan.plan()
+    probes = list(plan.probes)
+    assert len(probes) > 8 and all(p.probe == "top" for p in probes)
+    far = plan.next_range()
+    assert far is probes[0] and far.end is None  # sent first
+    (last_piece,) = [p for p in probes if p.end == far.start]
+    for r in [root, *plan.probes]:
+        r.in_flight = True
+    # The far probe finds names where the first page's density said: the range
+    # below it is cut into pieces of a page each before its own page returns.
+    at = next(i for i, n in enumerate(names) if n >= far.start)
+    plan.answered(far, True)
+    plan.take(far, [ObjectInfo(n, 1) for n in names[at : at + 415]])
+    far.done = True
+    assert plan.top_hits == 1 and plan.searches == 0
+    plan.plan()
+    assert last_piece.filled and last_piece.first is None
+    assert len(plan.fills) > 32
 
 
 def test_names_counted_up_are_told_from_spread_ones() -> None:

@@ -351,9 +351,13 @@ class Planner:
             count = max(count, 1)
             offsets = _geometric(_PAGE_AIM, pages, count + 1)[:-1]
         targets = [pos + round(g * 1000) * page_num // (page_den * 1000) for g in offsets]
+        top = r.end is None  # (before the cut lowers it)
         pieces = self._cut(r, scale, targets, probe=True)
         for p in pieces:
-            p.probe = "top" if r.end is None else "search"
+            p.probe = "top" if top else "search"
+        if top and pieces:
+            # The far probe first: its answer says whether the rest can be cut.
+            pieces = pieces[-1:] + pieces[:-1]
         self.probes.extend(pieces)
 
     def _search_hit_rate(self) -> float:
@@ -374,10 +378,24 @@ class Planner:
         A range with a page of its own is cut once the range past its end has
         answered: into fill pieces when names go on right past its end, into
         probes when they do not (it came back empty, or its names start far
-        on). The top range (no end) is probed at once.
+        on). A range whose first page is still in flight is cut into fill
+        pieces on the density it was cut with, when names go on right past
+        its end (the fan-out then waits for the far probe's answer, not for
+        the last answer of its round). The top range (no end) is probed at
+        once.
         """
         for r in self.ranges:  # pieces cut here join the loop, and are skipped
-            if r.done or r.filled or r.first is None or r.first == r.cursor:
+            if r.done or r.filled:
+                continue
+            if r.first is None:
+                # Its first page is in flight: cut on the density it was cut
+                # with, once names are found right past its end.
+                if r.in_flight and r.end is not None and r.sample is not None:
+                    above = self.starts[r.end]
+                    if above.first is not None and not self._far(r, above.first):
+                        self._fill(r)
+                continue
+            if r.first == r.cursor:
                 continue
             if r.end is None:
                 if r.prefix != self.prefix and len(r.objects) < 2 * self.page_size:
