@@ -165,3 +165,14 @@ def test_checkpoint_smoke_reports_the_tails_cost(tmp_path: Path) -> None:
     assert result["latency_presets"] == ["same-region", "same-region-tail"]
     for op in ("save", "load"):
         assert result[f"tail_slowdown_{op}_torchbucket"] > 0
+
+
+def test_listing_timeline_smoke_compares_with_a_commit(tmp_path: Path) -> None:
+    result = run_benchmark("listing_timeline", tmp_path, "--against", "HEAD")
+    for side in ("head", "base"):
+        for shape in ("sequential", "hashed"):
+            assert result[f"idle_s_{side}_{shape}"] > 0
+            assert result[f"wall_over_cpu_{side}_{shape}"] > 1
+            assert result[f"requests_{side}_{shape}"] >= 5  # 5,000 names, 1,000 a page
+            assert result[f"server_cpu_s_{side}_{shape}"] > 0
+    assert "idle_saved_s_hashed" in result
