@@ -179,11 +179,15 @@ def _hashed(i: int) -> str:
     return hashlib.blake2b(str(i).encode(), digest_size=8).hexdigest()
 
 
-@pytest.mark.parametrize(
+# Names counted up and names spread (hashes): the two shapes a key range holds.
+NAME_SHAPES = pytest.mark.parametrize(
     "make",
     [lambda i: f"img/{i:06d}.jpg", lambda i: f"img/{_hashed(i)}.jpg"],
     ids=["sequential", "hashed"],
 )
+
+
+@NAME_SHAPES
 def test_hundred_thousand_objects(bucket: MemoryStore, make: Any) -> None:
     names = sorted(make(i) for i in range(100_000))
     seed(bucket, names)
@@ -213,11 +217,7 @@ class RoundCountingStore(CountingStore):
         return page
 
 
-@pytest.mark.parametrize(
-    "make",
-    [lambda i: f"img/{i:06d}.jpg", lambda i: f"img/{_hashed(i)}.jpg"],
-    ids=["sequential", "hashed"],
-)
+@NAME_SHAPES
 def test_the_listing_fans_out_in_its_second_or_third_round(bucket: MemoryStore, make: Any) -> None:
     # Counted names: the first page, then probes that find where the names
     # are (the midway one, not a search after an empty far one, a round
