@@ -60,6 +60,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size", type=int, default=16 << 10, help="bytes per object (16 KiB)")
     p.add_argument("--epochs", type=int, default=None, help="capped epochs (10)")
     p.add_argument("--rps-cap", type=float, default=None, help="requests/s cap (300)")
+    p.add_argument(
+        "--reuse",
+        action="store_true",
+        help="samples as tensors in shared memory the workers reuse "
+        "(FetchConfig(output='tensor', reuse_shared_memory=True)); default: bytes",
+    )
     args = p.parse_args(argv)
     if args.objects is None:
         args.objects = 300 if args.smoke else 2000 if args.quick else 5000
@@ -145,8 +151,11 @@ class Checker:
         self.bytes_checked = 0
         self._seen: set[str] = set()
 
-    def check(self, data: bytes) -> None:
+    def check(self, data: Any) -> None:
         import numpy as np
+
+        if not isinstance(data, bytes):  # a tensor (--reuse): its bytes, copied
+            data = data.numpy().tobytes()
 
         self.bytes_checked += len(data)
         name = self.by_digest.get(bytes(data[:32]))
@@ -250,14 +259,17 @@ def main(argv: list[str] | None = None) -> int:
     from torch.utils.data import DataLoader
 
     from torchbucket.compose import ComposeConfig
-    from torchbucket.datasets import BucketMapDataset
+    from torchbucket.datasets import BucketMapDataset, FetchConfig
     from torchbucket.storage.gcs import GCSConfig
+
+    fetch = FetchConfig(output="tensor", reuse_shared_memory=True) if args.reuse else FetchConfig()
+    output = "tensor, reusing shared memory" if args.reuse else "bytes"
 
     print(
         f"soak ({mode}): {args.objects:,} objects x {args.size // 1024} KiB, "
         f"DataLoader(num_workers={NUM_WORKERS}, batch_size={BATCH_SIZE}, shuffle, persistent "
         f"workers), same-region latency; 1 uncapped warm-up epoch, then {args.epochs} epochs "
-        f"at a cap of {args.rps_cap:g} requests/s; every byte checked."
+        f"at a cap of {args.rps_cap:g} requests/s; samples as {output}; every byte checked."
     )
     epochs: list[dict[str, Any]] = []
     sampler = RssSampler()
@@ -270,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             f"gs://{BUCKET}/{PREFIX}",
             gcs=gcs,
             compose=ComposeConfig(disable=True),
+            fetch=fetch,
             data_format_fn=Tagged(endpoint),
         )
         loader = DataLoader(
@@ -329,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         "capped_span_s": round(span, 2),
         "samples_per_s": round(sum(e["samples"] for e in epochs) / total_wall, 1),
         "rps_cap": args.rps_cap,
+        "output": "tensor_reuse" if args.reuse else "bytes",
         "demand_samples_per_s": round(warm["samples_per_s"], 1),
         "status_429": sum(e["status_429"] for e in epochs),
         "client_retries": sum(e["retries"] for e in epochs),

@@ -176,3 +176,13 @@ def test_listing_timeline_smoke_compares_with_a_commit(tmp_path: Path) -> None:
             assert result[f"requests_{side}_{shape}"] >= 5  # 5,000 names, 1,000 a page
             assert result[f"server_cpu_s_{side}_{shape}"] > 0
     assert "idle_saved_s_hashed" in result
+
+
+@pytest.mark.parametrize("reuse", [False, True], ids=["bytes", "tensor-reuse"])
+def test_soak_smoke_checks_every_byte_under_the_cap(tmp_path: Path, reuse: bool) -> None:
+    result = run_benchmark("soak", tmp_path, *(["--reuse"] if reuse else []))
+    assert result["output"] == ("tensor_reuse" if reuse else "bytes")
+    assert result["bytes_checked"] > 0
+    assert result["bytes_mismatched"] == 0
+    assert result["objects_missing"] == 0 and result["objects_duplicated"] == 0
+    assert result["status_429"] > 0  # the cap was met, and retried through
