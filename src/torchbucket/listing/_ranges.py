@@ -127,6 +127,9 @@ class Range:
     # a search past a range's names.
     probe: Literal["top", "search"] | None = None
     memo: tuple[str | None, str | None] | None = None  # what the last cut rested on
+    # The first name past its end that it was last checked against while its
+    # first page was in flight (see Planner.plan).
+    early_memo: str | None = None
 
 
 class Planner:
@@ -392,8 +395,10 @@ class Planner:
                 # with, once names are found right past its end.
                 if r.in_flight and r.end is not None and r.sample is not None:
                     above = self.starts[r.end]
-                    if above.first is not None and not self._far(r, above.first):
-                        self._fill(r)
+                    if above.first is not None and r.early_memo != above.first:
+                        r.early_memo = above.first
+                        if not self._far(r, above.first):
+                            self._fill(r)
                 continue
             if r.first == r.cursor:
                 continue
