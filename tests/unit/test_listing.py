@@ -262,6 +262,18 @@ def test_the_far_probe_goes_first_and_its_names_cut_the_range_below_at_once() ->
     assert len(plan.fills) > 32
 
 
+def test_the_end_of_counted_names_is_found_in_few_rounds(bucket: MemoryStore) -> None:
+    # Searches past counted names place their probes a constant factor apart
+    # in position from the start of the key space: the end is bracketed within
+    # a round or two, and the last pages do not trail behind.
+    names = [f"img/{i:06d}.jpg" for i in range(20_000)]
+    seed(bucket, names)
+    counting = RoundCountingStore(bucket, latency=0.01)
+    assert names_of(listing(counting, "img/", replace(QUIET, page_size=200))) == names
+    assert max(counting.rounds) <= 5, sorted(collections.Counter(counting.rounds).items())
+    assert counting.calls <= 1.3 * (len(names) // 200 + 1)
+
+
 def test_names_counted_up_are_told_from_spread_ones() -> None:
     assert counted_up([f"img/{i:06d}.jpg" for i in range(990, 1990)])  # carries included
     assert counted_up([f"log-{1_700_000_000_000 + 37 * i}" for i in range(1000)])  # with gaps

@@ -23,7 +23,9 @@ has answered (the top range, which runs to the end of the prefix, at once):
   then a couple more per page listed. A range whose neighbour came back empty, or starts
   with names far past it, runs an exponential search instead: a probe per
   doubling of the distance, in one round (at least four, else two per page
-  listed), so past the end of the names only a few come back empty.
+  listed), so past the end of the names only a few come back empty. Past
+  counted names the doubling is of the position from the key space's start,
+  where they began, not of the distance from the last name seen.
 
 Names in folders (``train/<class>/<n>.png``) are clusters, whose ends no
 density measured in one folder predicts. Where the store lists one level of
