@@ -5,13 +5,13 @@ from __future__ import annotations
 import pickle
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any, Literal
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from memory_helper import memory_bucket
 from resume_helper import check_resumable
 from torch.utils.data import DataLoader, RandomSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -27,7 +27,7 @@ from torchbucket.datasets import (
 )
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.errors import ConfigError, NotFoundError
-from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
+from torchbucket.storage.memory import MemoryStore
 
 N = 100
 
@@ -38,16 +38,8 @@ def payload(i: int) -> bytes:
 
 @pytest.fixture
 def bucket() -> Iterator[str]:
-    name = f"bs-{uuid.uuid4().hex[:8]}"
-    store = MemoryStore(name)
-
-    async def seed() -> None:
-        for i in range(N):
-            await store.put(f"train/{i:04d}", payload(i))
-
-    runtime.run(seed())
-    yield name
-    delete_memory_bucket(name)
+    with memory_bucket("bs", ((f"train/{i:04d}", payload(i)) for i in range(N))) as name:
+        yield name
 
 
 class Recording(MemoryStore):

@@ -6,7 +6,6 @@ import asyncio
 import gc
 import io
 import threading
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from memory_helper import memory_bucket
 
 from torchbucket import runtime
 from torchbucket.checkpoint import (
@@ -33,7 +33,6 @@ from torchbucket.errors import (
     TransientError,
 )
 from torchbucket.storage import MemoryStore, ObjectInfo, Part
-from torchbucket.storage.memory import delete_memory_bucket
 
 PART = 64 * 1024
 TINY = CheckpointConfig(part_size=PART, min_part_size=1, max_parts_in_flight=3)
@@ -41,9 +40,8 @@ TINY = CheckpointConfig(part_size=PART, min_part_size=1, max_parts_in_flight=3)
 
 @pytest.fixture
 def bucket() -> Any:
-    name = f"ckpt-{uuid.uuid4().hex[:8]}"
-    yield name
-    delete_memory_bucket(name)
+    with memory_bucket("ckpt") as name:
+        yield name
 
 
 def state_dict(scale: int = 1) -> dict[str, Any]:

@@ -5,26 +5,24 @@ from __future__ import annotations
 
 import io
 import random
-import uuid
 from collections.abc import Iterator
 
 import pytest
 import torch
+from memory_helper import memory_bucket
 
 from torchbucket import runtime
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.checkpoint._reader import MemoryFile, allocate, prefault
 from torchbucket.storage import MemoryStore
-from torchbucket.storage.memory import delete_memory_bucket
 
 MiB = 1 << 20
 
 
 @pytest.fixture
 def bucket() -> Iterator[str]:
-    name = f"ckpt-{uuid.uuid4().hex[:8]}"
-    yield name
-    delete_memory_bucket(name)
+    with memory_bucket("ckpt") as name:
+        yield name
 
 
 @pytest.mark.parametrize("size", [0, 1, 4096, MiB, 3 * MiB + 5, 64 * MiB - 1, 64 * MiB + 5])

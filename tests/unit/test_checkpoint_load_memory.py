@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import io
 import threading
-import uuid
 import zipfile
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -13,12 +12,12 @@ from typing import Any
 import psutil
 import pytest
 import torch
+from memory_helper import memory_bucket
 
 from torchbucket import runtime
 from torchbucket.checkpoint import BucketCheckpoint
 from torchbucket.checkpoint._consumed import record_ranges, supported
 from torchbucket.storage import MemoryStore
-from torchbucket.storage.memory import delete_memory_bucket
 
 MiB = 1 << 20
 
@@ -27,9 +26,8 @@ linux_only = pytest.mark.skipif(not supported(), reason="pages are given back on
 
 @pytest.fixture
 def bucket() -> Iterator[str]:
-    name = f"ckpt-{uuid.uuid4().hex[:8]}"
-    yield name
-    delete_memory_bucket(name)
+    with memory_bucket("ckpt") as name:
+        yield name
 
 
 def state_dict(total: int) -> dict[str, torch.Tensor]:

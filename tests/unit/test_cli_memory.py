@@ -4,29 +4,27 @@ from __future__ import annotations
 
 import argparse
 import os
-import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from memory_helper import memory_bucket
 
 from torchbucket import runtime
 from torchbucket.cli import build_parser, main
 from torchbucket.cli._cleanup import parse_duration
 from torchbucket.cli._common import human_bytes, parse_size
 from torchbucket.storage import MemoryStore
-from torchbucket.storage.memory import delete_memory_bucket
 
 COMMANDS = ["ls", "du", "cp", "cleanup", "bench", "demo"]
 
 
 @pytest.fixture
-def bucket() -> MemoryStore:
-    name = f"cli-{uuid.uuid4().hex[:10]}"
-    store = MemoryStore(name)
-    yield store
-    delete_memory_bucket(name)
+def bucket() -> Iterator[MemoryStore]:
+    with memory_bucket("cli") as name:
+        yield MemoryStore(name)
 
 
 def put(store: MemoryStore, key: str, data: bytes) -> None:

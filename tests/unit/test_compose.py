@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import uuid
 from collections.abc import Sequence
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from memory_helper import memory_bucket
 
 from torchbucket import runtime
 from torchbucket.compose import (
@@ -33,7 +33,7 @@ from torchbucket.errors import (
     TransientError,
 )
 from torchbucket.storage.base import ObjectInfo
-from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
+from torchbucket.storage.memory import MemoryStore
 
 
 class CountingStore(MemoryStore):
@@ -76,9 +76,8 @@ class CountingStore(MemoryStore):
 
 @pytest.fixture
 def bucket() -> str:
-    name = f"compose-{uuid.uuid4().hex[:8]}"
-    yield name
-    delete_memory_bucket(name)
+    with memory_bucket("compose") as name:
+        yield name
 
 
 @pytest.fixture(autouse=True)

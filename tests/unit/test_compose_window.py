@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+from memory_helper import memory_bucket
 
 from torchbucket import runtime
 from torchbucket.compose import ComposeConfig, registry
@@ -25,7 +25,7 @@ from torchbucket.datasets import _fetch as fetch_module
 from torchbucket.datasets._fetch import PrefetchWindow
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.storage.base import ObjectInfo
-from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
+from torchbucket.storage.memory import MemoryStore
 
 N = 1000
 
@@ -36,16 +36,8 @@ def payload(i: int) -> bytes:
 
 @pytest.fixture
 def bucket() -> Iterator[str]:
-    name = f"cw-{uuid.uuid4().hex[:8]}"
-    store = MemoryStore(name)
-
-    async def seed() -> None:
-        for i in range(N):
-            await store.put(f"s/{i:05d}", payload(i))
-
-    runtime.run(seed())
-    yield name
-    delete_memory_bucket(name)
+    with memory_bucket("cw", ((f"s/{i:05d}", payload(i)) for i in range(N))) as name:
+        yield name
 
 
 class HeldCompose(MemoryStore):

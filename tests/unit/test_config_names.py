@@ -13,15 +13,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from memory_helper import memory_bucket
 
-from torchbucket import _checks, runtime
+from torchbucket import _checks
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.compose import plan_groups
 from torchbucket.errors import ConfigError
 from torchbucket.listing import ListingConfig, list_objects
-from torchbucket.storage import MemoryStore
 from torchbucket.storage.gcs import GCSConfig
-from torchbucket.storage.memory import delete_memory_bucket
 from torchbucket.storage.ranges import split_ranges
 
 GCS = GCSConfig(endpoint="http://127.0.0.1:1")
@@ -35,12 +34,8 @@ def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def bucket() -> Iterator[str]:
-    name = "config-names"
-    store = MemoryStore(name)
-    runtime.run(store.put("d/a", b"a" * 10))
-    runtime.run(store.put("d/b", b"b" * 20))
-    yield name
-    delete_memory_bucket(name)
+    with memory_bucket("config-names", [("d/a", b"a" * 10), ("d/b", b"b" * 20)]) as name:
+        yield name
 
 
 def _calls(

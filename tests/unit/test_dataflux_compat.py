@@ -6,12 +6,12 @@ import logging
 import pickle
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from memory_helper import memory_bucket
 from torch.utils.data import DataLoader
 
 from torchbucket import dataflux, runtime
@@ -28,24 +28,18 @@ from torchbucket.dataflux._common import retry_config
 from torchbucket.dataflux.multipart_upload import multipart
 from torchbucket.datasets import BucketIterableDataset, BucketMapDataset
 from torchbucket.errors import ConfigError, NotFoundError
-from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
+from torchbucket.storage.memory import MemoryStore
 
 N = 40
 
 
 @pytest.fixture
 def bucket() -> Iterator[str]:
-    name = f"df-{uuid.uuid4().hex[:8]}"
-    store = MemoryStore(name)
-
-    async def seed() -> None:
-        for i in range(N):
-            await store.put(f"train/{i:03d}", f"img-{i}".encode())
-        await store.put("val/0", b"validation")
-
-    runtime.run(seed())
-    yield name
-    delete_memory_bucket(name)
+    with memory_bucket(
+        "df",
+        [*((f"train/{i:03d}", f"img-{i}".encode()) for i in range(N)), ("val/0", b"validation")],
+    ) as name:
+        yield name
 
 
 def put(bucket: str, name: str, data: bytes) -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import traceback
-import uuid
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+from memory_helper import memory_bucket
 from resume_helper import check_resumable
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -20,7 +20,7 @@ from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig
 from torchbucket.datasets import BucketIterableDataset, FetchConfig, ShardingConfig
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.errors import ConfigError, NotFoundError
-from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
+from torchbucket.storage.memory import MemoryStore
 
 N = 90
 
@@ -31,16 +31,8 @@ def payload(i: int) -> bytes:
 
 @pytest.fixture
 def bucket() -> Iterator[str]:
-    name = f"it-{uuid.uuid4().hex[:8]}"
-    store = MemoryStore(name)
-
-    async def seed() -> None:
-        for i in range(N):
-            await store.put(f"train/{i:04d}", payload(i))
-
-    runtime.run(seed())
-    yield name
-    delete_memory_bucket(name)
+    with memory_bucket("it", ((f"train/{i:04d}", payload(i)) for i in range(N))) as name:
+        yield name
 
 
 def _composites(bucket: str) -> list[str]:
@@ -368,16 +360,9 @@ def test_waiting_fetchers_hold_no_bytes_outside_the_window() -> None:
     import time
     import tracemalloc
 
-    name = f"hold-{uuid.uuid4().hex[:8]}"
-    store = MemoryStore(name)
     size, count = 64 * 1024, 1024
-
-    async def seed() -> None:
-        for i in range(count):
-            await store.put(f"h/{i:04d}", bytes([i % 256]) * size)
-
-    runtime.run(seed())
-    try:
+    objects = ((f"h/{i:04d}", bytes([i % 256]) * size) for i in range(count))
+    with memory_bucket("hold", objects) as name:
         ds = BucketIterableDataset.from_prefix(
             f"memory://{name}/h/",
             fetch=FetchConfig(prefetch=64, prefetch_bytes=2 << 20),
@@ -396,5 +381,3 @@ def test_waiting_fetchers_hold_no_bytes_outside_the_window() -> None:
         # The window (2 MiB), the groups in flight (8 x 512 KiB, each
         # composed and read once) and the pool; not 64 fetchers x 512 KiB.
         assert peak < 12 << 20, f"peak {peak / 2**20:.1f} MiB"
-    finally:
-        delete_memory_bucket(name)

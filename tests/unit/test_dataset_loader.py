@@ -4,18 +4,16 @@ pin_memory, and memory that stays flat over epochs."""
 from __future__ import annotations
 
 import gc
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
+from memory_helper import memory_bucket
 from torch.utils.data import DataLoader
 
-from torchbucket import runtime
 from torchbucket.datasets import BucketIterableDataset, BucketMapDataset, FetchConfig
-from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
 
 N = 150
 
@@ -87,16 +85,10 @@ def _rss() -> int:
 
 @pytest.fixture
 def big_bucket() -> Iterator[str]:
-    name = f"rss-{uuid.uuid4().hex[:8]}"
-    store = MemoryStore(name)
-
-    async def seed() -> None:
-        for i in range(200):
-            await store.put(f"x/{i:04d}", bytes([i % 256]) * (64 * 1024))
-
-    runtime.run(seed())
-    yield name
-    delete_memory_bucket(name)
+    with memory_bucket(
+        "rss", ((f"x/{i:04d}", bytes([i % 256]) * (64 * 1024)) for i in range(200))
+    ) as name:
+        yield name
 
 
 def test_memory_stays_flat_over_epochs(big_bucket: str) -> None:

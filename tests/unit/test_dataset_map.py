@@ -5,11 +5,11 @@ from __future__ import annotations
 import pickle
 import re
 import traceback
-import uuid
 from collections.abc import Iterator
 
 import pytest
 import torch
+from memory_helper import memory_bucket
 from torch.utils.data import DataLoader, DistributedSampler
 
 from torchbucket import runtime
@@ -18,7 +18,7 @@ from torchbucket.datasets import BucketMapDataset
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.errors import ConfigError, InvalidURIError, NotFoundError
 from torchbucket.storage.base import ObjectInfo
-from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
+from torchbucket.storage.memory import MemoryStore
 
 N = 120
 
@@ -29,17 +29,14 @@ def payload(i: int) -> bytes:
 
 @pytest.fixture
 def bucket() -> Iterator[str]:
-    name = f"map-{uuid.uuid4().hex[:8]}"
-    store = MemoryStore(name)
-
-    async def seed() -> None:
-        for i in range(N):
-            await store.put(f"train/{i:04d}.bin", payload(i))
-        await store.put("other/x.bin", b"not in the prefix")
-
-    runtime.run(seed())
-    yield name
-    delete_memory_bucket(name)
+    with memory_bucket(
+        "map",
+        [
+            *((f"train/{i:04d}.bin", payload(i)) for i in range(N)),
+            ("other/x.bin", b"not in the prefix"),
+        ],
+    ) as name:
+        yield name
 
 
 class GetCounter(MemoryStore):
@@ -111,9 +108,7 @@ def test_empty_prefix_is_not_found_naming_the_uri(bucket: str) -> None:
 
 
 def test_from_objects_keeps_order_across_buckets(bucket: str) -> None:
-    other = f"map-{uuid.uuid4().hex[:8]}"
-    runtime.run(MemoryStore(other).put("a", b"from the other bucket"))
-    try:
+    with memory_bucket("map", [("a", b"from the other bucket")]) as other:
         ds = BucketMapDataset.from_objects(
             [
                 f"memory://{bucket}/train/0003.bin",
@@ -123,8 +118,6 @@ def test_from_objects_keeps_order_across_buckets(bucket: str) -> None:
         )
         assert ds.__getitems__([0, 1, 2]) == [payload(3), b"from the other bucket", payload(1)]
         assert ds[1] == b"from the other bucket"
-    finally:
-        delete_memory_bucket(other)
     with pytest.raises(ConfigError):
         BucketMapDataset.from_objects([])
     with pytest.raises(NotFoundError, match="nope"):

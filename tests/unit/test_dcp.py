@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from hypothesis import given
 from hypothesis import strategies as st
+from memory_helper import memory_bucket
 from torch.distributed.checkpoint.api import CheckpointException
 
 from torchbucket import runtime
@@ -19,7 +19,6 @@ from torchbucket.checkpoint import CheckpointConfig
 from torchbucket.dcp import BucketStorageReader, BucketStorageWriter, merge_ranges
 from torchbucket.errors import ConfigError, NotFoundError, StorageError
 from torchbucket.storage import MemoryStore
-from torchbucket.storage.memory import delete_memory_bucket
 
 # Single-process DCP warns that it assumes a single process: it is meant here.
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -29,9 +28,8 @@ SMALL = CheckpointConfig(part_size=32 * 1024, min_part_size=1, read_chunk_size=1
 
 @pytest.fixture
 def bucket() -> Any:
-    name = f"dcp-{uuid.uuid4().hex[:8]}"
-    yield name
-    delete_memory_bucket(name)
+    with memory_bucket("dcp") as name:
+        yield name
 
 
 def model_state(seed: int) -> dict[str, Any]:

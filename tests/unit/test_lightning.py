@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from memory_helper import memory_bucket
 from torch.utils.data import DataLoader, TensorDataset
 
 from torchbucket import runtime
@@ -16,7 +16,6 @@ from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.errors import NotFoundError, TransientError
 from torchbucket.lightning import AsyncBucketCheckpointIO, BucketCheckpointIO
 from torchbucket.storage import MemoryStore
-from torchbucket.storage.memory import delete_memory_bucket
 
 # Lightning 2.6 uses a torch.utils._pytree name that torch 2.13 deprecates.
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
@@ -67,9 +66,8 @@ def trainer(plugin: Any, dirpath: str, tmp_path: Any, epochs: int) -> L.Trainer:
 
 @pytest.fixture
 def bucket() -> Any:
-    name = f"light-{uuid.uuid4().hex[:8]}"
-    yield name
-    delete_memory_bucket(name)
+    with memory_bucket("light") as name:
+        yield name
 
 
 def names(bucket: str) -> list[str]:

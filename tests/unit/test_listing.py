@@ -8,13 +8,14 @@ import io
 import logging
 import random
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from memory_helper import memory_bucket
 
 from torchbucket import runtime
 from torchbucket.errors import (
@@ -27,7 +28,7 @@ from torchbucket.errors import (
 from torchbucket.listing import ListingConfig, ListingStats, alist_objects, list_objects
 from torchbucket.listing._ranges import _AHEAD_PIECES, Planner, Range, counted_up
 from torchbucket.storage.base import ListPage, ObjectInfo
-from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
+from torchbucket.storage.memory import MemoryStore
 
 QUIET = ListingConfig(progress=False)
 
@@ -101,10 +102,9 @@ def _no_repairs() -> Iterable[None]:
 
 
 @pytest.fixture
-def bucket() -> Iterable[MemoryStore]:
-    name = f"listing-{uuid.uuid4().hex[:8]}"
-    yield MemoryStore(name)
-    delete_memory_bucket(name)
+def bucket() -> Iterator[MemoryStore]:
+    with memory_bucket("listing") as name:
+        yield MemoryStore(name)
 
 
 def seed(store: MemoryStore, names: Iterable[str]) -> None:
@@ -529,16 +529,12 @@ def test_property_folder_listing_equals_sequential(
 ) -> None:
     # Folders of any size with names directly under the prefix between them
     # (``p/a.x`` sorts between ``p/a/...`` and ``p/a0/...``'s neighbours).
-    bucket_name = f"prop-{uuid.uuid4().hex[:8]}"
-    store = MemoryStore(bucket_name)
-    try:
-        names = {f"p/{f}/{i:02d}" for f, n in folders.items() for i in range(n)}
-        names |= {f"p/{n}" for n in loose}
-        seed(store, names)
+    names = {f"p/{f}/{i:02d}" for f, n in folders.items() for i in range(n)}
+    names |= {f"p/{n}" for n in loose}
+    with memory_bucket("prop", ((n, b"x") for n in names)) as bucket_name:
+        store = MemoryStore(bucket_name)
         config = ListingConfig(progress=False, page_size=page_size, parallelism=parallelism)
         assert names_of(listing(FolderCountingStore(store), "p/", config)) == sorted(names)
-    finally:
-        delete_memory_bucket(bucket_name)
 
 
 @settings(
@@ -555,15 +551,10 @@ def test_property_folder_listing_equals_sequential(
 def test_property_parallel_equals_sequential(
     names: set[str], prefix: str, page_size: int, parallelism: int
 ) -> None:
-    bucket_name = f"prop-{uuid.uuid4().hex[:8]}"
-    store = MemoryStore(bucket_name)
-    try:
-        seed(store, {prefix + n for n in names})
+    with memory_bucket("prop", ((prefix + n, b"x") for n in names)) as bucket_name:
         expected = sorted(prefix + n for n in names if not (prefix + n).endswith("/"))
         config = ListingConfig(progress=False, page_size=page_size, parallelism=parallelism)
-        assert names_of(listing(store, prefix, config)) == expected
-    finally:
-        delete_memory_bucket(bucket_name)
+        assert names_of(listing(MemoryStore(bucket_name), prefix, config)) == expected
 
 
 # -- progress -------------------------------------------------------------------

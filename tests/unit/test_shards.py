@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import tarfile
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from memory_helper import memory_bucket
 from resume_helper import check_resumable
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -26,7 +27,7 @@ from torchbucket.shards import (
     ShardReadConfig,
     pack,
 )
-from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
+from torchbucket.storage.memory import MemoryStore
 
 KEYS = 60
 
@@ -41,17 +42,10 @@ def image(i: int) -> bytes:
 
 @pytest.fixture
 def bucket() -> Iterator[str]:
-    name = f"sh-{uuid.uuid4().hex[:8]}"
-    store = MemoryStore(name)
-
-    async def seed() -> None:
-        for i in range(KEYS):
-            await store.put(f"raw/{i:04d}.jpg", image(i))
-            await store.put(f"raw/{i:04d}.txt", text(i))
-
-    runtime.run(seed())
-    yield name
-    delete_memory_bucket(name)
+    jpgs = ((f"raw/{i:04d}.jpg", image(i)) for i in range(KEYS))
+    texts = ((f"raw/{i:04d}.txt", text(i)) for i in range(KEYS))
+    with memory_bucket("sh", itertools.chain(jpgs, texts)) as name:
+        yield name
 
 
 def _get(bucket: str, key: str) -> bytes:

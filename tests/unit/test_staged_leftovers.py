@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from memory_helper import memory_bucket
 
 from torchbucket import runtime
 from torchbucket.checkpoint.staged_names import is_staging_name, staging_key
 from torchbucket.cli import main
 from torchbucket.storage import MemoryStore
 from torchbucket.storage.gcs._objects import rfc3339_seconds
-from torchbucket.storage.memory import delete_memory_bucket
 
 _SEGMENT = st.text(st.characters(blacklist_characters="/\x00"), min_size=1, max_size=20)
 
@@ -60,9 +59,8 @@ def test_rfc3339_times(text: str, seconds: float | None) -> None:
 
 @pytest.fixture
 def bucket() -> Iterator[MemoryStore]:
-    name = f"staged-{uuid.uuid4().hex[:10]}"
-    yield MemoryStore(name)
-    delete_memory_bucket(name)
+    with memory_bucket("staged") as name:
+        yield MemoryStore(name)
 
 
 def test_a_store_that_cannot_tell_an_age_keeps_staged_objects_under_older_than(

@@ -11,31 +11,21 @@ from __future__ import annotations
 import itertools
 import logging
 import re
-import uuid
 from collections.abc import Iterator
 
 import pytest
+from memory_helper import memory_bucket
 
-from torchbucket import runtime
 from torchbucket.compose import ComposeConfig
 from torchbucket.datasets import BucketIterableDataset
-from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
 
 N = 300
 
 
 @pytest.fixture
 def bucket() -> Iterator[str]:
-    name = f"tl-{uuid.uuid4().hex[:8]}"
-    store = MemoryStore(name)
-
-    async def seed() -> None:
-        for i in range(N):
-            await store.put(f"s/{i:05d}", f"t-{i:05d}".encode())
-
-    runtime.run(seed())
-    yield name
-    delete_memory_bucket(name)
+    with memory_bucket("tl", ((f"s/{i:05d}", f"t-{i:05d}".encode()) for i in range(N))) as name:
+        yield name
 
 
 def _epoch(bucket: str) -> list[bytes]:
