@@ -283,17 +283,32 @@ def test_names_counted_up_are_told_from_spread_ones() -> None:
     assert not counted_up(["a", "b"])  # too few to tell
 
 
-def test_names_spread_at_first_and_packed_after_cost_a_bounded_guess(
+def test_names_spread_under_a_stem_get_no_pieces_guessed_past_the_first_page(
     bucket: MemoryStore,
 ) -> None:
-    # One day of hashed names under a date: the first page looks spread over
-    # every date, so pieces past it are guessed; the guess is bounded.
+    # Hashed names under one date: the first page shares "d/20240101_" beyond
+    # the prefix, and its density held over the key space after "d/" makes
+    # billions of pages. Pieces past it would come back empty (3 + the
+    # pieces, with the guess); without them: the first page, its
+    # continuation, the far probe and one search probe.
     names = sorted(f"d/20240101_{_hashed(i)}" for i in range(1500))
     seed(bucket, names)
     counting = CountingStore(bucket, latency=0.001)
     assert names_of(listing(counting, "d/")) == names
-    # The first page, its continuation, the far probe, the pieces guessed.
-    assert counting.calls <= 3 + _AHEAD_PIECES
+    assert counting.calls <= 4
+
+
+def test_names_spread_over_the_key_space_get_pieces_past_the_first_page(
+    bucket: MemoryStore,
+) -> None:
+    # 50 pages of hashes: the far probe and _AHEAD_PIECES pieces right past
+    # the first page go out together after it, in the second round.
+    names = sorted(f"d/{_hashed(i)}" for i in range(50_000))
+    seed(bucket, names)
+    counting = RoundCountingStore(bucket, latency=0.01)
+    assert names_of(listing(counting, "d/")) == names
+    assert collections.Counter(counting.rounds)[2] >= _AHEAD_PIECES + 1
+    assert counting.calls <= 1.3 * 50
 
 
 def test_names_that_stop_and_resume_far_on(bucket: MemoryStore) -> None:

@@ -19,7 +19,9 @@ has answered (the top range, which runs to the end of the prefix, at once):
   After the first page that is, for names counted up (``img/000000.jpg``...),
   one probe midway (geometrically) between it and the far one (a prefix of
   two pages costs four requests) and, for names spread thinly over the key
-  space (hashes), up to 16 pieces of a page each right past the first page;
+  space (hashes), up to 32 pieces of a page each right past the first page
+  (none where the names are packed under a stem: their density would make
+  more than a billion objects);
   then a couple more per page listed. A range whose neighbour came back empty, or starts
   with names far past it, runs an exponential search instead: a probe per
   doubling of the distance, in one round (at least four, else two per page
