@@ -363,6 +363,31 @@ def test_an_image_folder_costs_few_requests(bucket: MemoryStore, folders: bool) 
     assert stats.ranges > 6  # still parallel: every folder listed apart
 
 
+@pytest.mark.parametrize("hashed", [False, True], ids=["sequential", "hashed"])
+def test_a_prefix_holding_one_folder_lists_as_the_folder_does(
+    bucket: MemoryStore, hashed: bool
+) -> None:
+    # Names under one date (``d/2024-01-01/...`` listed from ``d/``): the
+    # first page lies in the folder, which goes on where the page ends, is
+    # listed on first, and is planned from that page as its own prefix would
+    # be. It once waited for two more pages of its own (the rule for folders,
+    # most of which end within two) and fanned out rounds later (100k
+    # hashed names: round 6, not 3; counted: 11 rounds, not 6).
+    names = sorted(
+        f"d/2024-01-01/{_hashed(i) if hashed else f'{i:06d}'}.jpg" for i in range(20_000)
+    )
+    seed(bucket, names)
+    config = replace(QUIET, page_size=200)
+    direct = RoundCountingStore(bucket, latency=0.005)
+    assert names_of(listing(direct, "d/2024-01-01/", config)) == names
+    parent = FolderCountingStore(bucket, latency=0.005)
+    rounds = RoundCountingStore(parent)
+    assert names_of(listing(rounds, "d/", config)) == names
+    assert parent.folder_calls == 1
+    assert max(rounds.rounds) <= max(direct.rounds), (rounds.rounds, direct.rounds)
+    assert rounds.calls <= direct.calls + 2
+
+
 def test_imagenet_layout_lists_folder_by_folder(bucket: MemoryStore) -> None:
     # ImageNet's layout: a folder per class, the class repeated in each name.
     # Listed as key ranges alone, these 100 pages once cost 1,276 requests.

@@ -139,6 +139,10 @@ class Range:
     # The first name past its end that it was last checked against while its
     # first page was in flight (see Planner.plan).
     early_memo: str | None = None
+    # A folder that holds the whole of the job's first page (``d/<date>/``
+    # under ``d/``): planned as a prefix is after its first page, not held
+    # back until two pages as folders are (most end within two).
+    leads: bool = False
 
 
 class Planner:
@@ -197,9 +201,14 @@ class Planner:
 
     # -- names ------------------------------------------------------------------
 
-    def take(self, r: Range, objects: list[ObjectInfo]) -> bool:
-        """Keep the page's names that belong to ``r``; whether it ran past its end."""
-        self.listed += len(objects)
+    def take(self, r: Range, objects: list[ObjectInfo], *, counted: bool = False) -> bool:
+        """Keep the page's names that belong to ``r``; whether it ran past its end.
+
+        ``counted``: names already taken by another range (the job's first
+        page, handed on to the folder it lies in): not counted again.
+        """
+        if not counted:
+            self.listed += len(objects)
         if not objects:
             return False
         end, cursor = r.end, r.cursor
@@ -229,7 +238,7 @@ class Planner:
             self.columns[r.prefix].update(
                 [o.name[cut:] for o in kept[::step]] + [kept[-1].name[cut:]]
             )
-            if self.on_page is not None:
+            if self.on_page is not None and not counted:
                 self.on_page(len(kept))
         return past_end
 
@@ -426,7 +435,7 @@ class Planner:
             if r.first == r.cursor:
                 continue
             if r.end is None:
-                if r.prefix != self.prefix and len(r.objects) < 2 * self.page_size:
+                if r.prefix != self.prefix and not r.leads and len(r.objects) < 2 * self.page_size:
                     continue  # most folders end within two pages: no probe yet
                 if r.memo != (None, r.cursor):
                     r.memo = (None, r.cursor)
