@@ -75,8 +75,11 @@ def object_names(distribution: str, count: int) -> list[str]:
             f"{PREFIX}n{i // FOLDER_SIZE:08d}/n{i // FOLDER_SIZE:08d}_{i % FOLDER_SIZE}.JPEG"
             for i in range(count)
         ]
+    # "dated": hashed names in one folder under the prefix (a day's partition);
+    # not in DISTRIBUTIONS, for listing_timeline.py --distributions dated.
+    stem = f"{PREFIX}2024-01-01/" if distribution == "dated" else PREFIX
     return [
-        f"{PREFIX}{hashlib.blake2b(str(i).encode(), digest_size=8).hexdigest()}.jpg"
+        f"{stem}{hashlib.blake2b(str(i).encode(), digest_size=8).hexdigest()}.jpg"
         for i in range(count)
     ]
 
