@@ -139,9 +139,10 @@ class Range:
     # The first name past its end that it was last checked against while its
     # first page was in flight (see Planner.plan).
     early_memo: str | None = None
-    # A folder that holds the whole of the job's first page (``d/<date>/``
-    # under ``d/``): planned as a prefix is after its first page, not held
-    # back until two pages as folders are (most end within two).
+    # The only folder under the job's prefix, holding the whole of its first
+    # page (``d/<date>/`` under ``d/``): planned as its own prefix would be
+    # after that page, not held back until two pages of its own as folders
+    # are (most end within two).
     leads: bool = False
 
 
