@@ -299,7 +299,7 @@ class _Job:
             lead, stem = folders[0], folders[0].start or ""
             own = [o for o in first_page if o.name.startswith(stem)]
             root.objects = [o for o in root.objects if not o.name.startswith(stem)]
-            self.plan.take(lead, own, counted=True)
+            self.plan.take(lead, own, taken_before=True)
             lead.leads = len(folders) == 1 and len(own) >= self.page_size
         # Names directly under the prefix came whole with the folders.
         rest = [

@@ -202,13 +202,13 @@ class Planner:
 
     # -- names ------------------------------------------------------------------
 
-    def take(self, r: Range, objects: list[ObjectInfo], *, counted: bool = False) -> bool:
+    def take(self, r: Range, objects: list[ObjectInfo], *, taken_before: bool = False) -> bool:
         """Keep the page's names that belong to ``r``; whether it ran past its end.
 
-        ``counted``: names already taken by another range (the job's first
+        ``taken_before``: names already taken by another range (the job's first
         page, handed on to the folder it lies in): not counted again.
         """
-        if not counted:
+        if not taken_before:
             self.listed += len(objects)
         if not objects:
             return False
@@ -239,7 +239,7 @@ class Planner:
             self.columns[r.prefix].update(
                 [o.name[cut:] for o in kept[::step]] + [kept[-1].name[cut:]]
             )
-            if self.on_page is not None and not counted:
+            if self.on_page is not None and not taken_before:
                 self.on_page(len(kept))
         return past_end
 
