@@ -8,7 +8,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from torchbucket.storage.gcs import GCSConfig
 # The shared resume check lives with the unit tests.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "unit"))
 from resume_helper import check_resumable
+from wait_helper import wait_for
 
 pytestmark = pytest.mark.emulator
 
@@ -64,15 +64,6 @@ def _dataset(emulator: Emulator, bucket: str, **kwargs: Any) -> BucketMapDataset
 
 def _gets(emulator: Emulator) -> int:
     return int(emulator.stats()["by_op"].get("get", 0))
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.mark.parametrize(
@@ -120,7 +111,7 @@ def test_reads_ahead_of_the_batch_asked_for_over_http(emulator: Emulator, bucket
     before = _gets(emulator)
     assert ds.__getitems__(batches[0]) == [payload(i) for i in batches[0]]
     # Nothing else asked for: the next batches are read anyway, up to the bound.
-    assert _wait_for(lambda: _gets(emulator) - before > 8 + 8)
+    assert wait_for(lambda: _gets(emulator) - before > 8 + 8)
     time.sleep(0.3)
     # The window: 4 x prefetch objects beyond those handed over, which are
     # taken from it a chunk (prefetch // 4) at a time.

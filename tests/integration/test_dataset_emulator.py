@@ -8,10 +8,11 @@ import gc
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +26,10 @@ from torchbucket.datasets import BucketIterableDataset, BucketMapDataset, FetchC
 from torchbucket.emulator import Emulator
 from torchbucket.errors import ConfigError, NotFoundError
 from torchbucket.storage.gcs import GCSConfig, GCSStore
+
+# Shared test helpers live with the unit tests.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "unit"))
+from wait_helper import wait_for
 
 pytestmark = pytest.mark.emulator
 
@@ -126,15 +131,6 @@ def test_object_rewritten_after_listing_raises_over_http(emulator: Emulator, buc
     assert emulator.object_names(bucket, COMPOSITE_PREFIX) == []
 
 
-def _wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_worker_killed_mid_epoch_leaves_composites_that_cleanup_removes(
     emulator: Emulator, bucket: str
 ) -> None:
@@ -158,7 +154,7 @@ def test_worker_killed_mid_epoch_leaves_composites_that_cleanup_removes(
 
     thread = threading.Thread(target=consume, daemon=True)
     thread.start()
-    assert _wait_for(lambda: bool(emulator.object_names(bucket, COMPOSITE_PREFIX)))
+    assert wait_for(lambda: bool(emulator.object_names(bucket, COMPOSITE_PREFIX)))
     worker_pid = iterator._workers[0].pid  # type: ignore[attr-defined]
     # The DataLoader's SIGCHLD handler reports the death in the main thread.
     with pytest.raises(RuntimeError, match="killed by signal"):

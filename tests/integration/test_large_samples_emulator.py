@@ -7,10 +7,12 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -30,6 +32,10 @@ from torchbucket.datasets import (
 from torchbucket.emulator import Emulator
 from torchbucket.errors import IntegrityError
 from torchbucket.storage.gcs import GCSConfig
+
+# Shared test helpers live with the unit tests.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "unit"))
+from wait_helper import wait_for
 
 pytestmark = pytest.mark.emulator
 
@@ -306,15 +312,6 @@ def _shm_fds(pid: int) -> list[str]:
     return out
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def _unchanged_for(value: Callable[[], list[str]], seconds: float) -> Callable[[], bool]:
     """A condition that holds once ``value()`` has not changed for ``seconds``."""
     seen: list[Any] = [None, 0.0]
@@ -369,13 +366,13 @@ def test_worker_killed_mid_epoch_leaves_nothing_in_dev_shm(emulator: Emulator) -
     def undeleted() -> list[str]:
         return [t for t in own() if not t.endswith("(deleted)")]
 
-    assert _wait_for(lambda: len(own()) >= 8)
+    assert wait_for(lambda: len(own()) >= 8)
     # Kill it once it has stopped making segments: torch names a segment in
     # /dev/shm and unlinks it a moment later (shm_open, ftruncate, mmap,
     # shm_unlink), and a SIGKILL inside that moment leaves the name behind,
     # which no code of a dataset can prevent (a clean-clone CI run killed the
     # worker while its window's first segments were still being made).
-    assert _wait_for(_unchanged_for(own, seconds=0.5)), own()
+    assert wait_for(_unchanged_for(own, seconds=0.5)), own()
     assert not undeleted(), undeleted()
     with pytest.raises(RuntimeError, match="killed by signal"):
         os.kill(worker_pid, signal.SIGKILL)
