@@ -14,6 +14,7 @@ from memory_helper import memory_bucket
 from resume_helper import check_resumable
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
+from wait_helper import wait_for
 
 from torchbucket import runtime
 from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig
@@ -172,8 +173,11 @@ def test_object_rewritten_after_listing_raises_when_reached(bucket: str) -> None
     with pytest.raises(NotFoundError, match="since it was listed"):
         next(it)
     assert next(it) == payload(11)
-    # Mid-epoch, only the window's anchor is there; nothing once the epoch ends.
-    assert [n for n in _composites(bucket) if not n.endswith(".anchor")] == []
+    # Mid-epoch, only the window's anchor stays: the failed group left no
+    # composite, and those of the groups read ahead go as each is read (the
+    # window reads the rest of this small epoch ahead of the consumer; on a
+    # loaded machine some may still be in flight when this looks).
+    assert wait_for(lambda: [n for n in _composites(bucket) if not n.endswith(".anchor")] == [])
     assert list(it) == [payload(i) for i in range(12, N)]
     assert _composites(bucket) == []
 
