@@ -36,7 +36,11 @@ client CPU time (the worst shape; near 1, no round trip left unhidden);
 ``fanout_s_torchbucket_100k`` is when it first had ``FANOUT_IN_FLIGHT``
 requests in flight (the round trips before that find where the names are, the
 client idle meanwhile) and ``wall_after_fanout_over_cpu_torchbucket_100k`` the
-time after that over the client's CPU (both the worst shape). The folders get their own: ``speedup_vs_dataflux_folders_100k``,
+time after that over the client's CPU (both the worst shape);
+``wall_over_cpu_floor_torchbucket_100k`` is the least wall over CPU a listing
+that cuts only after seeing a page could reach (its CPU plus the idle until a
+request sent on the first page's answer answers: ``idle_floor``), on the shape
+where that floor is highest. The folders get their own: ``speedup_vs_dataflux_folders_100k``,
 ``speedup_vs_sequential_folders_100k`` and ``list_calls_torchbucket_folders_100k``.
 
 Run with a JSON spec as its only argument, this file is the contender itself
@@ -109,6 +113,29 @@ def fanout_s(spans: list[tuple[float, float]], t0: float) -> float:
     return float("nan")
 
 
+def idle_floor(spans: list[tuple[float, float, float]], t0: float, c0: float) -> float:
+    """Idle that no listing waiting for its first page could hide, in seconds.
+
+    ``spans`` are the requests' (sent, answered, client CPU when answered)
+    times, from ``time.perf_counter`` and ``time.process_time``; ``t0`` and
+    ``c0`` those clocks when the listing began. Before the first page nothing
+    is known of the names, and a request sent on its answer (the earliest any
+    cut can go out) answers a round trip later: until then the client has the
+    first page only to work on. Its idle up to that answer is the floor; only
+    requests sent blind, before any page is seen, could fill it. 0 when no
+    request went out after the first page.
+    """
+    ordered = sorted(spans)
+    if not ordered:
+        return 0.0
+    first_answer = ordered[0][1]
+    later = [s for s in ordered[1:] if s[0] >= first_answer]
+    if not later:
+        return 0.0
+    _, answered, cpu_at = min(later, key=lambda s: s[1])
+    return max(0.0, (answered - t0) - (cpu_at - c0))
+
+
 def _contender_torchbucket(spec: dict[str, Any]) -> tuple[Any, list[str]]:
     import time
 
@@ -118,9 +145,10 @@ def _contender_torchbucket(spec: dict[str, Any]) -> tuple[Any, list[str]]:
 
     store = GCSStore(spec["bucket"], config=GCSConfig(endpoint=spec["endpoint"], anonymous=True))
     config = ListingConfig(progress=False, **spec.get("options", {}))
-    # Each page request's (sent, answered) times: when the listing fanned out,
-    # i.e. how long the round trips that find where the names are took.
-    spans: list[tuple[float, float]] = []
+    # Each page request's (sent, answered, client CPU then) times: when the
+    # listing fanned out, i.e. how long the round trips that find where the
+    # names are took, and the idle no cut could hide (idle_floor).
+    spans: list[tuple[float, float, float]] = []
 
     def timed(call: Any) -> Any:
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -128,17 +156,18 @@ def _contender_torchbucket(spec: dict[str, Any]) -> tuple[Any, list[str]]:
             try:
                 return await call(*args, **kwargs)
             finally:
-                spans.append((sent, time.perf_counter()))
+                spans.append((sent, time.perf_counter(), time.process_time()))
 
         return wrapper
 
     store.list_page = timed(store.list_page)  # type: ignore[method-assign]
     store.list_folder = timed(store.list_folder)  # type: ignore[method-assign]
     with _phase(spec) as phase:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         objects = runtime.run(alist_objects(store, spec["prefix"], config=config))
     runtime.run(store.close())
-    _EXTRA["fanout_s"] = fanout_s(spans, t0)
+    _EXTRA["fanout_s"] = fanout_s([(s, e) for s, e, _ in spans], t0)
+    _EXTRA["idle_floor_s"] = idle_floor(spans, t0, c0)
     return phase, [o.name for o in objects]
 
 
@@ -317,6 +346,7 @@ def main() -> None:
                     "cpu_s": med.get("data.cpu_s", float("nan")),
                     "server_cpu_s": med.get("data.server.cpu_s", float("nan")),
                     "fanout_s": med.get("data.fanout_s", float("nan")),
+                    "idle_floor_s": med.get("data.idle_floor_s", float("nan")),
                 }
             )
     h.print_table(
@@ -331,6 +361,7 @@ def main() -> None:
             ("cpu_s", "client CPU s", ".2f"),
             ("server_cpu_s", "server CPU s", ".2f"),
             ("fanout_s", "fanned out at s", ".3f"),
+            ("idle_floor_s", "idle floor s", ".3f"),
         ],
     )
 
@@ -383,6 +414,17 @@ def main() -> None:
     )
     payload[f"wall_over_cpu_torchbucket_{suffix}"] = worst(
         [h.ratio(wall(c, "torchbucket"), cpu(c, "torchbucket")) for c in every], high=True
+    )
+
+    # The least wall over CPU any listing that cuts after its first page could
+    # have (its CPU plus the idle until a second round answers), on the shape
+    # where that floor is highest.
+    def floor(case: str) -> float:
+        return results.get(case, {}).get("torchbucket", {}).get("data.idle_floor_s", float("nan"))
+
+    payload[f"wall_over_cpu_floor_torchbucket_{suffix}"] = worst(
+        [h.ratio(cpu(c, "torchbucket") + floor(c), cpu(c, "torchbucket")) for c in every],
+        high=True,
     )
 
     # Before the fan-out the client waits on the round trips that find where

@@ -14,7 +14,15 @@ half within minutes, and only interleaved runs compare. ``--timeline`` prints
 the last repeat of each side as 10 ms steps: client and server CPU (from
 ``/proc/<pid>/task/*/schedstat``), requests in flight and answered.
 
+The floor: until a request sent on the first page's answer answers (a round
+trip later), the client has only the first page to work on, so its idle up to
+then is idle that no listing which waits for a page before it cuts can hide
+(``idle floor s``). ``floor wall/CPU`` is the wall over CPU the listing would
+have with no idle but that: how close to 1.25 any adaptive cut could come on
+this machine.
+
 Figures (RESULT): ``idle_s_<side>_<shape>``, ``wall_over_cpu_<side>_<shape>``,
+``idle_floor_s_<side>_<shape>``, ``wall_over_cpu_floor_<side>_<shape>``,
 ``fanout_s_<side>_<shape>`` and ``requests_<side>_<shape>`` (side ``head``,
 and ``base`` with ``--against``), ``idle_saved_s_<shape>`` (base less head),
 and the emulator's CPU per listing (``server_cpu_s_<side>_<shape>``).
@@ -54,15 +62,17 @@ from torchbucket.storage.gcs import GCSConfig, GCSStore
 endpoint, bucket, prefix = sys.argv[1:4]
 store = GCSStore(bucket, config=GCSConfig(endpoint=endpoint, anonymous=True))
 spans = []
-list_page = store.list_page
 
-async def timed(*args, **kwargs):
-    sent = time.perf_counter()
-    page = await list_page(*args, **kwargs)
-    spans.append((sent, time.perf_counter(), len(page.objects)))
-    return page
+def timed(call):
+    async def wrapper(*args, **kwargs):
+        sent = time.perf_counter()
+        page = await call(*args, **kwargs)
+        spans.append((sent, time.perf_counter(), len(page.objects), time.process_time()))
+        return page
+    return wrapper
 
-store.list_page = timed
+store.list_page = timed(store.list_page)
+store.list_folder = timed(store.list_folder)  # the delimiter=/ request of folders
 print("ready", flush=True)
 sys.stdin.readline()
 c0, t0 = time.process_time(), time.perf_counter()
@@ -70,7 +80,8 @@ objects = runtime.run(alist_objects(store, prefix, config=ListingConfig(progress
 t1 = time.perf_counter()
 cpu = time.process_time() - c0
 runtime.run(store.close())
-print(json.dumps({"t0": t0, "t1": t1, "cpu": cpu, "objects": len(objects), "spans": spans}))
+print(json.dumps({"t0": t0, "c0": c0, "t1": t1, "cpu": cpu, "objects": len(objects),
+                  "spans": spans}))
 """
 
 
@@ -142,12 +153,16 @@ def _figures(run: dict[str, Any], count: int) -> dict[str, float]:
     if run["objects"] != count:
         raise SystemExit(f"listed {run['objects']} objects, not {count}")
     t0, wall, cpu = run["t0"], run["t1"] - run["t0"], run["cpu"]
-    spans = [(s - t0, e - t0) for s, e, _ in run["spans"]]
+    spans = [(s - t0, e - t0) for s, e, _, _ in run["spans"]]
+    floor = listing.idle_floor([(s, e, c) for s, e, _, c in run["spans"]], run["t0"], run["c0"])
     return {
         "wall_s": wall,
         "cpu_s": cpu,
         "idle_s": wall - cpu,
         "wall_over_cpu": wall / cpu,
+        "idle_floor_s": floor,
+        "idle_over_floor_s": wall - cpu - floor,
+        "wall_over_cpu_floor": (cpu + floor) / cpu,
         "fanout_s": listing.fanout_s(spans, 0.0),
         "requests": len(spans),
         "server_cpu_s": run["server_cpu"],
@@ -164,8 +179,8 @@ def _timeline(run: dict[str, Any]) -> list[str]:
         if not before or not inside:
             continue
         (ta, ca, sa), (tb, cb, sb) = before[-1], inside[-1]
-        flight = sum(1 for s, e, _ in run["spans"] if s < hi and e > lo)
-        answered = sum(1 for _, e, _ in run["spans"] if lo <= e < hi)
+        flight = sum(1 for s, e, _, _ in run["spans"] if s < hi and e > lo)
+        answered = sum(1 for _, e, _, _ in run["spans"] if lo <= e < hi)
         rows.append(
             f"  {i * step:5.2f} s  client {(cb - ca) / 1e9 / (tb - ta):4.2f}  "
             f"server {(sb - sa) / 1e9 / (tb - ta):4.2f}  in flight {flight:3d}  "
@@ -213,7 +228,15 @@ def main() -> None:
     for (side, distribution), side_runs in runs.items():
         figures = [_figures(r, args.count) for r in side_runs]
         med = {k: h.median([f[k] for f in figures]) for k in figures[0]}
-        for key in ("idle_s", "wall_over_cpu", "fanout_s", "requests", "server_cpu_s"):
+        for key in (
+            "idle_s",
+            "wall_over_cpu",
+            "idle_floor_s",
+            "wall_over_cpu_floor",
+            "fanout_s",
+            "requests",
+            "server_cpu_s",
+        ):
             payload[f"{key}_{side}_{distribution}"] = med[key]
         rows.append({"case": distribution, "side": side, **med})
         if args.timeline:
@@ -237,6 +260,8 @@ def main() -> None:
             ("cpu_s", "client CPU s", ".3f"),
             ("idle_s", "idle s", ".3f"),
             ("wall_over_cpu", "wall/CPU", ".2f"),
+            ("idle_floor_s", "idle floor s", ".3f"),
+            ("wall_over_cpu_floor", "floor wall/CPU", ".2f"),
             ("fanout_s", "fanned out at s", ".3f"),
             ("requests", "requests", ".0f"),
             ("server_cpu_s", "server CPU s", ".3f"),

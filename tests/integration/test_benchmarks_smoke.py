@@ -175,6 +175,11 @@ def test_listing_timeline_smoke_compares_with_a_commit(tmp_path: Path) -> None:
             assert result[f"wall_over_cpu_{side}_{shape}"] > 1
             assert result[f"requests_{side}_{shape}"] >= 5  # 5,000 names, 1,000 a page
             assert result[f"server_cpu_s_{side}_{shape}"] > 0
+            # A second round went out on the first page's answer; its wait is
+            # part of the listing's idle, and a floor of wall over CPU above 1.
+            floor = result[f"idle_floor_s_{side}_{shape}"]
+            assert 0 < floor <= result[f"idle_s_{side}_{shape}"] + 0.05
+            assert result[f"wall_over_cpu_floor_{side}_{shape}"] > 1
     assert "idle_saved_s_hashed" in result
 
 

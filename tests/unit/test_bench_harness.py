@@ -51,3 +51,19 @@ def test_no_latency_stays_none() -> None:
     assert h.reseeded(None, 3) is None
     assert h.reseeded("none", 3) is None
     assert h.reseeded(PRESETS["same-region"], 2).seed == PRESETS["same-region"].seed + 2
+
+
+def test_listing_idle_floor_is_the_wait_until_a_second_round_answers() -> None:
+    import listing
+
+    # (sent, answered, client CPU then), from t0 = 10.0 and c0 = 1.0: the first
+    # page answers at 0.06 s; the probe sent on it answers at 0.13 s, when the
+    # client has spent 0.01 s of CPU; a piece sent later answers later.
+    spans = [(10.0, 10.06, 1.005), (10.061, 10.13, 1.01), (10.07, 10.14, 1.02)]
+    assert abs(listing.idle_floor(spans, 10.0, 1.0) - 0.12) < 1e-9
+    # A request sent before the first page answered (blind) is not a second round.
+    blind = [(10.0, 10.06, 1.005), (10.0, 10.061, 1.006), (10.061, 10.13, 1.01)]
+    assert abs(listing.idle_floor(blind, 10.0, 1.0) - 0.12) < 1e-9
+    # One page and done: nothing waited on past it.
+    assert listing.idle_floor(spans[:1], 10.0, 1.0) == 0.0
+    assert listing.idle_floor([], 10.0, 1.0) == 0.0
