@@ -262,16 +262,23 @@ def test_the_far_probe_goes_first_and_its_names_cut_the_range_below_at_once() ->
     assert len(plan.fills) > 32
 
 
-def test_the_end_of_counted_names_is_found_in_few_rounds(bucket: MemoryStore) -> None:
+@pytest.mark.parametrize(("count", "page_size"), [(20_000, 200), (100_000, 1000), (130_000, 1000)])
+def test_the_end_of_counted_names_is_found_in_few_rounds(
+    bucket: MemoryStore, count: int, page_size: int
+) -> None:
     # Searches past counted names place their probes a constant factor apart
     # in position from the start of the key space: the end is bracketed within
-    # a round or two, and the last pages do not trail behind.
-    names = [f"img/{i:06d}.jpg" for i in range(20_000)]
+    # a round or two, and the last pages do not trail behind. Once bracketed
+    # within 16 pages, the range is cut into pieces of a page, each listed in
+    # that round (130k: 6 rounds when searched on). A range whose page is in
+    # flight gets its first piece where that page ends, not a piece further
+    # (100k: 6 rounds when it listed that piece itself, a round later).
+    names = [f"img/{i:06d}.jpg" for i in range(count)]
     seed(bucket, names)
     counting = RoundCountingStore(bucket, latency=0.01)
-    assert names_of(listing(counting, "img/", replace(QUIET, page_size=200))) == names
+    assert names_of(listing(counting, "img/", replace(QUIET, page_size=page_size))) == names
     assert max(counting.rounds) <= 5, sorted(collections.Counter(counting.rounds).items())
-    assert counting.calls <= 1.3 * (len(names) // 200 + 1)
+    assert counting.calls <= 1.3 * (len(names) // page_size + 1)
 
 
 def test_names_counted_up_are_told_from_spread_ones() -> None:

@@ -27,7 +27,8 @@ has answered (the top range, which runs to the end of the prefix, at once):
   doubling of the distance, in one round (at least four, else two per page
   listed), so past the end of the names only a few come back empty. Past
   counted names the doubling is of the position from the key space's start,
-  where they began, not of the distance from the last name seen.
+  where they began, not of the distance from the last name seen, and a range
+  they end within 16 pages of is cut into pieces of a page, not searched.
 
 Names in folders (``train/<class>/<n>.png``) are clusters, whose ends no
 density measured in one folder predicts. Where the store lists one level of
