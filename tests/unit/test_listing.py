@@ -599,6 +599,31 @@ def test_property_parallel_equals_sequential(
         assert names_of(listing(MemoryStore(bucket_name), prefix, config)) == expected
 
 
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    # Names counted up, in runs with gaps between them: the shape whose end
+    # is searched for, then cut into pieces of a page once bracketed.
+    runs=st.lists(st.tuples(st.integers(0, 3000), st.integers(1, 400)), min_size=1, max_size=4),
+    page_size=st.integers(2, 40),
+    parallelism=st.integers(1, 16),
+)
+def test_property_counted_names_list_whole(
+    runs: list[tuple[int, int]], page_size: int, parallelism: int
+) -> None:
+    names, at = set(), 0
+    for gap, count in runs:
+        at += gap
+        names |= {f"img/{i:06d}.jpg" for i in range(at, at + count)}
+        at += count
+    with memory_bucket("prop", ((n, b"x") for n in names)) as bucket_name:
+        config = ListingConfig(progress=False, page_size=page_size, parallelism=parallelism)
+        assert names_of(listing(MemoryStore(bucket_name), "img/", config)) == sorted(names)
+
+
 # -- progress -------------------------------------------------------------------
 
 
