@@ -101,6 +101,20 @@ def counted_up(names: list[str]) -> bool:
     return places.count(deepest) >= _COUNTED_UP * len(places)
 
 
+def _pieces(pos: int, end: int, page: int, count: int, in_flight: bool) -> list[int]:
+    """Cuts of ``[pos, end)`` into ``count`` even pieces (``page``: one page's width).
+
+    With the range's page in flight (about to end near ``pos``) the first cut
+    lies a little short of ``pos``: the page runs past it rather than leaving
+    a sliver that would cost its own request, or a round (the range listing
+    it itself after that page).
+    """
+    if in_flight:
+        pos -= page // 20
+        return [pos + (end - pos) * i // count for i in range(count)]
+    return [pos + (end - pos) * i // count for i in range(1, count)]
+
+
 def _geometric(first: float, last: float, count: int) -> list[float]:
     """``count`` offsets from ``first`` to ``last`` (one: ``last``), each a constant factor apart."""
     if count <= 1:
@@ -315,15 +329,7 @@ class Planner:
         count = min(int(pages / _PAGE_AIM) + 1, _PIECES_PER_LISTER * self.parallelism)
         if count < 2 or pages < 1.2:
             return
-        if r.in_flight:
-            # The page in flight is about to end near ``pos``: cut a little
-            # short of it, so that it runs past the end instead of leaving a
-            # sliver that would cost its own request.
-            pos -= page_num // (page_den * 20)
-            left = scale.value(r.end) - pos
-            targets = [pos + left * i // count for i in range(count)]
-        else:
-            targets = [pos + left * i // count for i in range(1, count)]
+        targets = _pieces(pos, scale.value(r.end), page_num // page_den, count, r.in_flight)
         self.fills.extend(self._cut(r, scale, targets, probe=False))
 
     def _probe(self, r: Range) -> None:
@@ -335,7 +341,8 @@ class Planner:
         pages = (scale.value(r.end) - pos) * page_den / page_num
         if pages < 2 * _PAGE_AIM:
             return
-        offsets: list[float]
+        offsets: list[float] = []
+        targets: list[int] | None = None  # set directly where cut into even pieces
         if r.end is None:
             # Nothing says where the names end: probe near where they would
             # end if the density held (spread names end there), and on the
@@ -370,12 +377,7 @@ class Planner:
         ):
             # The names end within a few pages: pieces of a page each.
             count = int(pages / _PAGE_AIM) + 1
-            offsets = [pages * i / count for i in range(1, count)]
-            if r.in_flight:
-                # As in _fill: the first piece starts a little short of where
-                # the page in flight ends, not a piece past it (r would list
-                # that piece itself, a round after this one).
-                offsets.insert(0, -1 / 20)
+            targets = _pieces(pos, scale.value(r.end), page_num // page_den, count, r.in_flight)
         else:
             # The names end before r's end (the range past it came back empty,
             # or its names start far from it): double the distance with each
@@ -401,7 +403,8 @@ class Planner:
                 # to later rounds (100k counted names: 6 rounds, not 7;
                 # 200k: 7, not 11; 2-4 requests more).
                 offsets = [g - below for g in _geometric(below, below + pages, count + 2)[1:-1]]
-        targets = [pos + round(g * 1000) * page_num // (page_den * 1000) for g in offsets]
+        if targets is None:
+            targets = [pos + round(g * 1000) * page_num // (page_den * 1000) for g in offsets]
         top = r.end is None  # (before the cut lowers it)
         pieces = self._cut(r, scale, targets, probe=True)
         for p in pieces:
