@@ -22,7 +22,8 @@ have with no idle but that: how close to 1.25 any adaptive cut could come on
 this machine.
 
 Figures (RESULT): ``idle_s_<side>_<shape>``, ``wall_over_cpu_<side>_<shape>``,
-``idle_floor_s_<side>_<shape>``, ``wall_over_cpu_floor_<side>_<shape>``,
+``idle_floor_s_<side>_<shape>``, ``idle_over_floor_s_<side>_<shape>`` (idle
+less the floor: what better cuts could still hide), ``wall_over_cpu_floor_<side>_<shape>``,
 ``fanout_s_<side>_<shape>`` and ``requests_<side>_<shape>`` (side ``head``,
 and ``base`` with ``--against``), ``idle_saved_s_<shape>`` (base less head),
 and the emulator's CPU per listing (``server_cpu_s_<side>_<shape>``).
@@ -232,6 +233,7 @@ def main() -> None:
             "idle_s",
             "wall_over_cpu",
             "idle_floor_s",
+            "idle_over_floor_s",
             "wall_over_cpu_floor",
             "fanout_s",
             "requests",

@@ -179,6 +179,9 @@ def test_listing_timeline_smoke_compares_with_a_commit(tmp_path: Path) -> None:
             # part of the listing's idle, and a floor of wall over CPU above 1.
             floor = result[f"idle_floor_s_{side}_{shape}"]
             assert 0 < floor <= result[f"idle_s_{side}_{shape}"] + 0.05
+            # (One repeat in --smoke: the medians are that repeat's figures.)
+            over = result[f"idle_over_floor_s_{side}_{shape}"]
+            assert over == pytest.approx(result[f"idle_s_{side}_{shape}"] - floor)
             assert result[f"wall_over_cpu_floor_{side}_{shape}"] > 1
     assert "idle_saved_s_hashed" in result
 
