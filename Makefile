@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench venv clean
+.PHONY: demo test test-smoke lint typecheck bench venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,8 +26,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
+# Everything but the benchmark smokes, which take as long again: `make test-smoke`
+# runs those, and CI (.ci/run) runs both.
 test: lint typecheck
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests -m "not bench_smoke"
+
+test-smoke: $(STAMP)
+	$(PY) -m pytest -q tests -m bench_smoke
 
 # The contenders (gcs-torch-dataflux, google-cloud-storage<3) live in their own
 # environment, .venv-bench, so they never change what torchbucket runs on.

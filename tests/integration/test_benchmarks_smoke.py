@@ -19,7 +19,12 @@ import pytest
 # A smoke run is a code-path check, but on a slow or shared 2-core VM it takes
 # minutes: checkpoint's took 237 s on 2026-12-02 (a VM at half its usual speed),
 # so each has 540 s here, under pytest's own limit raised to 600 s.
-pytestmark = [pytest.mark.emulator, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.emulator,
+    pytest.mark.slow,
+    pytest.mark.bench_smoke,
+    pytest.mark.timeout(600),
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 
