@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchbucket._opclass import OP_CLASS
 from torchbucket.errors import ConfigError
 
 __all__ = [
@@ -49,31 +50,7 @@ FAULT_KINDS = STATUS_KINDS | {
 }
 
 #: Operation names, as rules, counters and the latency model use them.
-OPERATIONS = frozenset(
-    {
-        "list",
-        "get",
-        "head",
-        "put",
-        "resumable",
-        "compose",
-        "delete",
-        "copy",
-        "move",
-        "patch",
-        "mpu_initiate",
-        "mpu_part",
-        "mpu_complete",
-        "mpu_abort",
-        "mpu_list",
-        "mpu_parts",
-        "iam",
-        "bucket_create",
-        "bucket_get",
-        "bucket_list",
-        "bucket_delete",
-    }
-)
+OPERATIONS = frozenset(OP_CLASS)
 
 #: Default length of a "stall", seconds: longer than a client's timeout in a
 #: test, short enough that the server ends the connection by itself.

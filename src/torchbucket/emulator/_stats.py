@@ -13,33 +13,9 @@ import time
 from collections import Counter
 from typing import Any
 
-__all__ = ["OP_CLASS", "Stats", "backend_cpu_seconds"]
+from torchbucket._opclass import OP_CLASS
 
-OP_CLASS: dict[str, str] = {
-    "list": "A",
-    "put": "A",
-    "resumable": "A",
-    "compose": "A",
-    "copy": "A",
-    # objects.move: a write that creates the destination, priced as class A
-    # with copy and rewrite (https://cloud.google.com/storage/pricing#operations-by-class).
-    "move": "A",
-    "patch": "A",
-    "mpu_initiate": "A",
-    "mpu_part": "A",
-    "mpu_complete": "A",
-    "mpu_list": "A",
-    "mpu_parts": "A",
-    "bucket_create": "A",
-    "bucket_list": "A",
-    "get": "B",
-    "head": "B",
-    "iam": "B",
-    "bucket_get": "B",
-    "delete": "free",
-    "mpu_abort": "free",
-    "bucket_delete": "free",
-}
+__all__ = ["OP_CLASS", "Stats", "backend_cpu_seconds"]
 
 
 class Stats:

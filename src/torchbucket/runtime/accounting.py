@@ -50,6 +50,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchbucket._opclass import OP_CLASS, OPERATIONS
+
 __all__ = [
     "OPERATIONS",
     "OP_CLASS",
@@ -60,33 +62,6 @@ __all__ = [
     "measure",
     "snapshot",
 ]
-
-#: Operation -> GCS billing class ("A", "B" or "free"); the emulator's names.
-OP_CLASS: Mapping[str, str] = {
-    "list": "A",
-    "put": "A",
-    "resumable": "A",
-    "compose": "A",
-    "copy": "A",
-    "patch": "A",
-    "mpu_initiate": "A",
-    "mpu_part": "A",
-    "mpu_complete": "A",
-    "mpu_list": "A",
-    "mpu_parts": "A",
-    "bucket_create": "A",
-    "bucket_list": "A",
-    "get": "B",
-    "head": "B",
-    "iam": "B",
-    "bucket_get": "B",
-    "delete": "free",
-    "mpu_abort": "free",
-    "bucket_delete": "free",
-}
-
-#: Every operation name, in a fixed order (shared-memory layouts rely on it).
-OPERATIONS: tuple[str, ...] = tuple(OP_CLASS)
 
 
 class _Counters:
@@ -217,6 +192,8 @@ def classify(method: str, path: str, query: str) -> str:
             return "iam"
         if "/rewriteTo/b/" in tail or "/copyTo/b/" in tail:
             return "copy"
+        if "/moveTo/o/" in tail:
+            return "move"
         if method == "POST" and tail.endswith("/compose"):
             return "compose"
         if method == "GET":
