@@ -72,7 +72,10 @@ def add_pack(
             "names under SRC_PREFIX; with --group-by key the objects <key>.<ext> of one key "
             "are one sample, kept together. The same input gives the same shards. Run it "
             "again after a crash: complete shards are kept, a shard being written never "
-            "becomes visible. Read the result with torchbucket.shards.BucketShardDataset."
+            "becomes visible. Read the result with torchbucket.shards.BucketShardDataset. "
+            "A member name that is absolute or has a '..', '.', empty ('a//b') or NUL part "
+            "is refused, naming its object, before anything is written (exit 2): a tar "
+            "extractor could write it outside its folder."
         ),
         epilog=(
             "examples:\n"

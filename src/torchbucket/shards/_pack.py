@@ -19,7 +19,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from torchbucket import runtime
 from torchbucket._checks import renamed_configs
@@ -34,7 +34,9 @@ from torchbucket.shards._index import (
     ShardIndex,
     index_name,
 )
+from torchbucket.shards._names import check_member_names
 from torchbucket.shards._plan import PlannedMember, PlannedShard, plan_shards
+from torchbucket.shards._progress import Progress
 from torchbucket.shards._tar import END_OF_ARCHIVE, padding
 from torchbucket.shards.config import PackConfig
 from torchbucket.storage.base import ObjectInfo, ObjectStore, Part
@@ -97,33 +99,6 @@ def _member_base(prefix: str) -> str:
     return prefix[: prefix.rfind("/") + 1]
 
 
-class _Progress:
-    def __init__(self, choice: bool | Literal["auto"], total: int, desc: str) -> None:
-        import sys
-
-        show = choice is True or (choice == "auto" and sys.stderr.isatty())
-        self._bar: Any = None
-        if show:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(
-                total=total,
-                desc=desc,
-                unit="B",
-                unit_scale=True,
-                unit_divisor=1024,
-                file=sys.stderr,
-            )
-
-    def update(self, n: int) -> None:
-        if self._bar is not None:
-            self._bar.update(n)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-
-
 async def _read(store: ObjectStore, info: ObjectInfo) -> bytes:
     data = await store.get(info.name, generation=info.generation)
     if len(data) != info.size:
@@ -141,7 +116,7 @@ async def _write_shard(
     prefix: str,
     shard: PlannedShard,
     config: PackConfig,
-    bar: _Progress,
+    bar: Progress,
 ) -> ManifestShard:
     key = prefix + shard.name
     uri = dst.uri(key)
@@ -300,7 +275,9 @@ async def apack(
 
     Raises:
         NotFoundError: Nothing is under the source prefix.
-        ConfigError: With ``group_by="key"``, a name has no extension.
+        ConfigError: With ``group_by="key"``, a name has no extension; or a
+            member name is absolute or has a ``..``, ``.``, empty or NUL part
+            (a tar extractor could write it outside its folder).
         StorageError: A read or write failed; complete shards stay, the one
             being written never becomes visible.
     """
@@ -312,6 +289,7 @@ async def apack(
         objects = [o for o in objects if not o.name.startswith(dst_prefix)]
     if not objects:
         raise NotFoundError("no objects to pack", operation="pack", uri=src.uri(src_prefix))
+    check_member_names(src, objects, _member_base(src_prefix))
     plan = plan_shards(
         objects, _member_base(src_prefix), shard_size=config.shard_size, group_by=config.group_by
     )
@@ -337,7 +315,7 @@ async def apack(
         if stale or len(kept) != len(plan):
             await dst.delete(manifest_key)
     await _abort_leftovers(dst, dst_prefix)
-    bar = _Progress(progress, sum(s.source_bytes for s in plan), f"packing {source_uri}")
+    bar = Progress(progress, sum(s.source_bytes for s in plan), f"packing {source_uri}")
     entries: list[ManifestShard | None] = list(done)
     for number in kept:
         bar.update(plan[number].source_bytes)
