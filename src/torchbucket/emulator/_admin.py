@@ -17,6 +17,7 @@ from aiohttp import web
 from torchbucket.emulator._faults import FaultRule
 from torchbucket.emulator._http import ApiError, api_error_response, json_response
 from torchbucket.emulator._latency import RateCap, resolve_latency
+from torchbucket.emulator._names import checked_items
 from torchbucket.emulator._seed import decode_frames, generated_objects
 from torchbucket.errors import ConfigError
 
@@ -140,5 +141,6 @@ async def _seed(front: FrontServer, request: web.BaseRequest, bucket: str) -> we
             items = generated_objects(spec)
     else:
         items = decode_frames(await request.read())
-    count = await front.backend.seed(bucket, items)
+    # Checked before the store sees any: GCS could hold none of a bad name's objects.
+    count = await front.backend.seed(bucket, list(checked_items(items)))
     return _ok({"count": count, "seconds": time.perf_counter() - t0})

@@ -26,6 +26,7 @@ from torchbucket.emulator._admin import handle_admin
 from torchbucket.emulator._faults import STATUS_KINDS, FaultRule, FaultTable, flip_byte
 from torchbucket.emulator._http import Call, Route, error_response, json_call, json_response
 from torchbucket.emulator._latency import LatencyModel, LatencySampler, RateCap
+from torchbucket.emulator._names import name_problem, written_name
 from torchbucket.emulator._routes import parse_route
 from torchbucket.emulator._stats import Stats
 from torchbucket.emulator._xml_multipart import XmlApi
@@ -229,7 +230,11 @@ class FrontServer:
         call = Call(
             request.method, route, raw, query, request.headers, body, request.host, request.scheme
         )
-        if route.xml:
+        written = written_name(call)
+        problem = name_problem(written) if written is not None else None
+        if problem is not None:
+            resp = error_response(400, problem, xml=route.xml)  # as GCS: reason "invalid"
+        elif route.xml:
             resp = await self.xml.handle(call)
         elif op == "iam":
             resp = await self._iam(call)
