@@ -9,7 +9,9 @@ is still registered when the process ends is deleted:
 - in DataLoader workers, which end with ``os._exit`` and skip ``atexit``, by a
   ``multiprocessing.util.Finalize`` registered in the worker itself;
 - on SIGTERM, by a handler installed once per process from its main thread,
-  which then hands the signal to the handler it replaced.
+  which then hands the signal to the handler it replaced; in a DataLoader
+  worker it then exits quietly (status 0), as PyTorch's own handler there
+  does when the DataLoader ends its workers.
 
 A process killed outright (SIGKILL, OOM) leaves its composites behind;
 :func:`torchbucket.compose.cleanup_composites` (``torchbucket cleanup``) removes
@@ -68,6 +70,7 @@ _finalizer_pid: int | None = None
 _exit_hooks_installed = False
 _sigterm_pid: int | None = None
 _previous_sigterm: Any = None
+_sigterm_exits_quietly = False
 
 
 def in_flight() -> list[str]:
@@ -339,6 +342,16 @@ def _ensure_exit_hooks() -> None:
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     _cleanup_sync()
+    if _sigterm_exits_quietly:
+        # A DataLoader worker. PyTorch's C handler, which this one replaced
+        # (Python cannot see or call it), ends a worker with status 0 when its
+        # parent sent the signal: the DataLoader ends persistent workers that
+        # way at exit, and a worker killed by the signal makes the parent print
+        # "DataLoader worker (pid ...) is killed by signal: Terminated" while
+        # it exits. Python's handlers are not told the sender, so every SIGTERM
+        # ends a worker that way; a worker ended by anyone else mid-epoch is
+        # still reported by its DataLoader ("exited unexpectedly").
+        os._exit(0)
     previous = _previous_sigterm
     if callable(previous):
         previous(signum, frame)
@@ -349,7 +362,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
         os.kill(os.getpid(), signum)
 
 
-def install_sigterm_handler() -> bool:
+def install_sigterm_handler(*, dataloader_worker: bool = False) -> bool:
     """Delete this process's composites on SIGTERM, then pass the signal on.
 
     Installed at most once per process, and only from the main thread (Python
@@ -357,20 +370,32 @@ def install_sigterm_handler() -> bool:
     afterwards; where it was the default, the signal is re-raised so the process
     still ends as it would have. Where Python reports a handler it did not
     install (``None``), nothing is installed, since it could not be chained.
+
     In a DataLoader worker Python sees the default (PyTorch's C-level handler
-    is invisible to it), so a worker sent SIGTERM deletes its composites and
-    then ends by the signal.
+    is invisible to it, and one inherited over fork from the parent is what
+    Python remembers, not what is in place), so there the handler is always
+    installed, and after deleting the composites it ends the worker with
+    status 0, as PyTorch's handler does when the DataLoader ends a worker.
+
+    Args:
+        dataloader_worker: Whether this process is a DataLoader worker.
 
     Returns:
         Whether the handler is in place.
     """
-    global _sigterm_pid, _previous_sigterm
+    global _sigterm_pid, _previous_sigterm, _sigterm_exits_quietly
     pid = os.getpid()
     if _sigterm_pid == pid:
         return True
     if threading.current_thread() is not threading.main_thread():
         return False
     current = signal.getsignal(signal.SIGTERM)
+    if dataloader_worker:
+        _sigterm_exits_quietly = True
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        _sigterm_pid = pid
+        return True
+    _sigterm_exits_quietly = False
     if current is _on_sigterm:  # inherited over fork: already chained
         _sigterm_pid = pid
         return True

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from torch.utils.data import get_worker_info
+
 from torchbucket import runtime
 from torchbucket._checks import check_callable, check_instance
 from torchbucket.compose import ComposeConfig, soft_delete_allows
@@ -55,7 +57,7 @@ def raise_item(item: Sample | BaseException) -> Sample:
 def prepare_compose(compose: ComposeConfig) -> None:
     """Before fetching in a process: SIGTERM deletes its composites (main thread)."""
     if compose.enabled:
-        install_sigterm_handler()
+        install_sigterm_handler(dataloader_worker=get_worker_info() is not None)
 
 
 def read_compose_policies(catalog: Catalog, *configs: ComposeConfig) -> None:
