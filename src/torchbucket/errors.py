@@ -15,6 +15,9 @@ working::
         ├── PreconditionFailedError                    412: a generation did not match
         ├── IntegrityError                             checksum or size mismatch (reads retry
         │                                              it; raised when it persists)
+        ├── CheckpointError                            a checkpoint that cannot be loaded as it
+        │                                              is: corrupt, not a checkpoint, refused
+        │                                              as unsafe, or changed since its save
         ├── RetryableError                             worth another attempt
         │   ├── ThrottledError                         429 (and 503 "slow down")
         │   └── TransientError                         408, 500, 502, 504, reset, timeout,
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 __all__ = [
     "BucketNotFoundError",
+    "CheckpointError",
     "ConfigError",
     "DeadlineExceededError",
     "IntegrityError",
@@ -126,6 +130,15 @@ class PreconditionFailedError(StorageError):
 
 class IntegrityError(StorageError):
     """The bytes received do not match the object's checksum or size."""
+
+
+class CheckpointError(StorageError):
+    """A checkpoint cannot be loaded as it is.
+
+    Its bytes are not a checkpoint (random, truncated, another format), it
+    names code that loading would run, or its files changed since it was
+    saved. The message names the object; retrying does not help.
+    """
 
 
 class RetryableError(StorageError):
