@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from memory_helper import memory_bucket
 
 from torchbucket import runtime
-from torchbucket.checkpoint.staged_names import is_staging_name, staging_key
+from torchbucket.checkpoint.staged_names import is_staging_name, staging_key, staging_prefix
 from torchbucket.cli import main
 from torchbucket.storage import MemoryStore
 from torchbucket.storage.gcs._objects import rfc3339_seconds
@@ -21,6 +21,34 @@ _SEGMENT = st.text(st.characters(blacklist_characters="/\x00"), min_size=1, max_
 @given(st.lists(_SEGMENT, min_size=1, max_size=4))
 def test_every_staging_key_is_a_staging_name(segments: list[str]) -> None:
     assert is_staging_name(staging_key("/".join(segments)))
+
+
+# Names GCS takes: up to 1,024 bytes of UTF-8, one to four-byte characters.
+_LONG_NAME = (
+    st.lists(
+        st.sampled_from(["a", "/", "é", "中", "\U0001f600", "b" * 40, "/" * 3, "c/" * 20]),
+        min_size=1,
+        max_size=400,
+    )
+    .map("".join)
+    .filter(lambda n: len(n.encode()) <= 1024 and not n.endswith("/"))
+)
+
+
+@given(_LONG_NAME)
+def test_a_staging_key_fits_in_gcs_for_every_name_gcs_takes(key: str) -> None:
+    staged = staging_key(key)
+    assert len(staged.encode()) <= 1024
+    assert is_staging_name(staged)
+    assert staged.startswith(staging_prefix(key))  # one prefix per checkpoint, to abort by
+
+
+def test_a_name_that_fits_stages_beside_itself_and_one_that_does_not_as_a_digest() -> None:
+    assert staging_key("run/last.pt").startswith("run/.last.pt.tbtmp-")
+    long_key = "run/" + "c" * 1017 + ".pt"
+    staged = staging_key(long_key)
+    assert staged.startswith("run/.") and "c" * 40 not in staged
+    assert staging_prefix(long_key) != staging_prefix(long_key[:-1] + "x")
 
 
 @pytest.mark.parametrize(

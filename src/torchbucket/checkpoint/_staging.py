@@ -8,8 +8,10 @@ https://cloud.google.com/storage/docs/xml-api/post-object-complete). The
 client can compare the assembled object's CRC32C with that of everything it
 wrote, but a completion to the checkpoint's own name has already replaced the
 previous checkpoint by then. So on a store like that the upload goes to a
-hidden name next to the checkpoint (``dir/.name.tbtmp-<random>``, which
-torchbucket's listings skip, as they skip the local store's staging files);
+hidden name next to the checkpoint (``dir/.name.tbtmp-<random>``, with a
+digest for ``name`` where that would pass GCS's 1,024 bytes: see
+:mod:`~torchbucket.checkpoint.staged_names`; torchbucket's listings skip it,
+as they skip the local store's staging files);
 once its size and CRC32C are those written, it is copied onto the checkpoint
 by one server-side rewrite and deleted. A mismatch leaves the checkpoint as it
 was.
