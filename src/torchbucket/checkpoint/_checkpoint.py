@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import threading
 from typing import IO, TYPE_CHECKING, Any, cast
 
@@ -10,6 +11,7 @@ from torchbucket._checks import check_instance, renamed_configs
 from torchbucket._uri import parse_uri
 from torchbucket.checkpoint import _mapped as mapped
 from torchbucket.checkpoint._reader import CheckpointReader
+from torchbucket.checkpoint._unreadable import raise_if_unreadable
 from torchbucket.checkpoint._writer import CheckpointWriter
 from torchbucket.checkpoint.config import CheckpointConfig
 from torchbucket.errors import InvalidURIError, NotFoundError
@@ -118,6 +120,9 @@ class BucketCheckpoint:
     def reader(self, uri: str) -> CheckpointReader:
         """Download a checkpoint and return a seekable binary file over it.
 
+        ``torch.load`` of it raises torch's own errors for bytes that are no
+        checkpoint; :meth:`load` raises a ``CheckpointError`` naming ``uri``.
+
         Raises:
             NotFoundError: No such checkpoint (also a ``FileNotFoundError``), or
                 it was rewritten while it was read.
@@ -152,6 +157,10 @@ class BucketCheckpoint:
             NotFoundError: No such checkpoint (also a ``FileNotFoundError``), or
                 it was rewritten while it was read.
             IntegrityError: The bytes do not match the object's CRC32C.
+            CheckpointError: The object is empty, truncated or not a torch
+                checkpoint (chained from ``torch.load``'s error). Any other
+                error of ``torch.load`` (a global ``weights_only`` refuses, say)
+                is raised as it is.
         """
         import torch
 
@@ -159,10 +168,20 @@ class BucketCheckpoint:
             torch_load_kwargs.pop("mmap", None)
             store, key = self.open(uri)
             with mapped.MappedCheckpoint.load(store, key, self.config) as fetched:
-                return fetched.torch_load(**torch_load_kwargs)
+                try:
+                    return fetched.torch_load(**torch_load_kwargs)
+                except Exception as exc:
+                    with open(fetched.path, "rb") as downloaded:
+                        raise_if_unreadable(fetched.uri, downloaded, exc, size=fetched.size)
+                    raise
         torch_load_kwargs.pop("mmap", None)
         with self.reader(uri) as f:
-            return torch.load(cast(IO[bytes], f), **torch_load_kwargs)
+            try:
+                return torch.load(cast(IO[bytes], f), **torch_load_kwargs)
+            except Exception as exc:
+                size = f.seek(0, io.SEEK_END)
+                raise_if_unreadable(f.uri, cast(IO[bytes], f), exc, size=size)
+                raise
 
     def exists(self, uri: str) -> bool:
         """Whether the checkpoint object exists."""

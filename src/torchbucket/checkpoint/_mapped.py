@@ -77,7 +77,7 @@ class MappedCheckpoint:
         size = info.size if decoded is None else len(decoded)
         fd = os.memfd_create("torchbucket-checkpoint", os.MFD_CLOEXEC)
         try:
-            os.ftruncate(fd, size)
+            os.ftruncate(fd, max(size, 1))  # an empty object: no mapping has length 0
             mapping = mmap.mmap(fd, max(size, 1))
         except BaseException:
             os.close(fd)
