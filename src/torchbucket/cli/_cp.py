@@ -23,7 +23,6 @@ import mimetypes
 import os
 import posixpath
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -44,8 +43,15 @@ from torchbucket.cli._common import (
     positive_int,
     progress_bar,
 )
+from torchbucket.cli._cp_local import (
+    Local,
+    LocalOptions,
+    SymlinkPolicy,
+    local_error,
+    regular_file_size,
+)
 from torchbucket.config import RetryConfig
-from torchbucket.errors import IntegrityError, NotFoundError
+from torchbucket.errors import IntegrityError, NotFoundError, TorchBucketError
 from torchbucket.listing import alist_objects
 from torchbucket.runtime import retry
 
@@ -74,98 +80,6 @@ class CopyStats:
     def mb_per_s(self) -> float:
         """Throughput in decimal megabytes per second."""
         return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
-
-
-class _Local:
-    """A folder (or one file) on this machine."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __str__(self) -> str:
-        return self.path
-
-    def child(self, rel: str) -> str:
-        parts = rel.split("/")
-        if rel.startswith("/") or any(p in ("..", ".") for p in parts):
-            raise CommandError(
-                f"refusing to write {rel!r} outside {self.path}: the name has '..' or '.' parts"
-            )
-        return os.path.join(self.path, *[p for p in parts if p])
-
-    def describe(self, rel: str) -> str:
-        return self.child(rel) if rel else self.path
-
-    async def items(self) -> list[tuple[str, int]]:
-        return await asyncio.to_thread(self._walk)
-
-    def _walk(self) -> list[tuple[str, int]]:
-        out: list[tuple[str, int]] = []
-        for root, dirs, files in os.walk(self.path, onerror=_raise):
-            dirs.sort()
-            for name in files:
-                full = os.path.join(root, name)
-                rel = os.path.relpath(full, self.path).replace(os.sep, "/")
-                out.append((rel, os.stat(full).st_size))
-        out.sort()
-        return out
-
-    async def read(self, rel: str) -> bytes:
-        with open(self.describe(rel), "rb") as f:  # small files: cheaper than a thread hop
-            return f.read()
-
-    async def stream(self, rel: str) -> AsyncIterator[bytes]:
-        f = await asyncio.to_thread(open, self.describe(rel), "rb")
-        try:
-            while chunk := await asyncio.to_thread(f.read, _CHUNK):
-                yield chunk
-        finally:
-            f.close()
-
-    async def write(self, rel: str, data: bytes) -> None:
-        await asyncio.to_thread(self._write, self.describe(rel), data)
-
-    def _write(self, path: str, data: bytes) -> None:
-        tmp = self._tmp(path)
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            _unlink(tmp)
-            raise
-
-    async def write_stream(self, rel: str, chunks: AsyncIterator[bytes]) -> None:
-        path = self.describe(rel)
-        tmp = await asyncio.to_thread(self._tmp, path)
-        try:
-            f = await asyncio.to_thread(open, tmp, "wb")
-            with f:
-                async for chunk in chunks:
-                    await asyncio.to_thread(f.write, chunk)
-            await asyncio.to_thread(os.replace, tmp, path)
-        except BaseException:
-            _unlink(tmp)
-            raise
-
-    @staticmethod
-    def _tmp(path: str) -> str:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        return f"{path}.tbpart-{uuid.uuid4().hex[:8]}"
-
-    async def close(self) -> None:
-        return None
-
-
-def _raise(exc: OSError) -> None:
-    raise exc
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 class _Remote:
@@ -204,7 +118,7 @@ class _Remote:
         await self.target.store.close()
 
 
-_Side = _Local | _Remote
+_Side = Local | _Remote
 
 
 def _content_type(name: str) -> str | None:
@@ -224,8 +138,40 @@ def _parent(key: str) -> str:
     return head + sep
 
 
+async def _source(
+    text: str, endpoint: str | None, options: LocalOptions
+) -> tuple[_Side, tuple[str, int] | None]:
+    """The source side, and ``(name, size)`` when it names one file or object."""
+    if not is_remote(text):
+        path = local_path(text)
+        size = regular_file_size(path)
+        if size is None:
+            return Local(path, options), None
+        return Local(os.path.dirname(path), options), (os.path.basename(path), size)
+    target = open_target(text, endpoint)
+    key = target.key
+    if key and not key.endswith("/"):
+        try:
+            info = await target.store.head(key)
+        except NotFoundError:
+            return _Remote(target, key + "/"), None
+        return _Remote(target, _parent(key)), (posixpath.basename(key), info.size)
+    return _Remote(target, key), None
+
+
+def _nothing_to_copy(src_text: str, src: _Side) -> CommandError:
+    """The error for an empty source, naming what the user typed."""
+    if isinstance(src, _Remote) and not src_text.endswith("/") and src.prefix:
+        what = f"no object {src.target.uri_of(src.prefix[:-1])} and no objects under {src}"
+    elif isinstance(src, _Remote):
+        what = f"no objects under {src}"
+    else:
+        what = f"no files to copy under {src}"
+    return CommandError(f"nothing to copy: {what}", exit_code=EXIT_NOT_FOUND)
+
+
 async def _resolve(
-    src_text: str, dst_text: str, endpoint: str | None
+    src_text: str, dst_text: str, endpoint: str | None, options: LocalOptions
 ) -> tuple[_Side, _Side, list[_Item]]:
     """The two sides and what to copy: one file/object, or all under a folder/prefix.
 
@@ -233,31 +179,7 @@ async def _resolve(
     that exists) is copied alone; anything else is a folder (prefix) whose
     contents are copied under the destination.
     """
-    single: tuple[str, int] | None = None  # (name, size) when copying one file/object
-    src: _Side
-    if is_remote(src_text):
-        target = open_target(src_text, endpoint)
-        key = target.key
-        info = None
-        if key and not key.endswith("/"):
-            try:
-                info = await target.store.head(key)
-            except NotFoundError:
-                info = None
-        if info is not None:
-            src = _Remote(target, _parent(key))
-            single = (posixpath.basename(key), info.size)
-        else:
-            src = _Remote(target, key if not key or key.endswith("/") else key + "/")
-    else:
-        path = local_path(src_text)
-        if os.path.isfile(path):
-            src = _Local(os.path.dirname(path))
-            single = (os.path.basename(path), os.path.getsize(path))
-        elif os.path.isdir(path):
-            src = _Local(path)
-        else:
-            raise CommandError(f"no such file or directory: {path}", exit_code=EXIT_NOT_FOUND)
+    src, single = await _source(src_text, endpoint, options)
 
     # A single source copied to a name that is not a folder takes that name.
     dst: _Side
@@ -272,15 +194,15 @@ async def _resolve(
     else:
         path = local_path(dst_text)
         if single is not None and not dst_text.endswith("/") and not os.path.isdir(path):
-            dst, rename = _Local(os.path.dirname(path)), os.path.basename(path)
+            dst, rename = Local(os.path.dirname(path)), os.path.basename(path)
         else:
-            dst = _Local(path)
+            dst = Local(path)
 
     if single is not None:
         return src, dst, [_Item(single[0], rename or single[0], single[1])]
     items = [_Item(rel, rel, size) for rel, size in await src.items()]
     if not items:
-        raise CommandError(f"nothing to copy: no objects match {src}", exit_code=EXIT_NOT_FOUND)
+        raise _nothing_to_copy(src_text, src)
     return src, dst, items
 
 
@@ -323,6 +245,10 @@ async def _stream_copy(src: _Side, dst: _Side, item: _Item) -> None:
             await asyncio.sleep(delay)
 
 
+async def _close(*sides: _Side) -> None:
+    await asyncio.gather(*(side.close() for side in sides), return_exceptions=True)
+
+
 async def _copy_all(
     src: _Side, dst: _Side, items: list[_Item], *, jobs: int, stream_threshold: int, bar: tqdm[Any]
 ) -> None:
@@ -330,10 +256,15 @@ async def _copy_all(
 
     async def one(item: _Item) -> None:
         async with gate:
-            if item.size >= stream_threshold:
-                await _stream_copy(src, dst, item)
-            else:
-                await dst.write(item.dst, await src.read(item.src))
+            try:
+                if item.size >= stream_threshold:
+                    await _stream_copy(src, dst, item)
+                else:
+                    await dst.write(item.dst, await src.read(item.src))
+            except OSError as exc:  # a local read or write: say which file and object
+                if isinstance(exc, TorchBucketError):
+                    raise
+                raise local_error(exc, src.describe(item.src), dst.describe(item.dst)) from exc
         bar.update(item.size)
 
     tasks = [asyncio.create_task(one(item)) for item in items]
@@ -345,7 +276,7 @@ async def _copy_all(
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
     finally:
-        await asyncio.gather(src.close(), dst.close(), return_exceptions=True)
+        await _close(src, dst)
 
 
 def copy(
@@ -356,6 +287,8 @@ def copy(
     jobs: int = 64,
     stream_threshold: int = 32 << 20,
     desc: str = "copying",
+    symlinks: SymlinkPolicy = "files",
+    strict: bool = False,
 ) -> CopyStats:
     """Copy a file, folder, object or prefix to a folder or prefix.
 
@@ -366,19 +299,31 @@ def copy(
         jobs: Objects copied at once.
         stream_threshold: Objects at least this big are streamed.
         desc: The progress bar's label.
+        symlinks: For a local source: ``"files"`` copies what symlinks to files
+            point to and skips symlinked folders with a warning; ``"all"``
+            follows both; ``"none"`` skips every symlink.
+        strict: Refuse, rather than skip with a warning, FIFOs, sockets,
+            devices, broken symlinks and (with ``"files"``) symlinked folders.
 
     Returns:
         What was copied and how long it took.
 
     Raises:
-        CommandError: Nothing to copy, or a name that would escape the destination.
+        CommandError: Nothing to copy; a name that would escape the destination,
+            two objects for one local path, a symlink in the destination that
+            leads outside it (all before anything is written); a local file
+            that could not be read or written (naming it and the object).
         StorageError: A read or write failed.
     """
     started = time.perf_counter()
-    source, dest, items = runtime.run(_resolve(src, dst, endpoint))
-    for item in items:
-        if isinstance(dest, _Local):
-            dest.child(item.dst)  # refuse '..' before anything is written
+    options = LocalOptions(symlinks=symlinks, strict=strict)
+    source, dest, items = runtime.run(_resolve(src, dst, endpoint, options))
+    if isinstance(dest, Local):
+        try:
+            dest.check_targets((item.dst, source.describe(item.src)) for item in items)
+        except BaseException:
+            runtime.run(_close(source, dest))
+            raise
     total = sum(item.size for item in items)
     with progress_bar(desc=desc, total=total, unit="B", unit_scale=True, unit_divisor=1024) as bar:
         runtime.run(
@@ -402,7 +347,13 @@ def add_cp(
             "object is copied to DST/<its name> when DST ends with '/' or is an existing "
             "local folder, else to DST itself. Local files appear only when complete. "
             "Prints one line at the end: objects, bytes, seconds and MB/s; a progress bar "
-            "shows on a terminal. Nothing to copy is an error (exit 3)."
+            "shows on a terminal. Nothing to copy is an error (exit 3). Uploads copy "
+            "regular files; FIFOs, sockets and devices are skipped with a warning each "
+            "(--strict refuses them), and symlinks follow the policy below. Downloads "
+            "check every path before writing anything: a name that would leave DST "
+            "('..', absolute), two objects for one path ('a//b' and 'a/b', or 'a' beside "
+            "'a/b') and a symlink in DST that leads outside it are refused, naming the "
+            "objects. Ctrl-C stops the copy (exit 130); a file being written never appears."
         ),
         epilog=(
             "examples:\n"
@@ -427,6 +378,30 @@ def add_cp(
         metavar="SIZE",
         help="stream objects at least this big instead of holding them in memory (default: 32MiB)",
     )
+    links = parser.add_mutually_exclusive_group()
+    links.add_argument(
+        "--follow-symlinks",
+        dest="symlinks",
+        action="store_const",
+        const="all",
+        default="files",
+        help="uploads: also copy the contents of symlinked folders (each real folder once). "
+        "Default: a symlink to a file is copied as that file (as gcloud storage cp does), "
+        "a symlink to a folder or a broken one is skipped with a warning",
+    )
+    links.add_argument(
+        "--ignore-symlinks",
+        dest="symlinks",
+        action="store_const",
+        const="none",
+        help="uploads: skip every symlink, to a file or a folder",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="uploads: refuse (exit 1, nothing copied) what would be skipped with a "
+        "warning: FIFOs, sockets, devices, broken symlinks, symlinked folders",
+    )
     parser.set_defaults(func=_cp)
 
 
@@ -437,6 +412,8 @@ def _cp(args: argparse.Namespace) -> int:
         endpoint=args.endpoint,
         jobs=args.jobs,
         stream_threshold=args.stream_threshold,
+        symlinks=args.symlinks,
+        strict=args.strict,
     )
     print(
         f"copied {plural(stats.objects, 'object')}, {stats.bytes} bytes ({human_bytes(stats.bytes)}) "
