@@ -129,17 +129,21 @@ def test_downloads_never_write_through_a_symlink_leading_outside(
     (dst / "sub").symlink_to(outside)
     (dst / "real").mkdir()
     (dst / "inner").symlink_to(dst / "real")  # inside the destination: fine
+    (dst / "ok.txt").symlink_to(outside / "ok.txt")  # replaced, never written through
 
     assert run(emulator, "cp", f"gs://{bucket}/d/", str(dst)) == 1
 
     one_line_error(capsys.readouterr().err, f"gs://{bucket}/d/sub/pwn", str(dst / "sub"))
     assert tree(outside) == []
-    assert tree(dst) == ["inner", "real", "sub"]
+    assert tree(dst) == ["inner", "ok.txt", "real", "sub"]
 
     (dst / "sub").unlink()
     assert run(emulator, "cp", f"gs://{bucket}/d/", str(dst)) == 0
     assert (dst / "real" / "x").read_bytes() == b"x"
     assert (dst / "sub" / "pwn").read_bytes() == b"pwn"
+    assert not (dst / "ok.txt").is_symlink()
+    assert (dst / "ok.txt").read_bytes() == b"ok"
+    assert tree(outside) == []
 
 
 def test_a_name_too_long_for_the_file_system_names_the_object(
