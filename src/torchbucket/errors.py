@@ -21,7 +21,9 @@ working::
         ├── RetryableError                             worth another attempt
         │   ├── ThrottledError                         429 (and 503 "slow down")
         │   └── TransientError                         408, 500, 502, 504, reset, timeout,
-        │                                              truncated body
+        │       │                                      truncated body
+        │       └── UnreachableError                   a local endpoint (an emulator) refused
+        │                                              the connection: retried for seconds only
         └── DeadlineExceededError  (also TimeoutError) retries ran past the deadline
 
 Any other status (400, 405, 409, 501, ...) is a plain :class:`StorageError`,
@@ -56,6 +58,7 @@ __all__ = [
     "ThrottledError",
     "TorchBucketError",
     "TransientError",
+    "UnreachableError",
 ]
 
 
@@ -157,6 +160,18 @@ class ThrottledError(RetryableError):
 
 class TransientError(RetryableError):
     """A server error, a reset connection, a timeout or a truncated body."""
+
+
+class UnreachableError(TransientError):
+    """A local endpoint refused the connection, or its name did not resolve.
+
+    A local endpoint is one on this machine (``localhost``, a loopback address)
+    or the host of ``$STORAGE_EMULATOR_HOST``: an emulator that is not running,
+    or an address left over from one that was restarted on another port. It is
+    retried for a few seconds (an emulator may be starting), not until the
+    retry deadline; the message names the endpoint. The same failure on
+    Google's endpoint is a plain :class:`TransientError`.
+    """
 
 
 class DeadlineExceededError(StorageError, TimeoutError):

@@ -29,6 +29,7 @@ from torchbucket.errors import (
     StorageError,
     ThrottledError,
     TransientError,
+    UnreachableError,
 )
 from torchbucket.runtime import accounting, watchdog
 
@@ -39,6 +40,11 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _EPISODE_QUIET_S = 60.0
+
+#: How long a local endpoint that refuses connections is retried (an emulator
+#: starting up answers within this), instead of the deadline: a stale emulator
+#: address failed after 291 s of silence (issue 39).
+UNREACHABLE_GIVE_UP_S = 3.0
 
 
 def is_retryable(exc: BaseException, *, idempotent: bool) -> bool:
@@ -206,6 +212,24 @@ def get_limiter(name: str, config: ConcurrencyConfig | None = None) -> AdaptiveL
     return limiter
 
 
+def _give_up_unreachable(
+    error: UnreachableError, attempts: int, elapsed: float, delay: float, config: RetryConfig
+) -> None:
+    """Raise ``error`` once a local endpoint has refused for long enough."""
+    if elapsed + delay < min(UNREACHABLE_GIVE_UP_S, config.deadline):
+        return
+    raise UnreachableError(
+        f"gave up after {_plural_attempts(attempts)} ({elapsed:.1f} s): {error.message}",
+        operation=error.operation,
+        uri=error.uri,
+    ) from error
+
+
+def _plural_attempts(count: int) -> str:
+    """``"1 attempt"``, ``"2 attempts"``."""
+    return f"{count} attempt" if count == 1 else f"{count} attempts"
+
+
 async def call(
     fn: Callable[[], Awaitable[T]],
     *,
@@ -228,6 +252,8 @@ async def call(
         rng: Randomness for jitter.
 
     Raises:
+        UnreachableError: A local endpoint still refused connections after
+            :data:`UNREACHABLE_GIVE_UP_S` seconds (or the deadline, if shorter).
         DeadlineExceededError: Still failing when the deadline came, or when the
             attempt cap was reached; chained from the last error. Also when the
             deadline cut an attempt short (a write that is not retried included).
@@ -315,6 +341,8 @@ async def call(
         if retry_after is not None:
             delay = max(delay, retry_after)
         now = time.monotonic()
+        if isinstance(error, UnreachableError):
+            _give_up_unreachable(error, attempt, now - start, delay, config)
         out_of_attempts = config.max_attempts is not None and attempt >= config.max_attempts
         if out_of_attempts or now + delay >= deadline:
             why = (
@@ -337,14 +365,18 @@ async def call(
                 uri=uri,
                 status=error.status,
             ) from error
-        _episodes.note(
-            type(error).__name__,
-            "%s %s failed (%s: %s); retrying in %.2f s",
-            operation,
-            uri,
-            type(error).__name__,
-            error.message,
-            delay,
-        )
+        if isinstance(error, UnreachableError):
+            # It fails or recovers within seconds, and then the error says it all.
+            logger.debug("%s %s failed (%s); retrying in %.2f s", operation, uri, error, delay)
+        else:
+            _episodes.note(
+                type(error).__name__,
+                "%s %s failed (%s: %s); retrying in %.2f s",
+                operation,
+                uri,
+                type(error).__name__,
+                error.message,
+                delay,
+            )
         accounting.retried(delay, throttled=isinstance(error, ThrottledError))
         await asyncio.sleep(delay)

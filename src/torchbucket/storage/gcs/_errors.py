@@ -12,12 +12,17 @@ transit) is a :class:`TransientError`.
 from __future__ import annotations
 
 import asyncio
+import errno
+import ipaddress
 import json
+import os
+import socket
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -29,6 +34,7 @@ from torchbucket.errors import (
     StorageError,
     ThrottledError,
     TransientError,
+    UnreachableError,
 )
 from torchbucket.storage.base import ObjectInfo
 from torchbucket.storage.gcs._wire import object_info
@@ -42,6 +48,7 @@ __all__ = [
     "parse_info",
     "parse_json",
     "refused_checksum",
+    "unreachable_error",
 ]
 
 T = TypeVar("T")
@@ -148,7 +155,11 @@ def error_for_response(
     message = (message or reason or "request failed").strip()[:_MESSAGE_LIMIT]
     kw: dict[str, Any] = {"operation": operation, "uri": uri, "status": status}
     if status == 404 and (bucket_op or reason == "NoSuchBucket"):
-        return BucketNotFoundError(f"bucket does not exist ({message})", **kw)
+        # GCS's own message already says so ("The specified bucket b does not
+        # exist."): one sentence, not the same one twice.
+        if "bucket" not in message.lower():
+            message = f"bucket does not exist ({message})"
+        return BucketNotFoundError(message, **kw)
     error = STATUS_ERRORS.get(status, StorageError)(message, **kw)
     if isinstance(error, ThrottledError):
         error.retry_after = _retry_after(headers)
@@ -172,6 +183,72 @@ def error_for_exception(exc: BaseException, *, operation: str, uri: str) -> Stor
             f"connection failed ({type(exc).__name__})", operation=operation, uri=uri
         )
     return None
+
+
+def is_local_endpoint(endpoint: str) -> bool:
+    """Whether ``endpoint`` is on this machine or is ``$STORAGE_EMULATOR_HOST``'s host."""
+    host = urlsplit(endpoint).hostname or ""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return True
+    except ValueError:
+        pass
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
+    if not emulator:
+        return False
+    emulator_host = urlsplit(emulator if "://" in emulator else f"http://{emulator}").hostname
+    return bool(emulator_host) and emulator_host == host
+
+
+_UNREACHABLE_ERRNOS = frozenset(
+    {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EADDRNOTAVAIL}
+)
+
+
+def _connect_failure(exc: BaseException) -> str | None:
+    """What kept a connection from opening, or ``None`` if ``exc`` is not that."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        exc = exc.os_error
+    if isinstance(exc, socket.gaierror):
+        return "its host name does not resolve"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, OSError) and exc.errno in _UNREACHABLE_ERRNOS:
+        return os.strerror(exc.errno).lower() if exc.errno is not None else None
+    if isinstance(exc, OSError) and "Connect call failed" in str(exc):
+        # asyncio's error when every address of the host refused (no errno).
+        return "connection refused"
+    return None
+
+
+def unreachable_error(
+    exc: BaseException, endpoint: str, *, operation: str, uri: str
+) -> UnreachableError | None:
+    """An :class:`UnreachableError` for a connection a local endpoint refused, else ``None``.
+
+    Why: a refused connection to the emulator's address (not running, or
+    restarted on another port) was retried as a transient GCS fault until the
+    retry deadline, five minutes, after one warning. Google's endpoint keeps
+    that: a connection it refuses is an outage worth riding out.
+
+    Args:
+        exc: What opening the connection raised.
+        endpoint: The endpoint it was opened to, named in the message.
+        operation: Named in the error.
+        uri: Named in the error.
+    """
+    if not is_local_endpoint(endpoint):
+        return None
+    why = _connect_failure(exc)
+    if why is None:
+        return None
+    message = f"cannot connect to {endpoint}: {why}"
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
+    if emulator:
+        message += f"; is the emulator running? (STORAGE_EMULATOR_HOST={emulator})"
+    return UnreachableError(message, operation=operation, uri=uri)
 
 
 #: What GCS answers when the bytes it received do not match the checksum the

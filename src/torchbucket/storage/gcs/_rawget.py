@@ -276,7 +276,9 @@ class RawGetter:
                 ) from None
             raise
         except OSError as exc:
-            raise TransientError(
+            raise _errors.unreachable_error(
+                exc, self.endpoint, operation="get", uri=uri
+            ) or TransientError(
                 f"connection failed ({type(exc).__name__})", operation="get", uri=uri
             ) from exc
         finally:

@@ -374,10 +374,11 @@ class GCSTransport:
         except TRANSPORT_ERRORS as exc:
             raise self.transport_error(exc, "stream", uri) from exc
 
-    @staticmethod
-    def transport_error(exc: BaseException, operation: str, uri: str) -> StorageError:
+    def transport_error(self, exc: BaseException, operation: str, uri: str) -> StorageError:
         """The :mod:`torchbucket.errors` type of a failed exchange."""
-        error = _errors.error_for_exception(exc, operation=operation, uri=uri)
+        error = _errors.unreachable_error(
+            exc, self._endpoint, operation=operation, uri=uri
+        ) or _errors.error_for_exception(exc, operation=operation, uri=uri)
         return error or TransientError(
             f"request failed ({type(exc).__name__})", operation=operation, uri=uri
         )
