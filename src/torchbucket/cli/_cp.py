@@ -12,6 +12,9 @@ like a transient error, and only a mismatch that persists reaches the user, as
 store; a streamed one can only be checked at its end, so the copy is read again
 from the start (nothing of the failed attempt is visible), with the store's
 backoff and deadline.
+
+The local side (:mod:`._cp_local`) lists a folder by one policy for special
+files and symlinks, and checks every download path before anything is written.
 """
 
 from __future__ import annotations
@@ -144,7 +147,7 @@ async def _source(
     """The source side, and ``(name, size)`` when it names one file or object."""
     if not is_remote(text):
         path = local_path(text)
-        size = regular_file_size(path)
+        size = await asyncio.to_thread(regular_file_size, path)
         if size is None:
             return Local(path, options), None
         return Local(os.path.dirname(path), options), (os.path.basename(path), size)
@@ -193,7 +196,8 @@ async def _resolve(
             dst = _Remote(target, key if not key or key.endswith("/") else key + "/")
     else:
         path = local_path(dst_text)
-        if single is not None and not dst_text.endswith("/") and not os.path.isdir(path):
+        is_dir = await asyncio.to_thread(os.path.isdir, path)
+        if single is not None and not dst_text.endswith("/") and not is_dir:
             dst, rename = Local(os.path.dirname(path)), os.path.basename(path)
         else:
             dst = Local(path)

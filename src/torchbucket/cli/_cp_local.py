@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import BinaryIO, Literal
 
-from torchbucket.cli._common import CommandError, exit_code_for
+from torchbucket.cli._common import EXIT_NOT_FOUND, CommandError, exit_code_for
 
 __all__ = ["Local", "LocalOptions", "SymlinkPolicy", "local_error", "regular_file_size"]
 
@@ -87,7 +87,7 @@ def regular_file_size(path: str) -> int | None:
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise CommandError(f"no such file or directory: {path}", exit_code=3) from None
+        raise CommandError(f"no such file or directory: {path}", exit_code=EXIT_NOT_FOUND) from None
     except OSError as exc:
         raise CommandError(f"cp {path}: {exc.strerror}", exit_code=exit_code_for(exc)) from exc
     if stat.S_ISDIR(st.st_mode):
