@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,14 @@ def object_names(bucket: str, prefix: str = "") -> list[str]:
     return [o.name[len(prefix) :] for o in page.objects]
 
 
+def data_file(bucket: str, prefix: str, rank: int = 0, n: int = 0) -> str:
+    """The one data file ``__{rank}_{n}.<save token>.distcp`` under ``prefix``."""
+    (name,) = [
+        x for x in object_names(bucket, prefix) if re.fullmatch(rf"__{rank}_{n}\.\w+\.distcp", x)
+    ]
+    return name
+
+
 @pytest.mark.parametrize("files_per_rank", [1, 3])
 def test_save_and_load_round_trip(bucket: str, files_per_rank: int) -> None:
     uri = f"memory://{bucket}/ckpt/step-1"
@@ -74,7 +83,9 @@ def test_save_and_load_round_trip(bucket: str, files_per_rank: int) -> None:
         storage_writer=BucketStorageWriter(uri, config=SMALL, files_per_rank=files_per_rank),
     )
     names = object_names(bucket, "ckpt/step-1/")
-    assert names == [".metadata"] + [f"__0_{n}.distcp" for n in range(files_per_rank)]
+    assert names == [".metadata"] + [
+        data_file(bucket, "ckpt/step-1/", 0, n) for n in range(files_per_rank)
+    ]
     target = empty_like(original)
     dcp.load(target, storage_reader=BucketStorageReader(uri, config=SMALL))
     assert_loaded(target, original)
@@ -110,7 +121,7 @@ def test_partial_load_fetches_only_the_needed_ranges(bucket: str) -> None:
     uri = f"memory://{bucket}/ckpt"
     big = {"big": torch.randn(256, 256), "small": torch.arange(10)}
     dcp.save(big, storage_writer=BucketStorageWriter(uri, config=SMALL))
-    file_size = runtime.run(MemoryStore(bucket).head("ckpt/__0_0.distcp")).size
+    file_size = runtime.run(MemoryStore(bucket).head("ckpt/" + data_file(bucket, "ckpt/"))).size
     reader = BucketStorageReader(uri, config=SMALL, max_gap=0)
     target = {"small": torch.zeros(10, dtype=torch.int64)}
     dcp.load(target, storage_reader=reader)
@@ -182,7 +193,7 @@ def test_save_without_collectives_writes_rank_metadata(bucket: str) -> None:
         storage_writer=BucketStorageWriter(uri, config=SMALL),
         use_collectives=False,
     )
-    assert object_names(bucket, "nc/") == ["__0.metadata", "__0_0.distcp"]
+    assert object_names(bucket, "nc/") == ["__0.metadata", data_file(bucket, "nc/")]
     target = empty_like(original)
     # load finds no .metadata and falls back to the rank's own.
     dcp.load(target, storage_reader=BucketStorageReader(uri, config=SMALL))

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import io
 import logging
 import os
-import pickle
 import queue
-import sys
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index
@@ -32,10 +29,14 @@ from torchbucket.dcp._common import (
     metadata_name,
     normalize,
 )
+from torchbucket.dcp._loading import Window, covers, file_crc, view_saved_tensor
+from torchbucket.dcp._loading import pieces as cut_pieces
+from torchbucket.dcp._pins import Pin, PinnedStore, file_infos, pins_of, replaced_error
 from torchbucket.dcp._ranges import merge_ranges
-from torchbucket.errors import IntegrityError, NotFoundError
+from torchbucket.dcp._unpickle import load_metadata
+from torchbucket.errors import CheckpointError, IntegrityError, NotFoundError
 from torchbucket.storage import crc32c as _crc32c
-from torchbucket.storage.base import ObjectInfo, ObjectStore
+from torchbucket.storage.base import ObjectStore
 from torchbucket.storage.ranges import fetch_ranges
 
 if TYPE_CHECKING:
@@ -61,118 +62,6 @@ _LOAD_ATTEMPTS = 3
 #: checkpoint in buffers beside the state dict it loads into (0.87 of it for
 #: the benchmark's 512 MiB).
 _BYTES_AHEAD = 64 << 20
-
-
-async def _heads(store: ObjectStore, keys: list[str]) -> list[ObjectInfo]:
-    return list(await asyncio.gather(*(store.head(key) for key in keys)))
-
-
-def _covers(spans: list[tuple[str, int, int]], key: str, size: int) -> bool:
-    """Whether the ``(key, start, length)`` spans of ``key`` read it whole, once."""
-    pos = 0
-    for start, length in sorted((st, n) for k, st, n in spans if k == key):
-        if start != pos:
-            return False
-        pos += length
-    return pos == size
-
-
-def _file_crc(spans: list[tuple[str, int, int]], crcs: dict[int, int], key: str) -> str:
-    """The CRC32C of ``key``'s spans, in file order, combined (``""`` if one is missing)."""
-    crc = 0
-    for _, index in sorted((st, i) for i, (k, st, _) in enumerate(spans) if k == key):
-        if index not in crcs:
-            return ""
-        crc = _crc32c.combine(crc, crcs[index], spans[index][2])
-    return _crc32c.b64(crc)
-
-
-def _view_saved_tensor(name: str, data: memoryview) -> torch.Tensor | None:
-    """The tensor ``torch.save`` wrote into ``data``, as a view of ``data`` (no copy).
-
-    ``torch.load`` with ``map_location="meta"`` reads only the zip's directory
-    and pickle: it gives the tensor's dtype, shape and strides, and the offset
-    of its bytes inside ``data``, which are then viewed in place. That skips
-    ``torch.load``'s copy of every byte into a new storage (the item is copied
-    once, into the state dict). ``None`` where that does not apply (not a
-    plain tensor, an older torch without the offset, unaligned bytes): the
-    caller then loads a copy.
-    """
-    if sys.byteorder != "little":
-        return None
-    meta = torch.load(MemoryFile(name, data), map_location="meta", weights_only=True)  # type: ignore[arg-type]
-    if not isinstance(meta, torch.Tensor) or meta.is_quantized or meta.layout != torch.strided:
-        return None
-    storage = meta.untyped_storage()
-    offset = getattr(storage, "_checkpoint_offset", None)
-    nbytes = storage.nbytes()
-    if not isinstance(offset, int) or nbytes == 0 or offset < 0 or offset + nbytes > len(data):
-        return None
-    raw = torch.frombuffer(data, dtype=torch.uint8, offset=offset, count=nbytes)
-    if raw.data_ptr() % meta.element_size():
-        return None
-    return raw.view(meta.dtype).as_strided(meta.size(), meta.stride(), meta.storage_offset())
-
-
-def _pieces(
-    spans: list[tuple[tuple[int, int], ReadItem]], size: int
-) -> list[list[tuple[tuple[int, int], ReadItem]]]:
-    """Group sorted, overlapping-or-close item spans into runs of about ``size`` bytes."""
-    pieces: list[list[tuple[tuple[int, int], ReadItem]]] = []
-    for span, item in spans:
-        if pieces and span[1] - pieces[-1][0][0][0] <= size:
-            pieces[-1].append((span, item))
-        else:
-            pieces.append([(span, item)])
-    return pieces
-
-
-class _Window:
-    """Admits jobs (in order) while the bytes admitted and not yet used stay under a bound.
-
-    ``admit`` runs on the loop; ``done`` is called from the thread that uses
-    the jobs' bytes. A job larger than the bound is admitted alone.
-    """
-
-    def __init__(self, sizes: list[int], limit: int) -> None:
-        self._sizes = sizes
-        self._limit = limit
-        self._held = 0
-        self._admitted: list[asyncio.Event] = []
-        self._freed: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._admitted = [asyncio.Event() for _ in self._sizes]
-        self._freed = asyncio.Event()
-        self._task = asyncio.ensure_future(self._run())
-
-    def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-    async def _run(self) -> None:
-        assert self._freed is not None
-        for index, size in enumerate(self._sizes):
-            while self._held and self._held + size > self._limit:
-                self._freed.clear()
-                await self._freed.wait()
-            self._held += size
-            self._admitted[index].set()
-
-    async def admit(self, index: int) -> None:
-        await self._admitted[index].wait()
-
-    def _release(self, size: int) -> None:
-        assert self._freed is not None
-        self._held -= size
-        self._freed.set()
-
-    def done(self, index: int) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._release, self._sizes[index])
 
 
 class BucketStorageReader(StorageReader):
@@ -211,6 +100,9 @@ class BucketStorageReader(StorageReader):
         self.checkpoint = checkpoint or BucketCheckpoint(config=config, gcs=gcs)
         self.max_gap = max_gap
         self.storage_data: dict[Any, _StorageInfo] = {}
+        #: What each data file held when saved, by name (``None``: not recorded).
+        self.pins: dict[str, Pin] | None = None
+        self._metadata_error: CheckpointError | None = None
         self.load_id = uuid.uuid4().hex
         self.rank: int | None = None
         #: Bytes fetched by the last ``read_data`` (for tests and benchmarks).
@@ -218,27 +110,41 @@ class BucketStorageReader(StorageReader):
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         self.storage_data = {}
+        self.pins = None
+        self._metadata_error = None
         if checkpoint_id:
             self.uri = normalize(checkpoint_id)
         self.load_id = uuid.uuid4().hex
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        """Read ``.metadata`` (or the rank's own ``__{rank}.metadata``).
+        """Read ``.metadata`` (or the rank's own ``__{rank}.metadata``), running no code from it.
 
         Raises:
             NotFoundError: There is none: the checkpoint is incomplete or absent.
+            CheckpointError: It is not DCP metadata (corrupt, truncated) or names
+                a class DCP metadata is not made of (see :mod:`._unpickle`).
         """
-        uri = join(self.uri, metadata_name(kwargs.get("rank")))
+        rank = kwargs.get("rank")
+        uri = join(self.uri, metadata_name(rank))
         try:
             with self.checkpoint.reader(uri) as f:
-                metadata: Metadata = pickle.load(f)
+                data = f.read()
         except NotFoundError as exc:
+            if rank is not None and self._metadata_error is not None:
+                # torch falls back to a rank's own metadata when ``.metadata``
+                # fails to load: the reason is that failure, not this absence.
+                raise self._metadata_error from exc
             raise NotFoundError(
-                f"no {metadata_name(kwargs.get('rank'))}: the checkpoint does not exist or its "
+                f"no {metadata_name(rank)}: the checkpoint does not exist or its "
                 "save did not finish (the metadata is written last)",
                 operation="dcp load",
                 uri=self.uri,
             ) from exc
+        try:
+            metadata = load_metadata(data, uri)
+        except CheckpointError as exc:
+            self._metadata_error = exc
+            raise
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         assert metadata.storage_meta is not None
@@ -252,8 +158,16 @@ class BucketStorageReader(StorageReader):
             raise NotFoundError(
                 "the checkpoint's metadata lists no storage", operation="dcp load", uri=self.uri
             )
-        self.storage_data = metadata.storage_data
         self.rank = kwargs.get("rank")
+        self.pins = pins_of(metadata, join(self.uri, metadata_name(None)))
+        if self.pins is None and is_coordinator:
+            logger.info(
+                "%s: the checkpoint records no generation or CRC32C of its data files "
+                "(written by another writer than BucketStorageWriter): files replaced "
+                "since its save cannot be detected",
+                self.uri,
+            )
+        self.storage_data = metadata.storage_data
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         return plan
@@ -271,8 +185,10 @@ class BucketStorageReader(StorageReader):
         jobs: list[tuple[str, memoryview, int]] = []
         job_items: list[list[tuple[ReadItem, int, int]]] = []  # (item, lo, hi) in the buffer
         store, _ = self.checkpoint.open(join(self.uri, metadata_name(None)))
+        files: dict[str, str] = {}  # name in the checkpoint, by key
         for name, items in per_file.items():
             _, key = self.checkpoint.open(join(self.uri, name))
+            files[key] = name
             spans = [self._span(item) for item in items]
             for start, end in merge_ranges(spans, self.max_gap):
                 inside = sorted(
@@ -288,7 +204,7 @@ class BucketStorageReader(StorageReader):
                 # Each piece reaches the next one's start (the range's end for
                 # the last): the padding between items is read too, so that a
                 # file read whole can be checked against its CRC32C.
-                pieces = _pieces(inside, self.checkpoint.config.read_chunk_size)
+                pieces = cut_pieces(inside, self.checkpoint.config.read_chunk_size)
                 starts = [piece[0][0][0] for piece in pieces]
                 for n, piece in enumerate(pieces):
                     lo = starts[n]
@@ -298,7 +214,7 @@ class BucketStorageReader(StorageReader):
                     job_items.append([(item, a - lo, b - lo) for (a, b), item in piece])
         self.bytes_fetched = sum(len(buffer) for _, buffer, _ in jobs)
         if jobs:
-            self._fetch_verified(store, jobs, job_items, planner)
+            self._fetch_verified(store, files, jobs, job_items, planner)
         future: Future[None] = Future()
         future.set_result(None)
         return future
@@ -317,11 +233,16 @@ class BucketStorageReader(StorageReader):
     def _fetch_verified(
         self,
         store: ObjectStore,
+        files: dict[str, str],
         jobs: list[tuple[str, memoryview, int]],
         job_items: list[list[tuple[ReadItem, int, int]]],
         planner: LoadPlanner,
     ) -> None:
-        """:meth:`_fetch_and_load`, with each file read whole checked against its CRC32C.
+        """:meth:`_fetch_and_load`, from the pinned generations, each file read whole checked.
+
+        Each file is read at the generation ``.metadata`` pins it to (or, for a
+        checkpoint without pins, the one it has when the load starts): a file
+        rewritten or deleted since is a :class:`CheckpointError`.
 
         A range of a file is not the whole object, so GCS gives no checksum for
         it, and a corrupt answer would load wrong values silently. Where the
@@ -333,8 +254,9 @@ class BucketStorageReader(StorageReader):
         """
         spans = [(key, start, len(buffer)) for key, buffer, start in jobs]
         keys = sorted({key for key, _, _ in spans})
-        infos = dict(zip(keys, runtime.run(_heads(store, keys)), strict=True))
-        checked = {k for k in keys if infos[k].crc32c and _covers(spans, k, infos[k].size)}
+        infos = runtime.run(file_infos(store, files, self.pins))
+        pinned = cast(ObjectStore, PinnedStore(store, {k: i.generation for k, i in infos.items()}))
+        checked = {k for k in keys if infos[k].crc32c and covers(spans, k, infos[k].size)}
         pending = list(range(len(jobs)))
         for attempt in range(1, _LOAD_ATTEMPTS + 1):
             # The first read fills (and frees, as items load) the caller's buffers.
@@ -351,9 +273,12 @@ class BucketStorageReader(StorageReader):
                 if spans[at[index]][0] in checked:
                     crcs[at[index]] = _crc32c.extend(0, buffer)
 
-            self._fetch_and_load(store, todo, [job_items[i] for i in pending], planner, note)
+            try:
+                self._fetch_and_load(pinned, todo, [job_items[i] for i in pending], planner, note)
+            except NotFoundError as exc:
+                raise replaced_error(exc, self.uri, store, infos) from exc
             bad = {spans[i][0] for i in pending} & checked
-            bad = {key for key in bad if _file_crc(spans, crcs, key) != infos[key].crc32c}
+            bad = {key for key in bad if file_crc(spans, crcs, key) != infos[key].crc32c}
             if not bad:
                 return
             uris = ", ".join(store.uri(key) for key in sorted(bad))
@@ -382,7 +307,7 @@ class BucketStorageReader(StorageReader):
         """
         config = self.checkpoint.config
         ready: queue.SimpleQueue[int] = queue.SimpleQueue()
-        window = _Window([len(buffer) for _, buffer, _ in jobs], _BYTES_AHEAD)
+        window = Window([len(buffer) for _, buffer, _ in jobs], _BYTES_AHEAD)
 
         async def fetch() -> None:
             try:
@@ -434,7 +359,7 @@ class BucketStorageReader(StorageReader):
             planner.load_bytes(item, io.BytesIO(data))
             return
         name = f"{self.uri}/{info.relative_path}"
-        tensor = _view_saved_tensor(name, data)
+        tensor = view_saved_tensor(name, data)
         if tensor is None:
             stream = MemoryFile(name, data)
             tensor = torch.load(stream, map_location="cpu", weights_only=True)  # type: ignore[arg-type]

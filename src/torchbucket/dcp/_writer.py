@@ -6,7 +6,6 @@ import concurrent.futures
 import dataclasses
 import io
 import os
-import pickle
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +19,7 @@ from torch.futures import Future
 from torchbucket._checks import check_int, renamed_configs
 from torchbucket._uri import is_bucket_uri
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
+from torchbucket.dcp._commit import commit_metadata, files_of
 from torchbucket.dcp._common import (
     DATA_SUFFIX,
     check_dcp_arguments,
@@ -27,6 +27,7 @@ from torchbucket.dcp._common import (
     metadata_name,
     normalize,
 )
+from torchbucket.dcp._pins import Pin, record_pins
 from torchbucket.errors import StorageError
 
 if TYPE_CHECKING:
@@ -36,6 +37,17 @@ __all__ = ["BucketStorageWriter"]
 
 #: Items begin at multiples of this many bytes in a data file.
 _ALIGNMENT = 64
+
+#: Hex digits of the save's id in its data files' names.
+_TOKEN_LENGTH = 12
+
+
+@dataclasses.dataclass(frozen=True)
+class _Written:
+    """What a rank reports of one item it wrote: where it is, and its file's pin."""
+
+    info: _StorageInfo
+    pin: Pin
 
 
 def _item_size(item: WriteItem) -> int:
@@ -81,8 +93,21 @@ class BucketStorageWriter(StorageWriter):
     that a save over an old checkpoint that dies half-way leaves an incomplete
     checkpoint, never old metadata pointing into new files.
 
-    The layout is ``FileSystemWriter``'s: copied to a local folder, the
-    checkpoint loads with ``FileSystemReader``.
+    ``.metadata`` records the generation, size and CRC32C of every data file,
+    and :class:`BucketStorageReader` reads exactly those, so a file rewritten
+    or replaced after the save fails the load instead of loading other values.
+
+    Concurrent saves to one ``uri``: the first to finish wins, whole; a later
+    one fails. Each save writes data files of its own (``__{rank}_{n}.{token}.distcp``,
+    the token new for every save), so saves never write into each other's
+    files, and ``.metadata`` is written only if none exists (the save removed
+    the old one before writing data): a save that finds another's there raises
+    :class:`~torchbucket.errors.PreconditionFailedError` and deletes its own
+    data files. A save that wins deletes the data files of the checkpoint it
+    replaced.
+
+    The layout is ``FileSystemWriter``'s but for the data files' names:
+    copied to a local folder, the checkpoint loads with ``FileSystemReader``.
 
     Example::
 
@@ -119,6 +144,8 @@ class BucketStorageWriter(StorageWriter):
         self.files_per_rank = files_per_rank
         self.overwrite = overwrite
         self.save_id = uuid.uuid4().hex
+        #: Data files of the checkpoint this save replaces (deleted when it wins).
+        self._replaced: list[str] = []
         self.rank: int | None = None
         self.is_coordinator = False
         self.use_collectives = True
@@ -129,6 +156,7 @@ class BucketStorageWriter(StorageWriter):
         if checkpoint_id:
             self.uri = normalize(checkpoint_id)
         self.save_id = uuid.uuid4().hex
+        self._replaced = []
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.is_coordinator = is_coordinator
@@ -140,7 +168,8 @@ class BucketStorageWriter(StorageWriter):
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         if self.is_coordinator or not self.use_collectives:
-            metadata_uri = join(self.uri, metadata_name(self._own_metadata_rank()))
+            name = metadata_name(self._own_metadata_rank())
+            metadata_uri = join(self.uri, name)
             if self.checkpoint.exists(metadata_uri):
                 if not self.overwrite:
                     raise StorageError(
@@ -148,6 +177,7 @@ class BucketStorageWriter(StorageWriter):
                         operation="dcp save",
                         uri=self.uri,
                     )
+                self._replaced = files_of(self.checkpoint, self.uri, name)
                 self.checkpoint.delete(metadata_uri, missing_ok=True)
         if self.rank is not None and not self.use_collectives:
             plan = dataclasses.replace(plan, storage_data=_StoragePrefix(f"__{self.rank}_"))
@@ -163,14 +193,16 @@ class BucketStorageWriter(StorageWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         prefix: _StoragePrefix = plan.storage_data
+        token = self.save_id[:_TOKEN_LENGTH]
         files = [
-            (f"{prefix.prefix}{n}{DATA_SUFFIX}", items)
+            (f"{prefix.prefix}{n}.{token}{DATA_SUFFIX}", items)
             for n, items in enumerate(split_items(plan.items, self.files_per_rank))
+            if items  # a rank with nothing to save writes no file
         ]
         results: list[WriteResult] = []
         if len(files) == 1:
             results = self._write_file(files[0][0], files[0][1], planner)
-        else:
+        elif files:
             with concurrent.futures.ThreadPoolExecutor(
                 len(files), thread_name_prefix="torchbucket-dcp"
             ) as pool:
@@ -181,12 +213,20 @@ class BucketStorageWriter(StorageWriter):
         return future
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        written: list[_Written] = [r.storage_data for rs in results for r in rs]
         metadata.version = "1.0.0"  # torch's CURRENT_DCP_VERSION for this layout
-        metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
+        metadata.storage_data = {r.index: r.storage_data.info for rs in results for r in rs}
+        pins = {w.info.relative_path: w.pin for w in written}
+        record_pins(metadata, pins)
         metadata.storage_meta = self.storage_meta()
-        name = metadata_name(self._own_metadata_rank())
-        with self.checkpoint.writer(join(self.uri, name)) as f:
-            pickle.dump(metadata, f)
+        commit_metadata(
+            self.checkpoint,
+            self.uri,
+            metadata_name(self._own_metadata_rank()),
+            metadata,
+            written=set(pins),
+            replaced=self._replaced,
+        )
 
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=self.uri, save_id=self.save_id)
@@ -206,6 +246,7 @@ class BucketStorageWriter(StorageWriter):
         self, name: str, items: list[WriteItem], planner: SavePlanner
     ) -> list[WriteResult]:
         results: list[WriteResult] = []
+        infos: list[_StorageInfo] = []
         with self.checkpoint.writer(join(self.uri, name)) as stream:
             # Blobs first, then tensors, as FileSystemWriter orders them.
             ordered = sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO)
@@ -223,11 +264,16 @@ class BucketStorageWriter(StorageWriter):
                     assert isinstance(data, torch.Tensor)
                     torch.save(_cpu_compact(data), stream)  # type: ignore[arg-type]
                 length = stream.tell() - offset
-                results.append(
-                    WriteResult(
-                        index=item.index,
-                        size_in_bytes=length,
-                        storage_data=_StorageInfo(name, offset, length),
-                    )
+                infos.append(_StorageInfo(name, offset, length))
+        saved = stream.info
+        assert saved is not None  # set by a successful close
+        pin = Pin(saved.generation, saved.crc32c, saved.size)
+        for item, info in zip(ordered, infos, strict=True):
+            results.append(
+                WriteResult(
+                    index=item.index,
+                    size_in_bytes=info.length,
+                    storage_data=_Written(info, pin),
                 )
+            )
         return results
