@@ -117,7 +117,8 @@ class Emulator(DataAdmin, AuthAdmin):
             as GCS answers it otherwise), and serve an OAuth2 token endpoint
             (:attr:`token_uri`, for :meth:`service_account_key` files) and a GCE
             metadata server (:meth:`metadata_env`) on a second port. Clients
-            then need ``GCSConfig(anonymous=False)``. Default ``False``.
+            then need ``GCSConfig(anonymous=False)``, and the admin API needs
+            :attr:`admin_token` (this handle sends it). Default ``False``.
         token_lifetime: Seconds each issued token is valid, with ``auth``.
             Default 3600, as Google's.
         tls: Serve HTTPS (``https://127.0.0.1:PORT``) with a certificate from a
@@ -157,6 +158,10 @@ class Emulator(DataAdmin, AuthAdmin):
         self.auth = auth
         self.token_lifetime = token_lifetime
         self._token_port: int | None = None
+        #: With ``auth``, the secret the admin API (``/_emulator/...``) needs in
+        #: the ``x-emulator-admin-token`` header, made at start; sent by every
+        #: method of this handle. ``None`` without ``auth`` (the admin API is open).
+        self.admin_token: str | None = None
         self.tls = tls
         #: With ``tls``, the CA file a client must trust (SSL_CERT_FILE,
         #: REQUESTS_CA_BUNDLE) while the emulator runs; else ``None``.
@@ -246,6 +251,7 @@ class Emulator(DataAdmin, AuthAdmin):
         self.pid = int(info["pid"])
         self.backend_pid = info.get("backend_pid")
         self._token_port = info.get("token_port")
+        self.admin_token = info.get("admin_token")
         logger.debug("emulator (%s) listening at %s", self.backend, self._endpoint)
         return self
 
@@ -288,6 +294,7 @@ class Emulator(DataAdmin, AuthAdmin):
         self._proc = None
         self._endpoint = None
         self._token_port = None
+        self.admin_token = None
         if self._tls_dir is not None:
             shutil.rmtree(self._tls_dir, ignore_errors=True)
             self._tls_dir = None
@@ -324,6 +331,8 @@ class Emulator(DataAdmin, AuthAdmin):
         req = urllib.request.Request(url, data=data, method=method)
         if data is not None:
             req.add_header("Content-Type", content_type)
+        if self.admin_token is not None:
+            req.add_header("x-emulator-admin-token", self.admin_token)
         try:
             with self._opener.open(req, timeout=timeout) as resp:
                 return json.loads(resp.read() or b"null")

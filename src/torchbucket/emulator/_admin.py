@@ -1,6 +1,10 @@
 """The admin API under ``/_emulator/`` (JSON): faults, stats, latency, seeding.
 
 Admin requests bypass the latency model, the rps cap, fault rules and counters.
+In "auth required" mode each needs the emulator's admin secret, made at start,
+in the ``x-emulator-admin-token`` header (401 without it, 403 with another):
+GCS requests need a token there, so seeding, fault injection or key
+registration must not be open either.
 """
 
 from __future__ import annotations
@@ -8,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import secrets
 import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -24,7 +29,10 @@ from torchbucket.errors import ConfigError
 if TYPE_CHECKING:
     from torchbucket.emulator._server import FrontServer
 
-__all__ = ["handle_admin"]
+__all__ = ["ADMIN_TOKEN_HEADER", "admin_refused", "admin_token_ok", "handle_admin"]
+
+#: The header that carries the admin secret in "auth required" mode.
+ADMIN_TOKEN_HEADER = "x-emulator-admin-token"
 
 
 def _ok(payload: Any) -> web.Response:
@@ -39,6 +47,30 @@ async def _json(request: web.BaseRequest) -> Any:
         return json.loads(raw)
     except ValueError:
         raise ApiError(400, "admin request body is not valid JSON") from None
+
+
+def admin_token_ok(request: web.BaseRequest, token: str) -> bool:
+    """Whether ``request`` carries the admin secret ``token``."""
+    sent = request.headers.get(ADMIN_TOKEN_HEADER, "")
+    return secrets.compare_digest(sent.encode(), token.encode())
+
+
+async def admin_refused(request: web.BaseRequest) -> web.Response:
+    """The answer to an admin request without the right secret: 401, or 403 with a wrong one."""
+    if request.body_exists and "Expect" not in request.headers:
+        await request.read()  # so the connection can carry the next request
+    if ADMIN_TOKEN_HEADER in request.headers:
+        return api_error_response(
+            ApiError(403, f"the {ADMIN_TOKEN_HEADER} header does not hold the admin secret")
+        )
+    return api_error_response(
+        ApiError(
+            401,
+            f"the emulator requires auth: its admin API needs the {ADMIN_TOKEN_HEADER} header "
+            "(the admin_token its start line printed)",
+            reason="required",
+        )
+    )
 
 
 async def handle_admin(front: FrontServer, request: web.BaseRequest, path: str) -> web.Response:

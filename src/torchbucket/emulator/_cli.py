@@ -1,7 +1,8 @@
 """``python -m torchbucket.emulator`` / ``torchbucket emulator``: run the server.
 
-Prints one JSON line on stdout (``{"endpoint": "http://127.0.0.1:PORT", ...}``)
-once the server listens, then serves until SIGINT or SIGTERM, or, with
+Prints one JSON line on stdout (``{"endpoint": "http://127.0.0.1:PORT", ...}``,
+with ``admin_token``, the admin API's secret, in ``--auth`` mode) once the
+server listens, then serves until SIGINT or SIGTERM, or, with
 ``--watch-stdin``, until its stdin closes (how :class:`Emulator` makes sure no
 server outlives the process that started it).
 """
@@ -13,6 +14,7 @@ import asyncio
 import json
 import logging
 import os
+import secrets
 import signal
 import sys
 from collections.abc import Sequence
@@ -63,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
         "--auth",
         action="store_true",
         help="require a bearer token the emulator issued (401 otherwise), and serve a token "
-        "endpoint and a GCE metadata server on a second port",
+        "endpoint and a GCE metadata server on a second port; the admin API then needs the "
+        "x-emulator-admin-token header with the admin_token printed at start",
     )
     parser.add_argument(
         "--token-lifetime",
@@ -150,6 +153,8 @@ async def _serve(args: argparse.Namespace, latency: object) -> None:
         from torchbucket.emulator._token_service import TokenService
 
         front.auth = AuthState(token_lifetime=args.token_lifetime)
+        # The admin API must not be open where GCS requests need a token.
+        front.admin_token = secrets.token_urlsafe(32)
         token_service = TokenService(front.auth)
         await token_service.start()
     for bucket in args.bucket:
@@ -189,6 +194,8 @@ async def _serve(args: argparse.Namespace, latency: object) -> None:
     }
     if token_service is not None:
         line["token_port"] = token_service.port
+    if front.admin_token is not None:
+        line["admin_token"] = front.admin_token
     sys.stdout.write(json.dumps(line) + "\n")
     sys.stdout.flush()
     if not args.watch_stdin:
@@ -201,6 +208,8 @@ async def _serve(args: argparse.Namespace, latency: object) -> None:
             sys.stderr.write(
                 f"Tokens: key files with token_uri http://127.0.0.1:{token_service.port}/token, "
                 f"or GCE_METADATA_HOST=GCE_METADATA_IP=127.0.0.1:{token_service.port}\n"
+                "Admin API (/_emulator/...): send the header "
+                f"x-emulator-admin-token: {front.admin_token}\n"
             )
     await front.stopped.wait()
     if token_service is not None:

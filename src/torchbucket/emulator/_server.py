@@ -22,7 +22,7 @@ from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
-from torchbucket.emulator._admin import handle_admin
+from torchbucket.emulator._admin import admin_refused, admin_token_ok, handle_admin
 from torchbucket.emulator._faults import STATUS_KINDS, FaultRule, FaultTable, flip_byte
 from torchbucket.emulator._http import Call, Route, error_response, json_call, json_response
 from torchbucket.emulator._latency import LatencyModel, LatencySampler, RateCap
@@ -119,6 +119,8 @@ class FrontServer:
         self.stopped = asyncio.Event()
         # Set in "auth required" mode: requests need a token it issued.
         self.auth: AuthState | None = None
+        # Set in that mode too: the admin API (/_emulator/...) needs this secret.
+        self.admin_token: str | None = None
 
     @property
     def latency(self) -> LatencyModel | None:
@@ -176,6 +178,8 @@ class FrontServer:
         raw = request.raw_path
         path = raw.partition("?")[0]
         if path.startswith("/_emulator/"):
+            if self.admin_token is not None and not admin_token_ok(request, self.admin_token):
+                return await admin_refused(request)
             if self.auth is not None and path.startswith("/_emulator/auth/"):
                 return await self.auth.admin(request, path[len("/_emulator/auth/") :])
             return await handle_admin(self, request, path)
