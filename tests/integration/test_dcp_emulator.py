@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pickle
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +18,7 @@ from torchbucket import runtime
 from torchbucket.checkpoint import CheckpointConfig
 from torchbucket.dcp import BucketStorageReader, BucketStorageWriter
 from torchbucket.emulator import Emulator
+from torchbucket.errors import CheckpointError
 
 pytestmark = [
     pytest.mark.emulator,
@@ -77,3 +80,47 @@ def test_interrupted_save_is_not_loadable(
     assert re.fullmatch(r"ckpt/__0_0\.\w+\.distcp", left)
     with pytest.raises(CheckpointException, match="did not finish"):
         dcp.load(zeros(), storage_reader=BucketStorageReader(uri, gcs=store.config))
+
+
+class RunsCommand:
+    """Pickles as ``os.system(command)``: unpickling it runs the command."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (self.command,))
+
+
+def test_metadata_that_would_run_code_is_refused(
+    emulator: Emulator, gcs_bucket_factory: Callable[..., Any], tmp_path: Path
+) -> None:
+    store = gcs_bucket_factory(emulator, prefix="dcp")
+    marker = tmp_path / "ran"
+    emulator.seed(
+        store.bucket, {"run/step1/.metadata": pickle.dumps(RunsCommand(f"touch {marker}"))}
+    )
+    uri = f"gs://{store.bucket}/run/step1"
+    with pytest.raises(CheckpointException, match=r"refused to load posix\.system") as caught:
+        dcp.load(zeros(), storage_reader=BucketStorageReader(uri, gcs=store.config))
+    # torch reports both metadata reads it tried: both say why.
+    assert f"{uri}/.metadata" in str(caught.value) and "does not exist" not in str(caught.value)
+    with pytest.raises(CheckpointError, match=r"refused to load posix\.system"):
+        BucketStorageReader(uri, gcs=store.config).read_metadata()
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("damage", ["random", "truncated"])
+def test_corrupt_metadata_is_called_corrupt(
+    emulator: Emulator, gcs_bucket_factory: Callable[..., Any], damage: str
+) -> None:
+    store = gcs_bucket_factory(emulator, prefix="dcp")
+    uri = f"gs://{store.bucket}/ckpt"
+    dcp.save(state(3), storage_writer=BucketStorageWriter(uri, config=CONFIG, gcs=store.config))
+    whole = runtime.run(store.get("ckpt/.metadata"))
+    bad = os.urandom(len(whole)) if damage == "random" else whole[: len(whole) - 7]
+    emulator.seed(store.bucket, {"ckpt/.metadata": bad})
+    with pytest.raises(CheckpointException, match="not DCP metadata, or corrupt") as caught:
+        dcp.load(zeros(), storage_reader=BucketStorageReader(uri, gcs=store.config))
+    assert f"{uri}/.metadata" in str(caught.value)
+    assert "does not exist" not in str(caught.value)

@@ -316,6 +316,118 @@ def test_an_unexpected_error_in_a_compose_group_reaches_the_epoch(
         list(ds)
 
 
+# -- DCP: two saves to one place, and a data file replaced after a save ----------
+
+
+def _dcp_state(value: float) -> dict[str, object]:
+    """Job A's (1.0) or job B's (2.0) state: eight tensors, two to a data file."""
+    import torch
+
+    return {f"t{i}": torch.full((16384,), value) for i in range(8)}
+
+
+def _dcp_load(bucket: Bucket, uri: str) -> dict[str, object]:
+    import torch.distributed.checkpoint as dcp
+
+    from torchbucket.dcp import BucketStorageReader
+
+    target = _dcp_state(0.0)
+    dcp.load(target, storage_reader=BucketStorageReader(uri, gcs=bucket.gcs()))
+    return target
+
+
+def _dcp_writer(bucket: Bucket, uri: str) -> object:
+    from torchbucket.checkpoint import CheckpointConfig
+    from torchbucket.dcp import BucketStorageWriter
+
+    # 32 KiB parts: each 128 KiB data file is a multipart upload (its name in the URL).
+    config = CheckpointConfig(part_size=32 * 1024, min_part_size=1024)
+    return BucketStorageWriter(uri, config=config, gcs=bucket.gcs(), files_per_rank=4)
+
+
+def _wait_fired(emu: Emulator) -> None:
+    """Until the fault has fired (the request it holds has arrived)."""
+    import time
+
+    for _ in range(400):
+        if any(rule["fired"] for rule in emu.faults()):
+            return
+        time.sleep(0.05)
+    raise AssertionError("the fault never fired: the case tested nothing")
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_concurrent_dcp_saves_never_mix(model_bucket: Bucket) -> None:
+    """Job A saves 1.0s, one of its data files held; job B saves 2.0s meanwhile, whole.
+
+    Both jobs write ``gs://.../run/step`` with four data files each. The load
+    gives all of one job's tensors, never some of each; a job that lost fails
+    with an error naming the checkpoint and leaves none of its files behind.
+    """
+    import threading
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    emu, uri = model_bucket.emu, model_bucket.uri("run/step")
+    emu.add_fault("mpu_complete", "stall_apply", match="__0_2.", stall_seconds=STALL_SECONDS)
+    outcome: dict[str, BaseException | None] = {}
+
+    def save(job: str, value: float) -> None:
+        try:
+            dcp.save(_dcp_state(value), storage_writer=_dcp_writer(model_bucket, uri))
+            outcome[job] = None
+        except CheckpointException as exc:
+            outcome[job] = exc
+
+    job_a = threading.Thread(target=save, args=("A", 1.0))
+    job_a.start()
+    try:
+        _wait_fired(emu)  # A's third data file is held: B starts now
+        save("B", 2.0)
+    finally:
+        job_a.join()
+        emu.clear_faults()
+    loaded = _dcp_load(model_bucket, uri)
+    values = set(torch.cat(list(loaded.values())).unique().tolist())  # type: ignore[arg-type]
+    assert values in ({1.0}, {2.0}), f"tensors of both saves loaded together: {values}"
+    winner = "A" if values == {1.0} else "B"
+    loser = "B" if winner == "A" else "A"
+    assert outcome[winner] is None
+    if outcome[loser] is not None:
+        assert uri in str(outcome[loser]) and "finished first" in str(outcome[loser])
+    # The winner's four data files and its metadata, nothing of the other job.
+    assert len(emu.object_names(model_bucket.name, "run/step/")) == 5
+    assert model_bucket.incomplete_uploads() == []
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_a_replaced_dcp_data_file_is_refused(model_bucket: Bucket) -> None:
+    """A data file re-uploaded with one bit flipped after the save: the load fails, naming it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from torchbucket import runtime
+    from torchbucket.errors import CheckpointError
+
+    uri = model_bucket.uri("run/step")
+    dcp.save(_dcp_state(1.0), storage_writer=_dcp_writer(model_bucket, uri))
+    name = next(n for n in model_bucket.emu.object_names(model_bucket.name, "run/step/__0_1."))
+    store = model_bucket.store()
+    try:
+        data = bytearray(runtime.run(store.get(name)))
+        data[-1000] ^= 0x10  # inside the last tensor's bytes
+        runtime.run(store.put(name, bytes(data)))
+    finally:
+        runtime.run(store.close())
+    with pytest.raises(CheckpointException) as caught:
+        _dcp_load(model_bucket, uri)
+    error, _ = caught.value.failures[0]
+    assert isinstance(error, CheckpointError), repr(error)
+    assert model_bucket.uri(name) in str(error) and "replaced" in str(error)
+
+
 #: Per operation: the workload that meets the fault, and what the product does.
 WHAT = {
     "list": ("dataset listing", "page retried"),
