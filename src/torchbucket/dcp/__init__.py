@@ -8,7 +8,9 @@ Example::
     dcp.save(state_dict, storage_writer=BucketStorageWriter("gs://bkt/run/step-100"))
     dcp.load(state_dict, storage_reader=BucketStorageReader("gs://bkt/run/step-100"))
 
-Works with ``dcp.async_save`` too. The files are DCP's standard layout.
+Works with ``dcp.async_save`` too. The files are DCP's standard layout (data
+files named per save). ``.metadata`` is read without running code from it, and
+records what each data file held, so a load never mixes files of two saves.
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
 """What the DCP writer and reader share: the layout of a checkpoint in a bucket.
 
-The layout is exactly ``FileSystemWriter``'s, so a checkpoint copied to a local
-folder loads with torch's own ``FileSystemReader``: data files
-``__{rank}_{n}.distcp`` and a pickled :class:`Metadata` in ``.metadata``
-(``__{rank}.metadata`` per rank when saved without collectives).
+The layout is ``FileSystemWriter``'s, so a checkpoint copied to a local
+folder loads with torch's own ``FileSystemReader``: data files and a pickled
+:class:`Metadata` in ``.metadata`` (``__{rank}.metadata`` per rank when saved
+without collectives) that names them. Only the data files' names differ:
+``__{rank}_{n}.{token}.distcp``, the token new for every save, so that two
+saves to one place never write into each other's files. ``.metadata`` also
+records each data file's generation, size and CRC32C (:mod:`._pins`).
 """
 
 from __future__ import annotations
