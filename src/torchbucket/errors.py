@@ -11,6 +11,7 @@ working::
     └── StorageError                                   an operation on a store failed
         ├── NotFoundError          (also FileNotFoundError)  object or bucket missing (404)
         │   └── BucketNotFoundError
+        ├── BucketExistsError      (also FileExistsError)    creating a bucket that exists (409)
         ├── PermissionDeniedError  (also PermissionError)    401 / 403
         ├── PreconditionFailedError                    412: a generation did not match
         ├── IntegrityError                             checksum or size mismatch (reads retry
@@ -44,6 +45,7 @@ the same operation quotes its ``message``, never its ``str()``.
 from __future__ import annotations
 
 __all__ = [
+    "BucketExistsError",
     "BucketNotFoundError",
     "CheckpointError",
     "ConfigError",
@@ -121,6 +123,10 @@ class NotFoundError(StorageError, FileNotFoundError):
 
 class BucketNotFoundError(NotFoundError):
     """The bucket itself does not exist."""
+
+
+class BucketExistsError(StorageError, FileExistsError):
+    """A bucket to create exists already (HTTP 409), yours or someone else's."""
 
 
 class PermissionDeniedError(StorageError, PermissionError):

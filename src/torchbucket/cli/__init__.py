@@ -1,6 +1,6 @@
 """The ``torchbucket`` command line.
 
-``torchbucket ls|du|cp|pack|cleanup|bench|cost|emulator|demo ...``, also
+``torchbucket ls|du|cat|cp|rm|mb|pack|cleanup|bench|cost|emulator|demo ...``, also
 ``python -m torchbucket``. :func:`main` takes the arguments and returns the exit code; it
 never raises (but for ``KeyboardInterrupt`` inside ``emulator``, which owns its
 own terminal) and never prints a traceback unless ``-v`` asked for details.
@@ -23,6 +23,7 @@ from torchbucket.cli._common import (
     exit_code_for,
     positive_float,
 )
+from torchbucket.cli._hints import hint_for
 
 __all__ = ["build_parser", "main"]
 
@@ -75,12 +76,15 @@ def _common_options(*, top_level: bool) -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the whole command line, subcommands included."""
     from torchbucket.cli._bench import add_bench
+    from torchbucket.cli._cat import add_cat
     from torchbucket.cli._cleanup import add_cleanup
     from torchbucket.cli._cost import add_cost
     from torchbucket.cli._cp import add_cp
     from torchbucket.cli._demo import add_demo
     from torchbucket.cli._ls import add_du, add_ls
+    from torchbucket.cli._mb import add_mb
     from torchbucket.cli._pack import add_pack
+    from torchbucket.cli._rm import add_rm
 
     parser = argparse.ArgumentParser(
         prog="torchbucket",
@@ -96,7 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     common = _common_options(top_level=False)
     add_ls(sub, common)
     add_du(sub, common)
+    add_cat(sub, common)
     add_cp(sub, common)
+    add_rm(sub, common)
+    add_mb(sub, common)
     add_pack(sub, common)
     add_cleanup(sub, common)
     add_bench(sub, common)
@@ -185,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # the one place every failure becomes a line and a code
         logger.info("%s failed", args.command, exc_info=True)
         message = " ".join(str(exc).split()) or type(exc).__name__
-        print(f"torchbucket: error: {message}", file=sys.stderr)
+        print(f"torchbucket: error: {message}{hint_for(exc)}", file=sys.stderr)
         return exit_code_for(exc)
     finally:
         if args.stats or args.verbose:

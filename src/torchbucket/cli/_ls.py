@@ -68,7 +68,8 @@ def add_ls(
             "placeholders (names ending in '/') are not shown. A progress bar counts objects "
             "found when stderr is a terminal. Nothing under the prefix is an error (exit 3)."
         ),
-        epilog="examples:\n  torchbucket ls gs://my-bucket/train/\n  torchbucket ls -l gs://my-bucket/train/img_00",
+        epilog="examples:\n  torchbucket ls gs://my-bucket/train/\n  torchbucket ls -l gs://my-bucket/train/img_00\n"
+        "  torchbucket ls -H gs://my-bucket/train/    # sizes in KiB/MiB/GiB, and a total",
     )
     parser.add_argument("uri", metavar="URI", help="gs://bucket/prefix (or memory://, file:///)")
     parser.add_argument(
@@ -81,7 +82,7 @@ def add_ls(
         "-H",
         "--human-readable",
         action="store_true",
-        help="with -l, sizes in KiB/MiB/GiB instead of bytes",
+        help="sizes in KiB/MiB/GiB instead of bytes (implies -l)",
     )
     parser.set_defaults(func=_ls)
 
@@ -92,7 +93,7 @@ def _ls(args: argparse.Namespace) -> int:
     if not objects:
         raise _nothing_matched(target)
     lines = []
-    if args.long:
+    if args.long or args.human_readable:
         for obj in objects:
             size = human_bytes(obj.size) if args.human_readable else str(obj.size)
             lines.append(f"{size:>12}  {target.uri_of(obj.name)}")

@@ -20,6 +20,7 @@ from torchbucket.storage.base import (
     ObjectInfo,
     ObjectStore,
     Part,
+    SupportsBuckets,
     SupportsFolders,
 )
 from torchbucket.storage.memory import MemoryStore
@@ -34,6 +35,7 @@ __all__ = [
     "ObjectInfo",
     "ObjectStore",
     "Part",
+    "SupportsBuckets",
     "SupportsFolders",
     "store_for",
 ]

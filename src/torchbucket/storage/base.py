@@ -25,6 +25,7 @@ __all__ = [
     "ObjectInfo",
     "ObjectStore",
     "Part",
+    "SupportsBuckets",
     "SupportsFolders",
 ]
 
@@ -304,6 +305,30 @@ class ObjectStore(Protocol):
 
     async def close(self) -> None:
         """Release connections; the store may be used again afterwards."""
+        ...
+
+
+@runtime_checkable
+class SupportsBuckets(Protocol):
+    """A store that can create its own bucket (``torchbucket mb``).
+
+    Optional: GCS, the in-memory store and the local filesystem have it.
+    """
+
+    async def create_bucket(
+        self, *, project: str | None = None, location: str | None = None
+    ) -> None:
+        """Create the store's bucket.
+
+        Args:
+            project: The project that will own it, where the backend has
+                projects (GCS); ``None`` for the backend's default.
+            location: Where it is kept (a GCS location such as ``US`` or
+                ``europe-west4``); ``None`` for the backend's default.
+
+        Raises:
+            BucketExistsError: The bucket exists already.
+        """
         ...
 
 

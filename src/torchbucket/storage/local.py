@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TypeVar
 
 from torchbucket.errors import (
+    BucketExistsError,
     NotFoundError,
     StorageError,
 )
@@ -74,6 +75,19 @@ class LocalStore:
 
     def uri(self, key: str = "") -> str:
         return _fs.uri(key)
+
+    async def create_bucket(
+        self, *, project: str | None = None, location: str | None = None
+    ) -> None:
+        """The bucket is the filesystem's root, which always exists.
+
+        Raises:
+            BucketExistsError: Always (make directories with ``mkdir``; a
+                ``put`` makes the directories of its key).
+        """
+        raise BucketExistsError(
+            "the local filesystem's root always exists", operation="create bucket", uri=self.uri()
+        )
 
     async def _io(self, size: int, fn: Callable[[], T]) -> T:
         if size <= _INLINE_BYTES:

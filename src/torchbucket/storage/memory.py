@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from torchbucket.errors import (
+    BucketExistsError,
     BucketNotFoundError,
     NotFoundError,
     PreconditionFailedError,
@@ -96,6 +97,23 @@ class MemoryStore:
 
     def uri(self, key: str = "") -> str:
         return f"memory://{self._bucket}/{key}"
+
+    async def create_bucket(
+        self, *, project: str | None = None, location: str | None = None
+    ) -> None:
+        """Create the bucket (``project`` and ``location`` are ignored).
+
+        A store made with ``create=True`` (the default) has made it already.
+
+        Raises:
+            BucketExistsError: It exists.
+        """
+        with _registry_lock:
+            if self._bucket in _registry:
+                raise BucketExistsError(
+                    "bucket already exists", operation="create bucket", uri=self.uri()
+                )
+            _registry[self._bucket] = _Bucket()
 
     def _data(self, operation: str) -> _Bucket:
         bucket = _registry.get(self._bucket)

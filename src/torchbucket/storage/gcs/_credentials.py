@@ -266,8 +266,11 @@ def _credentials_error(exc: Exception, operation: str, uri: str) -> StorageError
     # Signature." for a deleted key), never the rest of the answer.
     missing = isinstance(exc, auth_errors.DefaultCredentialsError)
     detail = str(exc) if missing else _grant_error(exc)
+    # Said so that it works from the command line and from Python alike.
     hint = (
-        "; for an emulator set STORAGE_EMULATOR_HOST or GCSConfig(anonymous=True)"
+        "; sign in with `gcloud auth application-default login`, or for a public bucket "
+        "set TORCHBUCKET_GCS_ANONYMOUS=1 (GCSConfig(anonymous=True) in Python), or for "
+        "the local emulator set STORAGE_EMULATOR_HOST"
         if missing
         else ""
     )

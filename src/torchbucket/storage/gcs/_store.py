@@ -281,6 +281,24 @@ class GCSStore:
         """
         return await _bucket.bucket_exists(self._transport)
 
+    async def create_bucket(
+        self, *, project: str | None = None, location: str | None = None
+    ) -> None:
+        """Create this store's bucket (``buckets.insert``).
+
+        Args:
+            project: The project that owns it; default ``GCSConfig.project``,
+                else ``$GOOGLE_CLOUD_PROJECT`` (or gcloud's
+                ``$CLOUDSDK_CORE_PROJECT``); required on Google's endpoint,
+                any on an emulator.
+            location: A GCS location (``US``, ``europe-west4``...); default GCS's.
+
+        Raises:
+            BucketExistsError: It exists already (HTTP 409), yours or anyone's.
+            ConfigError: No project is known and the endpoint is Google's.
+        """
+        await _bucket.create_bucket(self._transport, project=project, location=location)
+
     async def soft_delete_retention(self) -> int | None:
         """Seconds the bucket keeps deleted objects (its soft-delete policy); 0 if none.
 

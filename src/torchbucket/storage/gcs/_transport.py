@@ -76,6 +76,8 @@ class GCSTransport:
         self._bucket = bucket
         self._endpoint = endpoint
         self._credentials = shared_credentials(anonymous=anonymous, user_project=config.project)
+        #: ``GCSConfig.project``: quota and billing, and the owner of a bucket created.
+        self.project = config.project
         self._retry_config = config.retry
         self._concurrency = config.concurrency
         self._session_key = session_key = _session.SessionKey(
