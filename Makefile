@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-smoke lint typecheck bench venv clean
+.PHONY: demo test test-smoke lint typecheck bench venv clean docs
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ test: lint typecheck
 test-smoke: $(STAMP)
 	$(PY) -m pytest -q tests -m bench_smoke
 
+# The user guide and the API reference (mkdocs.yml) into site/; --strict makes
+# every warning (a broken link, a docstring the reference cannot render) an error.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 # The contenders (gcs-torch-dataflux, google-cloud-storage<3) live in their own
 # environment, .venv-bench, so they never change what torchbucket runs on.
 bench: $(STAMP)
@@ -41,4 +46,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/run_all.py --quick
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) site build dist *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
