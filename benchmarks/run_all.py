@@ -216,6 +216,10 @@ def build_page(statuses: dict[str, dict[str, Any]], quick: bool) -> str:
         f"| load average at start | {_cell(machine.get('loadavg'))} |",
         "",
     ]
+    # A hand-kept summary of the latest figures (benchmarks/summary.md) opens the page.
+    summary_md = Path(__file__).with_name("summary.md")
+    if summary_md.exists():
+        out[2:2] = [summary_md.read_text().rstrip(), ""]
     IMG.mkdir(parents=True, exist_ok=True)
     for name in BENCHMARKS:
         out += [f"## {name}", ""]
