@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import logging
 import threading
 import time
@@ -18,7 +17,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from torchbucket import runtime
-from torchbucket.compose import Anchor, ComposeConfig, compose_allowed, fetch_group, plan_groups
+from torchbucket.compose import Anchor, ComposeConfig, fetch_group
 from torchbucket.compose.registry import drain_also
 from torchbucket.datasets._receive import (
     Sample,
@@ -27,12 +26,13 @@ from torchbucket.datasets._receive import (
     read_object,
     to_output,
 )
+from torchbucket.datasets._units import plan_units, window_compose, window_units
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig
 from torchbucket.datasets.sharding import IndexArray
 from torchbucket.storage.batch import read_batch
 
-__all__ = ["Item", "PrefetchWindow", "fetch_batch", "plan_units"]
+__all__ = ["Item", "PrefetchWindow", "fetch_batch"]
 
 # At DEBUG, a prefetch window logs its timeline: its start, each unit's fetch
 # and each wait of its consumer (benchmarks/window_timeline.py reads them).
@@ -40,19 +40,9 @@ logger = logging.getLogger(__name__)
 
 Item = Sample | BaseException
 
-# The window plans compose groups this many positions at a time, so an epoch's
-# first object does not wait for a plan of the whole shard.
-_PLAN_CHUNK = 2048
-
 # A waiting consumer is woken once this many results are ready in order (or
 # every admitted one has arrived): one thread hand-off per chunk, not per object.
 _HANDOVER_CHUNK = 32
-
-# With compose on, the first objects of a window are read directly: a compose
-# and the GET of a whole group take about four times one GET's latency, and
-# the first batch waits for them. At most this many objects, ``prefetch``, or
-# a quarter of the window's objects.
-_DIRECT_START = 64
 
 # Reading directly, the window runs at most this many times ``prefetch`` objects
 # ahead of the first one not taken. The consumer takes objects in order, so one
@@ -91,42 +81,6 @@ _GROUP_BYTES_AHEAD = 96 << 20
 # one per object (see ``_receive.SharedSlab``).
 _SLAB_OBJECTS = 64
 _SLAB_BYTES_MOST = 4 << 20
-
-
-def plan_units(catalog: Catalog, indices: Sequence[int], compose: ComposeConfig) -> list[range]:
-    """Split ``indices`` into consecutive units: one object, or a group to compose.
-
-    A group never spans two stores, and is planned only while compose is
-    allowed on its store (not refused or throttled in this process).
-    """
-    n = len(indices)
-    if not compose.enabled or n < 2:
-        return [range(i, i + 1) for i in range(n)]
-    units: list[range] = []
-    start = 0
-    while start < n:
-        sid = catalog.store_id(indices[start])
-        stop = start + 1
-        while stop < n and catalog.store_id(indices[stop]) == sid:
-            stop += 1
-        if compose_allowed(catalog.stores[sid], compose):
-            sizes = catalog.sizes[list(indices[start:stop])].tolist()
-            if catalog.transcoded:
-                # A gzip object's bytes in a composite are its stored, compressed
-                # ones: read it directly (a size over the cap makes it a unit alone).
-                for pos in range(start, stop):
-                    if indices[pos] in catalog.transcoded:
-                        sizes[pos - start] = compose.max_composite_object_size + 1
-            for group in plan_groups(
-                sizes,
-                max_composite_object_size=compose.max_composite_object_size,
-                max_sources=compose.max_sources,
-            ):
-                units.append(range(start + group.start, start + group.stop))
-        else:
-            units.extend(range(i, i + 1) for i in range(start, stop))
-        start = stop
-    return units
 
 
 async def _fetch_unit(
@@ -247,10 +201,8 @@ class PrefetchWindow:
         # that a drain can revoke a compose left running instead of waiting
         # for its answer (see compose/_anchor.py); it takes one of a
         # compose's sources.
-        self._anchors: dict[str, Anchor] | None = None
-        if compose.enabled and compose.anchor and compose.max_sources > 2:
-            self._anchors = {}
-            compose = dataclasses.replace(compose, max_sources=compose.max_sources - 1)
+        compose, anchored = window_compose(compose)
+        self._anchors: dict[str, Anchor] | None = {} if anchored else None
         self._compose = compose
         self._fetch = fetch
         self._fetchers = fetch.prefetch
@@ -423,18 +375,13 @@ class PrefetchWindow:
                 self._cond.notify()
 
     def _units(self) -> Iterator[tuple[int, list[int]]]:
-        pos = self._start
-        direct_end = pos
-        if self._compose.enabled:
-            direct_end += min(_DIRECT_START, self._fetchers, (len(self._order) - pos) // 4)
-        while pos < len(self._order):
-            chunk = self._order[pos : pos + _PLAN_CHUNK].tolist()
-            head = max(0, min(direct_end - pos, len(chunk)))
-            for k in range(head):
-                yield pos + k, [chunk[k]]
-            for unit in plan_units(self._catalog, chunk[head:], self._compose):
-                yield pos + head + unit.start, chunk[head + unit.start : head + unit.stop]
-            pos += len(chunk)
+        order = self._order
+
+        def plan(start: int, stop: int) -> list[range]:
+            return plan_units(self._catalog, order[start:stop].tolist(), self._compose)
+
+        for unit in window_units(len(order), self._start, self._fetch, self._compose, plan):
+            yield unit.start, order[unit.start : unit.stop].tolist()
 
     async def _fetcher(
         self,

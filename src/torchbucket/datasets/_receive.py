@@ -57,6 +57,7 @@ __all__ = [
     "SharedSlab",
     "collate_list",
     "new_tensor",
+    "object_gets",
     "read_object",
     "to_output",
 ]
@@ -187,6 +188,16 @@ def to_output(
     return tensor
 
 
+def object_gets(size: int, fetch: FetchConfig) -> int:
+    """The GETs :func:`read_object` makes of an object of ``size`` bytes (not gzip).
+
+    One; or, from ``fetch.large_object_size`` on, one per ``fetch.range_size``.
+    """
+    if size >= fetch.large_object_size and size > fetch.range_size:
+        return math.ceil(size / fetch.range_size)
+    return 1
+
+
 async def read_object(
     store: ObjectStore, info: ObjectInfo, fetch: FetchConfig, slab: SharedSlab | None = None
 ) -> Sample:
@@ -199,7 +210,7 @@ async def read_object(
         IntegrityError: It is not the size it was listed with, or its bytes do
             not match its CRC32C (twice).
     """
-    ranged = info.size >= fetch.large_object_size and info.size > fetch.range_size
+    ranged = object_gets(info.size, fetch) > 1
     if info.transcoded or info.size == 0 or (fetch.output == "bytes" and not ranged):
         # A gzip object's listed size and offsets are its stored bytes': read whole.
         # Not carved: a gzip object decodes to more bytes than it was listed

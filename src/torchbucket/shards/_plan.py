@@ -8,7 +8,7 @@ tell a complete shard of the same plan from one of another.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from torchbucket.errors import ConfigError
@@ -107,7 +107,12 @@ def _fingerprint(members: Sequence[PlannedMember]) -> str:
 
 
 def plan_shards(
-    objects: Sequence[ObjectInfo], prefix: str, *, shard_size: int, group_by: str
+    objects: Sequence[ObjectInfo],
+    prefix: str,
+    *,
+    shard_size: int,
+    group_by: str,
+    header: Callable[[str, int], bytes] = member_header,
 ) -> list[PlannedShard]:
     """Split the objects under ``prefix`` into shards of at most ``shard_size`` bytes.
 
@@ -119,6 +124,8 @@ def plan_shards(
         prefix: The source prefix, cut off the member names.
         shard_size: Target bytes per shard (tar overhead included).
         group_by: ``"key"`` or ``"none"``.
+        header: A member's header block(s), of its name and size (a cost
+            estimate passes a cheaper one of the same length).
 
     Raises:
         ConfigError: With ``"key"``, an object name has no extension.
@@ -142,7 +149,7 @@ def plan_shards(
         members, starts, offset = [], [], 0
 
     for sample in _samples(objects, prefix, group_by):
-        headers = [member_header(rel, o.size) for rel, o in sample]
+        headers = [header(rel, o.size) for rel, o in sample]
         size = sum(len(hd) + o.size + padding(o.size) for hd, (_, o) in zip(headers, sample))
         if members and offset + size + len(END_OF_ARCHIVE) > shard_size:
             close()

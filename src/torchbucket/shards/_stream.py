@@ -29,7 +29,7 @@ from torchbucket.shards._tar import BLOCK, HeaderError, padding, parse_header, p
 from torchbucket.shards.config import ShardReadConfig
 from torchbucket.storage.crc32c import b64, extend
 
-__all__ = ["END_OF_PIECE", "member_sample", "stream_samples"]
+__all__ = ["END_OF_PIECE", "cut_reads", "member_sample", "stream_samples"]
 
 #: The sample index :func:`stream_samples` yields when a piece is done.
 END_OF_PIECE = -1
@@ -37,6 +37,24 @@ END_OF_PIECE = -1
 
 class _Short(Exception):
     """The shard ended before the bytes asked for."""
+
+
+def cut_reads(
+    ranges: Sequence[tuple[int, int, int]], config: ShardReadConfig
+) -> Iterator[tuple[int, int, int]]:
+    """The ranged reads of ``(piece, start, end)`` byte ranges, in order.
+
+    ``first_read_size`` first, each next one twice as large up to
+    ``read_size``, across piece boundaries; a range's last read ends with it.
+    """
+    size = config.first_read_size
+    for piece, start, end in ranges:
+        pos = start
+        while pos < end:
+            stop = min(end, pos + size)
+            yield piece, pos, stop
+            pos = stop
+            size = min(config.read_size, size * 2)
 
 
 class _Chunks:
@@ -60,7 +78,7 @@ class _Chunks:
     ) -> None:
         self._shards = shards
         self._piece_shard = piece_shard
-        self._plan = self._cut(ranges, config)
+        self._plan = cut_reads(ranges, config)
         self._next = next(self._plan, None)
         self._max_reads = config.reads_in_flight
         self._max_bytes = config.bytes_in_flight
@@ -70,19 +88,6 @@ class _Chunks:
             tuple[int, int, int, concurrent.futures.Future[memoryview]]
         ] = collections.deque()
         self._fill()
-
-    @staticmethod
-    def _cut(
-        ranges: Sequence[tuple[int, int, int]], config: ShardReadConfig
-    ) -> Iterator[tuple[int, int, int]]:
-        size = config.first_read_size
-        for piece, start, end in ranges:
-            pos = start
-            while pos < end:
-                stop = min(end, pos + size)
-                yield piece, pos, stop
-                pos = stop
-                size = min(config.read_size, size * 2)
 
     def _fill(self) -> None:
         allowed = min(self._max_reads, 1 + self._taken)

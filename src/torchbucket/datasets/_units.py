@@ -1,0 +1,118 @@
+"""How a fetch is cut into units: one object read directly, or a group to compose.
+
+Pure functions of the catalog, the order and the configs: the prefetch
+window and ``fetch_batch`` fetch by them, and :mod:`torchbucket.datasets.estimate`
+counts an epoch's requests by them (``torchbucket cost``), so the estimate
+follows any change made here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+
+from torchbucket.compose import ComposeConfig, compose_allowed, plan_groups
+from torchbucket.datasets.catalog import Catalog
+from torchbucket.datasets.config import FetchConfig
+
+__all__ = ["direct_first", "plan_sizes", "plan_units", "window_compose", "window_units"]
+
+# The window plans compose groups this many positions at a time, so an epoch's
+# first object does not wait for a plan of the whole shard.
+_PLAN_CHUNK = 2048
+
+
+# With compose on, the first objects of a window are read directly: a compose
+# and the GET of a whole group take about four times one GET's latency, and
+# the first batch waits for them. At most this many objects, ``prefetch``, or
+# a quarter of the window's objects.
+_DIRECT_START = 64
+
+
+def plan_sizes(sizes: list[int], compose: ComposeConfig) -> list[range]:
+    """Units of consecutive objects of one store that compose is allowed on, by their sizes."""
+    if not compose.enabled or len(sizes) < 2:
+        return [range(i, i + 1) for i in range(len(sizes))]
+    return plan_groups(
+        sizes,
+        max_composite_object_size=compose.max_composite_object_size,
+        max_sources=compose.max_sources,
+    )
+
+
+def plan_units(catalog: Catalog, indices: Sequence[int], compose: ComposeConfig) -> list[range]:
+    """Split ``indices`` into consecutive units: one object, or a group to compose.
+
+    A group never spans two stores, and is planned only while compose is
+    allowed on its store (not refused or throttled in this process).
+    """
+    n = len(indices)
+    if not compose.enabled or n < 2:
+        return [range(i, i + 1) for i in range(n)]
+    units: list[range] = []
+    start = 0
+    while start < n:
+        sid = catalog.store_id(indices[start])
+        stop = start + 1
+        while stop < n and catalog.store_id(indices[stop]) == sid:
+            stop += 1
+        if compose_allowed(catalog.stores[sid], compose):
+            sizes = catalog.sizes[list(indices[start:stop])].tolist()
+            if catalog.transcoded:
+                # A gzip object's bytes in a composite are its stored, compressed
+                # ones: read it directly (a size over the cap makes it a unit alone).
+                for pos in range(start, stop):
+                    if indices[pos] in catalog.transcoded:
+                        sizes[pos - start] = compose.max_composite_object_size + 1
+            for group in plan_sizes(sizes, compose):
+                units.append(range(start + group.start, start + group.stop))
+        else:
+            units.extend(range(i, i + 1) for i in range(start, stop))
+        start = stop
+    return units
+
+
+def window_compose(compose: ComposeConfig) -> tuple[ComposeConfig, bool]:
+    """The compose settings a prefetch window plans with, and whether it has anchors.
+
+    With ``compose.anchor`` (and more than 2 sources), the anchor takes each
+    compose's first source: groups hold ``max_sources - 1`` objects.
+    """
+    if compose.enabled and compose.anchor and compose.max_sources > 2:
+        return dataclasses.replace(compose, max_sources=compose.max_sources - 1), True
+    return compose, False
+
+
+def direct_first(remaining: int, fetch: FetchConfig, compose: ComposeConfig) -> int:
+    """How many of a window's ``remaining`` objects are read directly before any compose."""
+    if not compose.enabled:
+        return 0
+    return min(_DIRECT_START, fetch.prefetch, remaining // 4)
+
+
+def window_units(
+    count: int,
+    start: int,
+    fetch: FetchConfig,
+    compose: ComposeConfig,
+    plan: Callable[[int, int], Sequence[range]],
+) -> Iterator[range]:
+    """The units a window over positions ``[start, count)`` of a shard fetches, in order.
+
+    The first :func:`direct_first` positions are units of one; the rest is
+    planned ``_PLAN_CHUNK`` positions at a time by ``plan(first, stop)``, whose
+    ranges count from ``first``. ``compose`` is the window's
+    (:func:`window_compose`).
+    """
+    pos = start
+    direct_end = pos + direct_first(count - pos, fetch, compose)
+    while pos < count:
+        stop = min(count, pos + _PLAN_CHUNK)
+        head = max(0, min(direct_end - pos, stop - pos))
+        for k in range(pos, pos + head):
+            yield range(k, k + 1)
+        first = pos + head
+        if first < stop:
+            for unit in plan(first, stop):
+                yield range(first + unit.start, first + unit.stop)
+        pos = stop
