@@ -86,6 +86,27 @@ def test_metadata_that_would_run_code_is_refused(bucket: str, tmp_path: Path, wh
 
 
 @pytest.mark.parametrize(
+    "name",
+    [
+        "builtins.eval",
+        "builtins.getattr",
+        "subprocess.Popen",
+        "torch.load",
+        "torch.serialization.load",
+        "torch.distributed.checkpoint.metadata.torch",
+        "collections.namedtuple",
+    ],
+)
+def test_no_other_global_is_resolved(bucket: str, name: str) -> None:
+    module, _, attr = name.rpartition(".")
+    # A pickle that only names the global (GLOBAL, STOP): resolving it is the step refused.
+    data = f"c{module}\n{attr}\n.".encode()
+    runtime.run(MemoryStore(bucket).put("ckpt/.metadata", data))
+    with pytest.raises(CheckpointError, match=f"refused to load {re.escape(name)}:"):
+        BucketStorageReader(f"memory://{bucket}/ckpt").read_metadata()
+
+
+@pytest.mark.parametrize(
     "data",
     [
         pytest.param(os.urandom(2000), id="random"),

@@ -145,8 +145,8 @@ def replaced_error(
     gone = [(key, info) for key, info in infos.items() if store.uri(key) == exc.uri]
     what = f"{exc.uri} (generation {gone[0][1].generation})" if gone else exc.uri
     return CheckpointError(
-        f"data file {what} was replaced or deleted after the checkpoint was saved "
-        "(by another save to the same place?): the checkpoint cannot be loaded whole",
+        f"data file {what} was replaced or deleted after the checkpoint was saved or "
+        "while it loaded (by another save to the same place?): it cannot be loaded whole",
         operation="dcp load",
         uri=uri,
     )

@@ -5,7 +5,7 @@ object: ``os.system`` with a command, say. Whoever can write an object in a
 bucket must not be able to run code in every job that loads a checkpoint from
 it, so the metadata is read by an unpickler that admits only what DCP's
 metadata is made of (as torch's planners and writers produce it, torch
-2.4-2.13): the classes of ``torch.distributed.checkpoint.metadata``, the
+2.0-2.13): the classes of ``torch.distributed.checkpoint.metadata``, the
 storage descriptors torch's writers put in ``storage_data``, ``torch.Size``,
 dtypes and layouts, paths and basic containers. Anything else is refused
 before it is called, with a :class:`~torchbucket.errors.CheckpointError`
@@ -39,6 +39,10 @@ _ALLOWED: dict[str, frozenset[str]] = {
             "_MEM_FORMAT_ENCODING",
         }
     ),
+    # Where TensorProperties lived before torch 2.2 (still importable there).
+    "torch.distributed._shard.sharded_tensor.metadata": frozenset(
+        {"TensorProperties", "MEM_FORMAT_ENCODING"}
+    ),
     # What torch's writers (FileSystemWriter, the fsspec writer, this
     # package's writer) record per item in ``storage_data``.
     "torch.distributed.checkpoint.filesystem": frozenset({"_StorageInfo"}),
@@ -63,8 +67,9 @@ class _MetadataUnpickler(pickle.Unpickler):
         self._uri = uri
 
     def find_class(self, module: str, name: str) -> Any:
+        # ``vars``, not ``getattr``: torch imports some submodules on attribute access.
         if module == "torch" and (
-            name in ("Size", "device") or isinstance(getattr(torch, name, None), _TORCH_TYPES)
+            name in ("Size", "device") or isinstance(vars(torch).get(name), _TORCH_TYPES)
         ):
             return getattr(torch, name)
         if name in _ALLOWED.get(module, ()):
