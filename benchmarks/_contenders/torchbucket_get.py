@@ -21,8 +21,9 @@ from collections.abc import Iterator
 
 from _common import Phase, Verifier, emit, generated_names, load_spec
 
-from torchbucket import accounting, runtime
+from torchbucket import runtime
 from torchbucket.config import ConcurrencyConfig
+from torchbucket.runtime import accounting  # the module the stores call: patched below
 from torchbucket.storage.gcs import GCSConfig, GCSStore
 
 

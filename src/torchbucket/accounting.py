@@ -1,12 +1,38 @@
-"""Request accounting under its documented name: :mod:`torchbucket.runtime.accounting`.
+"""Request accounting under its documented name: :mod:`torchbucket.runtime.accounting`'s API.
 
-``from torchbucket import accounting`` and ``import torchbucket.accounting``
-give that module itself (one set of counters per process, not a copy).
+``from torchbucket import accounting`` gives the same functions and classes as
+that module, so the same counters (one set per process, not a copy)::
+
+    from torchbucket import accounting
+
+    with accounting.measure() as m:
+        ...
+    print(m.stats.summary())
+
+To replace a counter (a benchmark without accounting), patch
+:mod:`torchbucket.runtime.accounting`, the module the stores call.
 """
 
-import sys
+from __future__ import annotations
 
-from torchbucket.runtime import accounting as _accounting
-from torchbucket.runtime.accounting import *  # noqa: F403
+from torchbucket.runtime.accounting import (
+    OP_CLASS,
+    OPERATIONS,
+    Measurement,
+    RequestStats,
+    all_ranks,
+    classify,
+    measure,
+    snapshot,
+)
 
-sys.modules[__name__] = _accounting
+__all__ = [
+    "OPERATIONS",
+    "OP_CLASS",
+    "Measurement",
+    "RequestStats",
+    "all_ranks",
+    "classify",
+    "measure",
+    "snapshot",
+]

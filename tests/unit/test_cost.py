@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from torchbucket import cost
 from torchbucket.accounting import RequestStats
+from torchbucket.compose import ComposeConfig
+from torchbucket.datasets import FetchConfig
 from torchbucket.errors import ConfigError
+from torchbucket.shards import PackConfig, ShardReadConfig
 
 GIB = 1 << 30
 
@@ -41,48 +46,83 @@ def test_prices_are_overridable_and_unknown_ones_named() -> None:
         cost.prices_for("mars")
 
 
+def _plans(sizes: list[int], **kw: Any) -> dict[str, cost.StrategyPlan]:
+    return {p.strategy: p for p in cost.plan_strategies(sizes, **kw)}
+
+
 def test_plan_of_a_fixed_example_against_a_hand_computation() -> None:
     # 10,000 objects of 100 KiB, 3 epochs, 1 rank x 2 workers, 7-day soft delete.
-    sizes = [100 << 10] * 10_000
-    plans = {
-        p.strategy: p
-        for p in cost.plan_strategies(
-            sizes, epochs=3, ranks=1, workers=2, soft_delete_seconds=7 * 86400
-        )
-    }
+    plans = _plans([100 << 10] * 10_000, epochs=3, workers=2, soft_delete_seconds=7 * 86400)
     direct = plans["direct"]
     assert (direct.per_epoch.class_a, direct.per_epoch.class_b) == (0, 10_000)
     assert direct.once.by_op == {"list": 10}
     assert direct.run.total_usd == pytest.approx(30_000 * 0.0004 / 1000 + 10 * 0.005 / 1000)
 
-    # Compose, per worker shard of 5,000: 64 read directly, then 4,936 in
-    # groups of 31 (the anchor takes a compose's first source; 3.1 MiB <=
-    # 4 MiB): 159 full groups and one of 7 = 160 composes, 160 GETs of
-    # composites, 160 deletes; the anchor's upload and delete; plus 2 policy
-    # reads.
+    # Compose, per worker shard of 5,000: min(64, prefetch 128, 5,000 // 4)
+    # = 64 read directly; the window plans 2,048 positions at a time, so
+    # 1,984, 2,048 and 904 objects in groups of 31 (the anchor takes a
+    # compose's first source; 3.1 MiB <= 4 MiB): 64 + 67 + 30 = 161 composes,
+    # 161 GETs of composites, 161 deletes; the anchor's upload and delete.
     comp = plans["compose"]
     assert comp.per_epoch.by_op == {
-        "compose": 320,
-        "get": 2 * (64 + 160),
-        "delete": 320 + 2,
+        "compose": 322,
+        "get": 2 * (64 + 161),
+        "delete": 322 + 2,
         "put": 2,
-        "bucket_get": 2,
     }
+    # The listing, and the bucket's soft-delete policy read once by the rank.
+    assert comp.once.by_op == {"list": 10, "bucket_get": 1}
     composite_gib = 2 * 4936 * (100 << 10) / GIB
-    per_epoch = 322 * 0.005 / 1000 + 450 * 0.0004 / 1000 + composite_gib * 0.020 * 7 * 24 / 730
+    per_epoch = 324 * 0.005 / 1000 + 450 * 0.0004 / 1000 + composite_gib * 0.020 * 7 * 24 / 730
     assert comp.epoch.total_usd == pytest.approx(per_epoch)
-    assert comp.run.total_usd == pytest.approx(3 * per_epoch + 10 * 0.005 / 1000)
+    assert comp.run.total_usd == pytest.approx(3 * per_epoch + 11 * 0.0045 / 1000, rel=1e-3)
     assert "OFF by default" in comp.note
 
-    shards = plans["shards"]
-    # 976.5625 MiB -> 4 shards of 256 MiB; 31 reads of 32 MiB + 4 boundaries
-    # + 2 workers x 5 ramp reads (1, 2, 4, 8, 16 MiB before the first 32 MiB one).
-    assert shards.per_epoch.by_op == {"get": 31 + 4 + 10}
-    # Packing once: 10 + 1 listings, 4 multipart uploads of 16 parts of 16 MiB
-    # (initiate, parts, complete), 4 indexes and a manifest; 10,000 source GETs
-    # and the manifest's.
-    assert shards.once.class_a == 11 + 4 * (1 + 16 + 1) + 5
-    assert shards.once.class_b == 10_001
+
+def test_the_first_objects_read_directly_follow_the_windows_rule() -> None:
+    # 100 objects, one window: min(64, 128, 100 // 4) = 25 read directly, then
+    # 75 in groups of 31, 31 and 13.
+    comp = _plans([1000] * 100, epochs=1, workers=0)["compose"]
+    assert comp.per_epoch.by_op == {"get": 25 + 3, "compose": 3, "delete": 3 + 1, "put": 1}
+    # prefetch=8: 8 read directly, 92 in 3 groups.
+    comp = _plans([1000] * 100, epochs=1, workers=0, fetch=FetchConfig(prefetch=8))["compose"]
+    assert comp.per_epoch.by_op["get"] == 8 + 3
+    # Compose off: the iterable dataset reads every object.
+    off = ComposeConfig(disable=True)
+    comp = _plans([1000] * 100, epochs=1, workers=0, compose=off)["compose"]
+    assert comp.per_epoch.by_op == {"get": 100}
+    assert comp.once.by_op == {"list": 1}
+
+
+def test_large_objects_are_planned_as_ranged_reads() -> None:
+    # From FetchConfig.large_object_size (8 MiB), one GET per 8 MiB range.
+    direct = _plans([20 << 20, 1000], epochs=1)["direct"]
+    assert direct.per_epoch.by_op == {"get": 3 + 1}
+
+
+def test_shards_plan_of_a_small_example_against_a_hand_computation() -> None:
+    # 8 objects of 1,536 bytes: 2,048 in a tar with their header; shards of at
+    # most 9,216 bytes hold 4 (and the 1,024 bytes of end-of-archive blocks).
+    pack = PackConfig(shard_size=9216)
+    read = ShardReadConfig(first_read_size=1024, read_size=2048)
+    shards = _plans([1536] * 8, epochs=2, workers=2, pack=pack, read=read)["shards"]
+    # A worker reads one shard's data, bytes 512 to 8,192: reads of 1,024,
+    # 2,048, 2,048, 2,048 and the last 512.
+    assert shards.per_epoch.by_op == {"get": 2 * 5}
+    assert shards.per_epoch.bytes_in == 2 * (8192 - 512)
+    # Once: the source's listing; the pack's listing of its destination and of
+    # multipart uploads left behind, 8 GETs, 2 uploads of one part, 2 indexes
+    # and the manifest; the dataset's listing, manifest and 2 indexes.
+    assert shards.once.by_op == {
+        "list": 1 + 1 + 1,
+        "mpu_list": 1,
+        "get": 8 + 1 + 2,
+        "mpu_initiate": 2,
+        "mpu_part": 2,
+        "mpu_complete": 2,
+        "put": 3,
+    }
+    assert shards.run.class_b == 11 + 2 * 10
 
 
 def test_plan_refuses_nonsense() -> None:

@@ -146,11 +146,11 @@ def _configure_logging(verbosity: int) -> None:
 
 
 def _print_stats(since: Any) -> None:
-    from torchbucket.runtime import accounting, cost
+    from torchbucket.runtime import accounting, prices
 
     stats = accounting.snapshot() - since
     print(f"torchbucket: {stats.summary()}", file=sys.stderr)
-    print(f"torchbucket: cost {cost.estimate(stats).summary()}", file=sys.stderr)
+    print(f"torchbucket: cost {prices.estimate(stats).summary()}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

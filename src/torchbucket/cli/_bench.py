@@ -271,7 +271,7 @@ def add_bench(
 
 def format_cost(stats: accounting.RequestStats) -> str:
     """Two lines: the requests by class, and their cost at list prices."""
-    from torchbucket.runtime.cost import estimate
+    from torchbucket.runtime.prices import estimate
 
     retries = f", {stats.retries} retried" if stats.retries else ""
     return (

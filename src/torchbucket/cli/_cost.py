@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from torchbucket import runtime
+from torchbucket import cost, runtime
 from torchbucket.cli._common import (
     EXIT_NOT_FOUND,
     CommandError,
@@ -17,17 +17,9 @@ from torchbucket.cli._common import (
     positive_int,
 )
 from torchbucket.cli._ls import list_target
-from torchbucket.runtime import accounting, cost
+from torchbucket.runtime import accounting
 
 __all__ = ["add_cost"]
-
-
-def _shards_available() -> bool:
-    try:
-        import torchbucket.shards  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _soft_delete(args: argparse.Namespace) -> tuple[int | None, str]:
@@ -67,16 +59,19 @@ def _run(args: argparse.Namespace) -> int:
         raise CommandError(f"no objects match {target.uri}", exit_code=EXIT_NOT_FOUND)
     retention, how = _soft_delete(args)
     sizes = [o.size for o in objects]
+    compose = None
+    if args.compose_cap is not None:
+        from torchbucket.compose import ComposeConfig
+
+        compose = ComposeConfig(max_composite_object_size=args.compose_cap)
     plans = cost.plan_strategies(
         sizes,
         epochs=args.epochs,
         ranks=args.ranks,
         workers=args.workers,
-        location_type=args.location_type,
-        storage_class=args.storage_class,
+        prices=cost.prices_for(args.location_type, args.storage_class),
         soft_delete_seconds=retention,
-        max_composite_object_size=args.compose_cap,
-        shards_available=_shards_available(),
+        compose=compose,
         # 0 when the listing came from the cache: so will the job's.
         listing_requests=listing.stats.by_op.get("list", 0),
     )
@@ -190,9 +185,9 @@ def add_cost(
     parser.add_argument(
         "--compose-cap",
         type=parse_size,
-        default=4 << 20,
+        default=None,
         metavar="SIZE",
-        help="ComposeConfig.max_composite_object_size (default: 4MiB)",
+        help="ComposeConfig.max_composite_object_size (default: ComposeConfig's)",
     )
     parser.add_argument(
         "--cache",

@@ -26,7 +26,7 @@ from torchbucket.demo._model import SmallCNN
 from torchbucket.demo._train import Labelled, evaluate, make_loader, train_epoch
 from torchbucket.errors import ConfigError
 from torchbucket.runtime import accounting
-from torchbucket.runtime.cost import estimate
+from torchbucket.runtime.prices import estimate
 from torchbucket.storage import HIDDEN_PREFIXES
 from torchbucket.storage.gcs import GCSConfig
 

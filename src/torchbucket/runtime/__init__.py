@@ -11,8 +11,9 @@ Its modules, which the layers above may use (``storage`` and up):
 its), :mod:`.retry` (retries, backoff, the adaptive concurrency limit),
 :mod:`.watchdog` (time limits of many requests on one timer),
 :mod:`.accounting` (request counts, also :mod:`torchbucket.accounting`),
-:mod:`.prices` and :mod:`.cost` (list prices and plans, also
-:mod:`torchbucket.cost`).
+:mod:`.prices` (list prices and what counted requests cost at them, also
+:mod:`torchbucket.cost`, whose plans per read strategy sit above the features
+they count).
 """
 
 from torchbucket.runtime.loop import (
