@@ -15,7 +15,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from torchbucket.errors import ConfigError
 
-__all__ = ["check_callable", "check_instance", "check_int", "renamed_configs"]
+__all__ = ["check_bool", "check_callable", "check_instance", "check_int", "renamed_configs"]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -65,6 +65,25 @@ def check_callable(value: Any, *, owner: str, parameter: str) -> None:
             f"{owner}: {parameter} must be callable or None, "
             f"got {type(value).__name__} {_shown(value)}"
         )
+
+
+def check_bool(value: Any, *, owner: str, parameter: str) -> None:
+    """Raise unless ``value`` is a ``bool`` (NumPy's included).
+
+    Why: a flag given as a string was taken for its truth, so ``shuffle="no"``
+    shuffled; ``shuffle="yes"`` looked as if it were understood.
+
+    Raises:
+        ConfigError: Naming ``owner`` and ``parameter``.
+    """
+    kind = type(value)
+    if isinstance(value, bool) or (
+        kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")
+    ):
+        return
+    raise ConfigError(
+        f"{owner}: {parameter} must be True or False, got {type(value).__name__} {_shown(value)}"
+    )
 
 
 def check_int(value: Any, *, owner: str, parameter: str, minimum: int) -> None:

@@ -18,7 +18,16 @@ from dataclasses import dataclass
 
 from torchbucket.errors import InvalidURIError
 
-__all__ = ["ALIASES", "SCHEMES", "ObjectURI", "is_bucket_uri", "join_key", "parse_uri", "uri_text"]
+__all__ = [
+    "ALIASES",
+    "SCHEMES",
+    "ObjectURI",
+    "as_uri",
+    "is_bucket_uri",
+    "join_key",
+    "parse_uri",
+    "uri_text",
+]
 
 SCHEMES = ("gs", "memory", "file")
 #: Other spellings of a scheme, and the scheme they mean.
@@ -70,6 +79,31 @@ def uri_text(uri: str | os.PathLike[str]) -> str:
         # file:///abs/path became file:/abs/path: the path keeps its leading slash.
         return f"{scheme}:///{rest}" if scheme == "file" else f"{scheme}://{rest}"
     return text
+
+
+def as_uri(uri: str | os.PathLike[str], *, directory: bool = False) -> str:
+    """``uri`` as a URI string; a local path becomes the ``file://`` URI of its absolute path.
+
+    A ``pathlib.Path``, ``/data/x`` or ``data/x`` (no ``://``) is a local path,
+    as on the command line; a URI (string or path-like, see :func:`uri_text`)
+    is returned as it is. Anything else is returned unchanged, for
+    :func:`parse_uri` to refuse.
+
+    Args:
+        uri: A URI or a local path.
+        directory: Give an existing directory a trailing ``/``, so that as a
+            prefix it means the files in it, not also its siblings whose names
+            start with its own (``/data/train`` would match ``/data/train2/``).
+    """
+    if not isinstance(uri, (str, os.PathLike)):
+        return uri  # type: ignore[unreachable]
+    text = uri_text(uri)
+    if not isinstance(text, str) or "://" in text:
+        return text
+    path = os.path.abspath(os.path.expanduser(text))
+    if text.endswith(("/", os.sep)) or (directory and os.path.isdir(path)):
+        path = path.rstrip("/") + "/"
+    return "file://" + path
 
 
 def is_bucket_uri(uri: str | os.PathLike[str]) -> bool:

@@ -102,20 +102,26 @@ class BucketCheckpoint:
                 self._stores[(parsed.scheme, parsed.bucket)] = store
         return store, parsed.key
 
-    def writer(self, uri: str, *, size_hint: int | None = None) -> CheckpointWriter:
+    def writer(
+        self, uri: str, *, size_hint: int | None = None, content_type: str | None = None
+    ) -> CheckpointWriter:
         """A binary file to ``torch.save`` into; the object appears on close.
 
         Args:
             uri: The checkpoint object.
             size_hint: The expected size in bytes, if known, so that a very large
                 checkpoint starts with parts large enough for the part limit.
+            content_type: The object's ``Content-Type``. Default ``None``:
+                ``application/octet-stream``.
 
         Returns:
             A writer; use it in a ``with`` block. An exception inside the block
             aborts the save and nothing becomes visible.
         """
         store, key = self.open(uri)
-        return CheckpointWriter(store, key, self.config, size_hint=size_hint)
+        return CheckpointWriter(
+            store, key, self.config, size_hint=size_hint, content_type=content_type
+        )
 
     def reader(self, uri: str) -> CheckpointReader:
         """Download a checkpoint and return a seekable binary file over it.

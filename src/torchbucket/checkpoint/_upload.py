@@ -78,15 +78,17 @@ def _note_refused(store: ObjectStore, exc: StorageError) -> None:
     )
 
 
-def open_session(store: ObjectStore, key: str, upload_method: str) -> UploadSession:
+def open_session(
+    store: ObjectStore, key: str, upload_method: str, content_type: str = CONTENT_TYPE
+) -> UploadSession:
     """The upload session for a save of ``key`` by ``upload_method``.
 
     ``"multipart"`` on a bucket known (in this process) to lack multipart upload
-    gives a resumable session at once.
+    gives a resumable session at once. The object is stored as ``content_type``.
     """
     if upload_method == "multipart" and _bucket_key(store) not in _no_multipart:
-        return MultipartSession(store, key)
-    return StreamSession(store, key)
+        return MultipartSession(store, key, content_type)
+    return StreamSession(store, key, content_type)
 
 
 async def list_stale_candidates(store: ObjectStore, key: str) -> list[MultipartUpload]:
@@ -112,10 +114,12 @@ async def list_stale_candidates(store: ObjectStore, key: str) -> list[MultipartU
 class UploadSession:
     """What the writer needs from an upload, whatever the method."""
 
-    def __init__(self, store: ObjectStore, key: str) -> None:
+    def __init__(self, store: ObjectStore, key: str, content_type: str = CONTENT_TYPE) -> None:
         self.store = store
         self.key = key
         self.uri = store.uri(key)
+        #: The object's ``Content-Type``.
+        self.content_type = content_type
         #: The first failure of a part, read by the writer thread.
         self.error: BaseException | None = None
 
@@ -139,10 +143,10 @@ class MultipartSession(UploadSession):
     the parts go through one :class:`StreamSession` instead, in part order.
     """
 
-    def __init__(self, store: ObjectStore, key: str) -> None:
+    def __init__(self, store: ObjectStore, key: str, content_type: str = CONTENT_TYPE) -> None:
         self._error: BaseException | None = None
         self._stream: StreamSession | None = None
-        super().__init__(store, key)
+        super().__init__(store, key, content_type)
         self._initiate: asyncio.Task[str] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._parts: dict[int, Part] = {}
@@ -169,7 +173,7 @@ class MultipartSession(UploadSession):
     def _to_stream(self, number: int, view: memoryview, release: Release) -> None:
         """Hand part ``number`` to the fallback stream once all before it are there."""
         if self._stream is None:
-            self._stream = StreamSession(self.store, self.key)
+            self._stream = StreamSession(self.store, self.key, self.content_type)
         self._early[number] = (view, release)
         while self._next_to_stream in self._early:
             item = self._early.pop(self._next_to_stream)
@@ -187,7 +191,7 @@ class MultipartSession(UploadSession):
     async def _upload_id(self) -> str:
         if self._initiate is None:
             self._initiate = asyncio.ensure_future(
-                self.store.multipart_initiate(self.key, content_type=CONTENT_TYPE)
+                self.store.multipart_initiate(self.key, content_type=self.content_type)
             )
         # Shielded: cancelling one part must not cancel the upload all parts share.
         return await asyncio.shield(self._initiate)
@@ -195,7 +199,7 @@ class MultipartSession(UploadSession):
     def start_part(self, number: int, view: memoryview, release: Release) -> None:
         if self._initiate is None:
             self._initiate = asyncio.ensure_future(
-                self.store.multipart_initiate(self.key, content_type=CONTENT_TYPE)
+                self.store.multipart_initiate(self.key, content_type=self.content_type)
             )
         task = asyncio.ensure_future(self._part(number, view, release))
         self._tasks.add(task)
@@ -263,8 +267,8 @@ class _Aborted(StorageError):
 class StreamSession(UploadSession):
     """Parts sent in order through one streaming (resumable) upload."""
 
-    def __init__(self, store: ObjectStore, key: str) -> None:
-        super().__init__(store, key)
+    def __init__(self, store: ObjectStore, key: str, content_type: str = CONTENT_TYPE) -> None:
+        super().__init__(store, key, content_type)
         self._queue: asyncio.Queue[tuple[memoryview, Release] | None] = asyncio.Queue()
         self._task: asyncio.Task[ObjectInfo] | None = None
         self._aborted = False
@@ -272,7 +276,7 @@ class StreamSession(UploadSession):
     def _ensure_task(self) -> asyncio.Task[ObjectInfo]:
         if self._task is None:
             self._task = asyncio.ensure_future(
-                self.store.put_stream(self.key, self._chunks(), content_type=CONTENT_TYPE)
+                self.store.put_stream(self.key, self._chunks(), content_type=self.content_type)
             )
             self._task.add_done_callback(self._note_failure)
         return self._task

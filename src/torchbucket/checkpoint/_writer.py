@@ -104,9 +104,11 @@ class CheckpointWriter(io.BufferedIOBase):
         config: CheckpointConfig,
         *,
         size_hint: int | None = None,
+        content_type: str | None = None,
     ) -> None:
         super().__init__()
         self._store = store
+        self._content_type = content_type or CONTENT_TYPE
         self._key = key
         self._config = config
         self.uri = store.uri(key)
@@ -120,7 +122,7 @@ class CheckpointWriter(io.BufferedIOBase):
         )
         self._staging_held = False
         self._session: UploadSession = open_session(
-            store, self._staging or key, config.upload_method
+            store, self._staging or key, config.upload_method, self._content_type
         )
         self._slots = threading.Semaphore(config.max_parts_in_flight)
         self._pool = BufferPool()
@@ -340,7 +342,7 @@ class CheckpointWriter(io.BufferedIOBase):
         if self._parts == 0:
             data = memoryview(self._buffer or b"")[: self._fill]
             self._crc.update(data)
-            return runtime.run(self._store.put(self._key, data, content_type=CONTENT_TYPE))
+            return runtime.run(self._store.put(self._key, data, content_type=self._content_type))
         if self._fill:
             self._hand_over()
             self._raise_part_error()  # the last part may be one too many

@@ -3,13 +3,35 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 
-from torchbucket.cli._common import EXIT_FAILED, positive_int
+from torchbucket.cli._common import EXIT_FAILED, CommandError, positive_int
 
 __all__ = ["add_demo"]
 
 _QUICK = {"objects": 1200, "epochs": 2}
+#: What the demo imports beyond the library's own dependencies (the ``demo``
+#: extra), by module, with the package that provides it.
+_NEEDS = {"PIL": "pillow", "matplotlib": "matplotlib"}
+
+
+def _check_extras() -> None:
+    """Before anything runs: a missing extra was a bare ``No module named 'PIL'``."""
+    for module, package in _NEEDS.items():  # pillow first: matplotlib imports it
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing = package
+            break
+    else:
+        return
+    raise CommandError(
+        f"torchbucket demo needs {missing}, which is not installed: "
+        "pip install 'torchbucket[demo]' (in a clone of the repository: "
+        "pip install -e '.[demo]')",
+        exit_code=EXIT_FAILED,
+    )
 
 
 def add_demo(
@@ -86,6 +108,7 @@ def add_demo(
 
 
 def _demo(args: argparse.Namespace) -> int:
+    _check_extras()
     import torch
 
     from torchbucket.demo import DemoConfig, format_summary, run_demo, write_figure, write_json

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import collections
+import os
 import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from torchbucket import runtime
-from torchbucket._checks import renamed_configs
+from torchbucket._checks import check_bool, renamed_configs
 from torchbucket.compose import ComposeConfig
 from torchbucket.compose.registry import drain_deletes
 from torchbucket.datasets._common import (
@@ -107,6 +108,7 @@ class BucketIterableDataset(ResumableEpochs["_EpochIterator"]):
             sharding=(sharding, ShardingConfig),
             fetch=(fetch, FetchConfig),
         )
+        check_bool(shuffle, owner=type(self).__name__, parameter="shuffle")
         self._catalog = catalog
         self._format = data_format_fn
         self._shuffle = bool(shuffle)
@@ -122,7 +124,7 @@ class BucketIterableDataset(ResumableEpochs["_EpochIterator"]):
     @renamed_configs(gcs_config="gcs")
     def from_prefix(
         cls,
-        uri: str,
+        uri: str | os.PathLike[str],
         *,
         data_format_fn: DataFormatFn | None = None,
         gcs: GCSConfig | None = None,
@@ -137,7 +139,8 @@ class BucketIterableDataset(ResumableEpochs["_EpochIterator"]):
 
         Args:
             uri: ``gs://bucket/prefix``, ``memory://name/prefix`` or
-                ``file:///dir/prefix``.
+                ``file:///dir/prefix``; a local path (``pathlib.Path`` or
+                ``/data/train``) is read as ``file://`` (a directory: its files).
             data_format_fn: See the class.
             gcs: How to reach GCS, for ``gs://`` URIs. Default ``None``.
                 (``gcs_config=`` is accepted with a ``FutureWarning`` until
@@ -160,6 +163,7 @@ class BucketIterableDataset(ResumableEpochs["_EpochIterator"]):
             sharding=(sharding, ShardingConfig),
             fetch=(fetch, FetchConfig),
         )
+        check_bool(shuffle, owner=f"{cls.__name__}.from_prefix", parameter="shuffle")
         catalog = Catalog.from_prefix(uri, gcs=gcs, listing=listing)
         return cls(
             catalog,
@@ -175,7 +179,7 @@ class BucketIterableDataset(ResumableEpochs["_EpochIterator"]):
     @renamed_configs(gcs_config="gcs")
     def from_objects(
         cls,
-        uris: Sequence[str],
+        uris: Sequence[str | os.PathLike[str]],
         *,
         data_format_fn: DataFormatFn | None = None,
         gcs: GCSConfig | None = None,
@@ -199,6 +203,7 @@ class BucketIterableDataset(ResumableEpochs["_EpochIterator"]):
             sharding=(sharding, ShardingConfig),
             fetch=(fetch, FetchConfig),
         )
+        check_bool(shuffle, owner=f"{cls.__name__}.from_objects", parameter="shuffle")
         catalog = Catalog.from_objects(uris, gcs=gcs)
         return cls(
             catalog,

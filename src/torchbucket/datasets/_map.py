@@ -132,7 +132,7 @@ class BucketMapDataset(Dataset[Any]):
     @renamed_configs(gcs_config="gcs")
     def from_prefix(
         cls,
-        uri: str,
+        uri: str | os.PathLike[str],
         *,
         data_format_fn: DataFormatFn | None = None,
         gcs: GCSConfig | None = None,
@@ -144,7 +144,8 @@ class BucketMapDataset(Dataset[Any]):
 
         Args:
             uri: ``gs://bucket/prefix``, ``memory://name/prefix`` or
-                ``file:///dir/prefix``.
+                ``file:///dir/prefix``; a local path (``pathlib.Path`` or
+                ``/data/train``) is read as ``file://`` (a directory: its files).
             data_format_fn: See the class.
             gcs: How to reach GCS, for ``gs://`` URIs. Default ``None``.
                 (``gcs_config=`` is accepted with a ``FutureWarning`` until
@@ -171,7 +172,7 @@ class BucketMapDataset(Dataset[Any]):
     @renamed_configs(gcs_config="gcs")
     def from_objects(
         cls,
-        uris: Sequence[str],
+        uris: Sequence[str | os.PathLike[str]],
         *,
         data_format_fn: DataFormatFn | None = None,
         gcs: GCSConfig | None = None,

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from torchbucket._checks import check_instance, check_int
+from torchbucket._checks import check_bool, check_instance, check_int
 from torchbucket.datasets.config import ShardingConfig
 from torchbucket.datasets.resumable import dist_rank_world
 from torchbucket.datasets.sharding import IndexArray, epoch_order, shard_of
@@ -154,6 +154,8 @@ class BucketBatchSampler(Sampler[list[int]]):
         check_instance(dataset, Sized, owner=owner, parameter="dataset", optional=False)
         check_int(batch_size, owner=owner, parameter="batch_size", minimum=1)
         check_int(seed, owner=owner, parameter="seed", minimum=-(2**63))
+        check_bool(shuffle, owner=owner, parameter="shuffle")
+        check_bool(drop_last, owner=owner, parameter="drop_last")
         check_instance(sharding, ShardingConfig, owner=owner, parameter="sharding")
         sharding = sharding if sharding is not None else ShardingConfig()
         if sharding.rank is not None and sharding.world_size is not None:

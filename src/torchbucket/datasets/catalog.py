@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from torchbucket import runtime
-from torchbucket._uri import parse_uri
+from torchbucket._uri import as_uri, parse_uri
 from torchbucket.errors import ConfigError, NotFoundError
 from torchbucket.listing import alist_objects
 from torchbucket.storage import store_for
@@ -130,7 +131,7 @@ class Catalog:
     @classmethod
     def from_prefix(
         cls,
-        uri: str,
+        uri: str | os.PathLike[str],
         *,
         gcs: GCSConfig | None = None,
         listing: ListingConfig | None = None,
@@ -139,7 +140,8 @@ class Catalog:
         """List every object under a prefix URI.
 
         Args:
-            uri: The prefix URI.
+            uri: The prefix URI, or a local path (a ``pathlib.Path``,
+                ``/data/train``), read as ``file://`` (a directory: its files).
             gcs: How to reach GCS, for ``gs://``.
             listing: How to list.
             allow_empty: Return an empty catalog when nothing is under the
@@ -148,6 +150,7 @@ class Catalog:
         Raises:
             NotFoundError: Nothing is under the prefix (unless ``allow_empty``).
         """
+        uri = as_uri(uri, directory=True)
         store, prefix = open_store(uri, gcs)
         infos = runtime.run(alist_objects(store, prefix, config=listing))
         if not infos and not allow_empty:
@@ -155,23 +158,27 @@ class Catalog:
         return cls([store], [0] * len(infos), infos)
 
     @classmethod
-    def from_objects(cls, uris: Sequence[str], *, gcs: GCSConfig | None = None) -> Catalog:
+    def from_objects(
+        cls, uris: Sequence[str | os.PathLike[str]], *, gcs: GCSConfig | None = None
+    ) -> Catalog:
         """Look up the objects named by ``uris`` (concurrently), in that order.
+
+        A local path (a ``pathlib.Path``, ``/data/x.png``) is read as ``file://``.
 
         Raises:
             ConfigError: ``uris`` is empty or a single string.
             NotFoundError: An object does not exist.
         """
-        if isinstance(uris, str):
-            raise ConfigError("from_objects takes a sequence of URIs, got a single string")
-        uris = list(uris)
-        if not uris:
+        if isinstance(uris, (str, os.PathLike)):
+            raise ConfigError("from_objects takes a sequence of URIs, got a single one")
+        texts = [as_uri(uri) for uri in uris]
+        if not texts:
             raise ConfigError("from_objects needs at least one object URI")
         stores: dict[tuple[str, str], int] = {}
         store_list: list[ObjectStore] = []
         store_ids: list[int] = []
         keys: list[str] = []
-        for uri in uris:
+        for uri in texts:
             parsed = parse_uri(uri)
             where = (parsed.scheme, parsed.bucket)
             if where not in stores:

@@ -24,14 +24,41 @@ __all__ = ["main"]
 logger = logging.getLogger(__name__)
 
 
+_EPILOG = """\
+examples:
+  # a bucket, in one terminal (a fixed port keeps the address across restarts)
+  torchbucket emulator --bucket my-bucket --port 4443
+
+  # in another: point clients at it, upload, list
+  export STORAGE_EMULATOR_HOST=http://127.0.0.1:4443
+  torchbucket cp ./images gs://my-bucket/train/
+  torchbucket ls gs://my-bucket/train/
+
+  # more buckets while it runs
+  torchbucket mb gs://another-bucket
+
+  # answers as slow as a GCS bucket in your region (for benchmarks)
+  torchbucket emulator --bucket my-bucket --latency same-region"""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="torchbucket emulator",
-        description="A local GCS endpoint on 127.0.0.1 (JSON and XML APIs) for tests, "
-        "demos and benchmarks. Point clients at it with "
-        "STORAGE_EMULATOR_HOST=<endpoint>.",
+        description="A local GCS endpoint on 127.0.0.1 (JSON and XML APIs) for tests,\n"
+        "demos and benchmarks. It runs in the foreground until Ctrl-C and keeps\n"
+        "everything in memory. Unless --port is given the port is a free one,\n"
+        "different on every start: the endpoint is printed at start (a JSON line on\n"
+        "stdout, and the export line on stderr). Point clients at it with\n"
+        "STORAGE_EMULATOR_HOST=<endpoint>; re-export it after a restart.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: a free one)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        help="port on 127.0.0.1 (default 0: a free one, different on every start)",
+    )
     parser.add_argument(
         "--backend",
         choices=("model", "fake-gcs"),

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from torchbucket import runtime
-from torchbucket._uri import parse_uri
+from torchbucket._uri import as_uri, parse_uri
 from torchbucket.errors import ConfigError, NotFoundError
 from torchbucket.listing import alist_objects
 from torchbucket.shards._index import MANIFEST_NAME, Manifest, ShardIndex, index_name
@@ -82,7 +83,7 @@ class ShardSet:
     @classmethod
     def open(
         cls,
-        uri: str,
+        uri: str | os.PathLike[str],
         *,
         gcs: GCSConfig | None = None,
         listing: ListingConfig | None = None,
@@ -96,6 +97,7 @@ class ShardSet:
             NotFoundError: No manifest and no ``.tar`` under the prefix, or a
                 shard of the manifest is missing.
         """
+        uri = as_uri(uri, directory=True)
         store, key = open_store(uri, gcs)
         return runtime.run(_open(store, key, uri, listing))
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from torchbucket._checks import renamed_configs
+from torchbucket._checks import check_bool, renamed_configs
 from torchbucket.datasets.config import ShardingConfig
 from torchbucket.datasets.resumable import Layout, ResumableEpochs, check_resume_layout
 from torchbucket.datasets.workers import settle_worker
@@ -90,6 +91,7 @@ class BucketShardDataset(ResumableEpochs["_ShardIterator"]):
         sharding: ShardingConfig | None = None,
         read: ShardReadConfig | None = None,
     ) -> None:
+        check_bool(shuffle, owner=type(self).__name__, parameter="shuffle")
         self._shards = shards
         self._format = data_format_fn
         self._shuffle = bool(shuffle)
@@ -109,7 +111,7 @@ class BucketShardDataset(ResumableEpochs["_ShardIterator"]):
     @renamed_configs(gcs_config="gcs")
     def from_prefix(
         cls,
-        uri: str,
+        uri: str | os.PathLike[str],
         *,
         data_format_fn: SampleFormatFn | None = None,
         gcs: GCSConfig | None = None,
@@ -136,6 +138,7 @@ class BucketShardDataset(ResumableEpochs["_ShardIterator"]):
         Raises:
             NotFoundError: No manifest and no ``.tar`` under the prefix.
         """
+        check_bool(shuffle, owner=f"{cls.__name__}.from_prefix", parameter="shuffle")
         shards = ShardSet.open(uri, gcs=gcs, listing=listing)
         return cls(
             shards,

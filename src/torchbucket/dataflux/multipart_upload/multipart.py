@@ -56,8 +56,8 @@ def upload_chunks_concurrently_from_bytesio(
     Args:
         bytesio: The bytes (all of its buffer, whatever its position).
         blob: The destination (see the module).
-        content_type: Accepted, not used (objects are
-            ``application/octet-stream``).
+        content_type: The object's ``Content-Type``; default
+            ``application/octet-stream``.
         chunk_size: Bytes per part; at least the API's 5 MiB floor.
         deadline: Accepted, not used: the retry policy bounds every request.
         max_workers: Parts uploading at once.
@@ -75,7 +75,7 @@ def upload_chunks_concurrently_from_bytesio(
     config = CheckpointConfig(part_size=max(chunk_size, 5 << 20), max_parts_in_flight=max_workers)
     checkpoint = BucketCheckpoint(config=config, gcs=gcs_config_for(owner, None))
     try:
-        with checkpoint.writer(_uri(blob)) as writer:
+        with checkpoint.writer(_uri(blob), content_type=content_type) as writer:
             writer.write(bytesio.getbuffer())
     finally:
         checkpoint.close()
