@@ -10,7 +10,9 @@ Spec: ``endpoint``, ``bucket``, ``prefix``, ``count``, ``size``, ``seed``,
 ``num_workers``, ``pid_file``, ``output`` (``"bytes"``, the default, or
 ``"tensor"``: samples received into shared-memory tensors and handed over by
 handle; measure_loader's identity collate keeps a batch a list of them),
-``reuse_shm`` (bool: ``FetchConfig(reuse_shared_memory=...)``, default False).
+``reuse_shm`` (bool: ``FetchConfig(reuse_shared_memory=...)``, default False),
+``fetch_config`` (more ``FetchConfig`` fields). ``compose`` null (or left out)
+with no ``output`` nor ``fetch_config``: the library's own defaults for both.
 """
 
 from __future__ import annotations
@@ -42,9 +44,19 @@ def main() -> None:
     hedge = HedgeConfig(enabled=spec.get("hedge", True), **tuned)
     gcs = GCSConfig(endpoint=spec["endpoint"], hedge=hedge)
     # ``compose_config``: ComposeConfig fields for an A/B (benchmarks/tail_epochs.py).
-    compose = ComposeConfig(disable=not spec["compose"], **spec.get("compose_config", {}))
-    output = spec.get("output", "bytes")
-    fetch = FetchConfig(output=output, reuse_shared_memory=spec.get("reuse_shm", False))
+    # ``compose`` None and no ``output``: the library's defaults, as a user who
+    # passes neither config gets them (benchmarks/sizes.py); ``fetch_config``
+    # adds FetchConfig fields.
+    compose: ComposeConfig | None = None
+    if spec.get("compose") is not None:
+        compose = ComposeConfig(disable=not spec["compose"], **spec.get("compose_config", {}))
+    fetch: FetchConfig | None = None
+    if "output" in spec or spec.get("compose") is not None or "fetch_config" in spec:
+        fetch = FetchConfig(
+            output=spec.get("output", "bytes"),
+            reuse_shared_memory=spec.get("reuse_shm", False),
+            **spec.get("fetch_config", {}),
+        )
     dataset: BucketMapDataset | BucketIterableDataset
     loader_kwargs: dict[str, object] = {}
     if spec["kind"] == "map":

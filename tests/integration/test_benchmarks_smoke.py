@@ -199,3 +199,18 @@ def test_soak_smoke_checks_every_byte_under_the_cap(tmp_path: Path, reuse: bool)
     assert result["bytes_mismatched"] == 0
     assert result["objects_missing"] == 0 and result["objects_duplicated"] == 0
     assert result["status_429"] > 0  # the cap was met, and retried through
+
+
+def test_sizes_smoke_reports_every_size_key(tmp_path: Path) -> None:
+    # Issue 43: the defaults against the bare loop at every size, both presets.
+    result = run_benchmark("sizes", tmp_path, "--only", "map_default,iter_default,aiohttp")
+    assert result["bytes_verified"] is True
+    assert set(result["sizes"]) == {"512b", "64kib", "4mib"}
+    for size in result["sizes"]:
+        assert result[f"default_fraction_of_limit_{size}"] > 0
+        assert result[f"client_cpu_ms_per_mib_{size}"] > 0
+        assert result[f"tail_slowdown_map_{size}"] > 0
+        assert result[f"tail_slowdown_iterable_{size}"] > 0
+        for key in ("default_speedup_vs_dataflux", "default_speedup_vs_gcsfs"):
+            assert f"{key}_{size}" in result  # null when those contenders were not run
+    assert set(result["goals"]) == set(result["goals_failing"])

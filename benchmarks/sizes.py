@@ -1,0 +1,438 @@
+"""Size sweep (issue 43): one epoch at every sample size from 512 B to 64 MiB, side by side.
+
+Against the emulator's model store (a fresh one per size), one epoch through
+``DataLoader(num_workers=2)`` of each contender, every byte of every sample
+checked in the consumer, at nine log-spaced sizes: 512 B, 4, 16, 64 and 256
+KiB, 1, 4, 16 and 64 MiB. A batch is 64 samples, or as many as make 64 MiB
+where they are larger than 1 MiB (16 of 4 MiB, 4 of 16 MiB, 1 of 64 MiB).
+Contenders (``benchmarks/dataloading.py``'s scripts):
+
+- ``map_default``: ``BucketMapDataset.from_prefix(uri)`` with a shuffling
+  ``BucketBatchSampler``, every config left at the library's default (what a
+  user who follows the README gets), samples as the ``bytes`` it hands out;
+- ``iter_default``: ``BucketIterableDataset.from_prefix(uri)``, the same;
+- ``tb_best``: torchbucket's best explicit configuration for the size
+  (:func:`best_spec`: the iterable dataset; compose below 256 KiB;
+  ``FetchConfig(output="tensor", reuse_shared_memory=True)`` from 64 KiB);
+- ``df_best``: ``gcs-torch-dataflux`` 1.4.0 map-style, compose on, 8
+  threads per worker (its best in dataloading.py's runs), in ``.venv-bench``;
+- ``gcsfs_cat``: a map-style ``Dataset`` on gcsfs whose ``__getitems__``
+  calls ``fs.cat(paths)``, ``DataLoader(shuffle=True)``, in ``.venv-gcsfs``
+  (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``);
+- ``aiohttp``: a bare aiohttp loop in one process with as many requests in
+  flight as torchbucket's iterable dataset (workers x ``FetchConfig.prefetch``):
+  the limit.
+
+Latency (``--latency``): ``same-region`` (constant) and ``same-region-tail``,
+alternated repeat by repeat; under the tail only the two defaults and the bare
+loop run (the tail goal is theirs). ``--quick``: the counts below (epochs of
+one to a few seconds at the limit), 2 runs of the defaults and the bare loop
+per preset, 1 of the others (~13 minutes on the 2-core VM); the full run
+doubles the counts and runs everything 3 times. ``--smoke``: three sizes,
+tiny counts, one run. ``--sizes`` picks sizes (``512b,1mib``...), ``--only``
+contenders.
+
+Ends with ``RESULT {json}``, per size key (``512b`` ... ``64mib``):
+``default_fraction_of_limit_<size>`` (the lower of the two defaults' samples/s
+over the bare loop's; ``map_`` / ``iter_default_fraction_of_limit_<size>``
+each), ``default_speedup_vs_dataflux_<size>`` and ``_vs_gcsfs_<size>`` (the
+lower default over ``df_best`` / ``gcsfs_cat``), ``client_cpu_ms_per_mib_<size>``
+(the higher of the two defaults' client CPU, all processes, per MiB read),
+``best_fraction_of_limit_<size>``, ``tail_slowdown_map_<size>`` and
+``_iterable_<size>`` (samples/s under the constant preset over under the
+tail; ``_limit_`` the bare loop's, for reference), and ``samples_per_s_<key>_<size>``.
+Goals (constant preset): defaults >= 0.8 of the bare loop, >= 3x dataflux's
+best and >= 2x gcsfs's batched cat at every size; under the tail every
+size's slowdown <= 1.15 for both defaults; client CPU <= 2 ms per MiB from
+1 MiB. ``goals_failing`` names the sizes where each goal failed. The figure
+(samples/s and MB/s against size, log-log, one line per contender) is
+written to ``bench-output/sizes.png`` and, outside ``--smoke``, copied to
+``docs/img/sizes.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _harness as h
+import dataloading as dl
+
+NAME = "sizes"
+MIB = 1 << 20
+KIB = 1 << 10
+#: (key, bytes, objects in --quick). Log-spaced, 1 MiB included.
+SIZES = [
+    ("512b", 512, 8000),
+    ("4kib", 4 * KIB, 8000),
+    ("16kib", 16 * KIB, 6000),
+    ("64kib", 64 * KIB, 4000),
+    ("256kib", 256 * KIB, 2000),
+    ("1mib", MIB, 1000),
+    ("4mib", 4 * MIB, 256),
+    ("16mib", 16 * MIB, 64),
+    ("64mib", 64 * MIB, 16),
+]
+SMOKE = [("512b", 512, 512), ("64kib", 64 * KIB, 256), ("4mib", 4 * MIB, 16)]
+#: A batch holds at most this many bytes (and at most 64 samples).
+BATCH_BYTES = 64 * MIB
+DEFAULTS = ("map_default", "iter_default")
+TAIL_KEYS = (*DEFAULTS, "aiohttp")
+SLOW = ("dataflux", "gcsfs")
+
+CONTENDERS = [
+    dl.Contender("map_default", "torchbucket map + BucketBatchSampler, defaults", "tb_loader.py",
+                 False, "default", {"kind": "map_fast"}),
+    dl.Contender("iter_default", "torchbucket iterable, defaults", "tb_loader.py", False,
+                 "default", {"kind": "iterable"}),
+    dl.Contender("tb_best", "torchbucket, best explicit config", "tb_loader.py", False,
+                 "torchbucket", {}),
+    dl.Contender("df_best", "dataflux map, compose, 8 threads", "dataflux_loader.py", True,
+                 "dataflux", {"kind": "map", "compose": True, "threads": 8}),
+    dl.Contender("gcsfs_cat", "gcsfs, batched fs.cat", "gcsfs_cat_loader.py", True, "gcsfs", {}),
+    dl.Contender("aiohttp", "bare aiohttp loop (limit)", "aiohttp_loop.py", False, "limit", {}),
+]  # fmt: skip
+STYLE = {  # figure: colour, line style
+    "map_default": ("#d9822b", "-"),
+    "iter_default": ("#a8501b", "-"),
+    "tb_best": ("#d9822b", ":"),
+    "df_best": ("#4878a8", "-"),
+    "gcsfs_cat": ("#6a9a4b", "-"),
+    "aiohttp": ("#555555", "--"),
+}
+
+
+def best_spec(size: int) -> dict[str, Any]:
+    """torchbucket's best explicit configuration at ``size`` (dataloading.py's best contenders).
+
+    The iterable dataset; compose below 256 KiB (groups of up to 31 objects
+    within the 4 MiB cap); tensor output in reused shared memory from 64 KiB
+    (below, ``bytes`` cost less CPU than a view of a segment each).
+    """
+    spec: dict[str, Any] = {"kind": "iterable", "compose": size < 256 * KIB}
+    if size >= 64 * KIB:
+        spec.update(output="tensor", reuse_shm=True)
+    return spec
+
+
+def label(size: int) -> str:
+    if size >= MIB:
+        return f"{size // MIB} MiB"
+    if size >= KIB:
+        return f"{size // KIB} KiB"
+    return f"{size} B"
+
+
+def batch_size(size: int) -> int:
+    return max(1, min(dl.BATCH_SIZE, BATCH_BYTES // size))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="nine sizes, ~13 minutes")
+    mode.add_argument("--smoke", action="store_true", help="three tiny sizes (a code-path check)")
+    p.add_argument("--repeats", type=int, default=None, help="runs of the defaults and the loop")
+    p.add_argument("--slow-repeats", type=int, default=None, help="runs of the other contenders")
+    p.add_argument("--only", default=None, help="comma-separated contender keys (default all)")
+    p.add_argument("--sizes", default=None, help="comma-separated size keys (default all)")
+    p.add_argument("--scale", type=float, default=None, help="multiply the object counts")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per contender run")
+    h.add_latency_option(p)
+    args = p.parse_args(argv)
+    args.presets = h.latency_presets(p, args)
+    full = not (args.quick or args.smoke)
+    if args.repeats is None:
+        args.repeats = 1 if args.smoke else 3 if full else 2
+    if args.slow_repeats is None:
+        args.slow_repeats = 3 if full else 1
+    if args.scale is None:
+        args.scale = 2.0 if full else 1.0
+    return args
+
+
+def datasets_for(args: argparse.Namespace) -> list[dl.DataSet]:
+    table = SMOKE if args.smoke else SIZES
+    sets = [dl.DataSet(k, max(2, round(n * args.scale)), size, 0) for k, size, n in table]
+    if args.sizes:
+        sets = [d for d in sets if d.key in args.sizes.split(",")]
+    return sets
+
+
+def contenders_for(ds: dl.DataSet, selected: list[dl.Contender]) -> list[dl.Contender]:
+    """The contenders at ``ds``'s size: its batch size, ``tb_best``'s config."""
+    out = []
+    for c in selected:
+        spec = {**c.spec, "batch_size": batch_size(ds.size)}
+        if c.key == "tb_best":
+            spec.update(best_spec(ds.size))
+        out.append(dataclasses.replace(c, spec=spec))
+    return out
+
+
+def sweep_one(
+    ds: dl.DataSet, contenders: list[dl.Contender], args: argparse.Namespace, bench_py: str | None
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every run at one size, presets alternated; preset -> contender -> medians."""
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {p: {} for p in args.presets}
+    with h.emulator(latency=args.presets[0]) as emu:
+        h.seed(emu, ds.bucket, count=ds.count, size=ds.size, prefix=dl.PREFIX)
+        for rep in range(max(args.repeats, args.slow_repeats)):
+            for preset in args.presets if rep % 2 == 0 else list(reversed(args.presets)):
+                model = h.reseeded(preset, rep)
+                for c in contenders:
+                    slow = c.family in SLOW
+                    if rep >= (args.slow_repeats if slow else args.repeats):
+                        continue
+                    if preset != args.presets[0] and c.key not in TAIL_KEYS:
+                        continue
+                    emu.set_latency(model)
+                    print(
+                        f"  {preset} {ds.key} {c.key} run {rep + 1} ...",
+                        end="",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    try:
+                        r = dl.run_one(emu, ds, c, rep, bench_py, args.timeout)
+                    except h.ContenderError as exc:  # reported, the sweep goes on
+                        print(f" failed: {str(exc)[:300]}", file=sys.stderr, flush=True)
+                        continue
+                    runs[preset].setdefault(c.key, []).append(r)
+                    print(f" {r['samples_per_s']:,.1f} samples/s", file=sys.stderr, flush=True)
+    return {p: {k: dl.summarize(v) for k, v in by.items()} for p, by in runs.items()}
+
+
+def rate(summary: dict[str, dict[str, Any]], key: str) -> float:
+    return float((summary.get(key) or {}).get("samples_per_s", math.nan))
+
+
+def size_figures(
+    ds: dl.DataSet, by_preset: dict[str, dict[str, dict[str, Any]]], presets: list[str]
+) -> dict[str, Any]:
+    """The RESULT keys of one size."""
+    k = ds.key
+    s = by_preset[presets[0]]
+    out: dict[str, Any] = {}
+    for c in CONTENDERS:
+        r = rate(s, c.key)
+        if not math.isnan(r):
+            out[f"samples_per_s_{c.key}_{k}"] = round(r, 1)
+    limit, df, gcsfs = rate(s, "aiohttp"), rate(s, "df_best"), rate(s, "gcsfs_cat")
+    defaults = [rate(s, key) for key in DEFAULTS]
+    low = min(defaults) if not any(math.isnan(x) for x in defaults) else math.nan
+    for key, r in zip(("map", "iter"), defaults, strict=True):
+        out[f"{key}_default_fraction_of_limit_{k}"] = round(h.ratio(r, limit), 3)
+    out[f"default_fraction_of_limit_{k}"] = round(h.ratio(low, limit), 3)
+    out[f"best_fraction_of_limit_{k}"] = round(h.ratio(rate(s, "tb_best"), limit), 3)
+    out[f"default_speedup_vs_dataflux_{k}"] = round(h.ratio(low, df), 2)
+    out[f"default_speedup_vs_gcsfs_{k}"] = round(h.ratio(low, gcsfs), 2)
+    cpu = [float((s.get(key) or {}).get("client_cpu_ms_per_obj", math.nan)) for key in DEFAULTS]
+    cpu_hi = max(cpu) if not any(math.isnan(x) for x in cpu) else math.nan
+    out[f"client_cpu_ms_per_mib_{k}"] = round(cpu_hi / (ds.size / MIB), 3)
+    # The emulator's own CPU over the epoch's wall, the highest of the contenders:
+    # below 1, the server was not what held them.
+    out[f"server_cpu_fraction_{k}"] = round(
+        max((v["server_cpu_s"] / v["wall_s"] for v in s.values() if v), default=math.nan), 3
+    )
+    limit_cpu = float((s.get("aiohttp") or {}).get("client_cpu_ms_per_obj", math.nan))
+    out[f"limit_cpu_ms_per_mib_{k}"] = round(limit_cpu / (ds.size / MIB), 3)
+    if len(presets) > 1:
+        t = by_preset[presets[-1]]
+        for key, name in (
+            ("map_default", "map"),
+            ("iter_default", "iterable"),
+            ("aiohttp", "limit"),
+        ):
+            out[f"tail_slowdown_{name}_{k}"] = round(h.ratio(rate(s, key), rate(t, key)), 3)
+    return out
+
+
+def goals(result: dict[str, Any], sets: list[dl.DataSet], tail: bool) -> None:
+    """Add ``goals`` (each true when it holds at every size) and ``goals_failing`` (the sizes)."""
+    checks: dict[str, list[tuple[str, str, float]]] = {
+        "default_fraction_of_limit_ge_0_8": [("default_fraction_of_limit", ">=", 0.8)],
+        "default_speedup_vs_dataflux_ge_3": [("default_speedup_vs_dataflux", ">=", 3)],
+        "default_speedup_vs_gcsfs_ge_2": [("default_speedup_vs_gcsfs", ">=", 2)],
+        "client_cpu_le_2_ms_per_mib_from_1mib": [("client_cpu_ms_per_mib", "<=", 2)],
+    }
+    if tail:
+        checks["tail_slowdown_le_1_15"] = [
+            ("tail_slowdown_map", "<=", 1.15),
+            ("tail_slowdown_iterable", "<=", 1.15),
+        ]
+    result["goals"], result["goals_failing"] = {}, {}
+    for goal, tests in checks.items():
+        failing = []
+        for d in sets:
+            if goal.startswith("client_cpu") and d.size < MIB:
+                continue
+            for key, op, bound in tests:
+                v = result.get(f"{key}_{d.key}")
+                ok = (
+                    v is not None
+                    and not math.isnan(v)
+                    and (v >= bound if op == ">=" else v <= bound)
+                )
+                if not ok and d.key not in failing:
+                    failing.append(d.key)
+        result["goals"][goal] = not failing
+        result["goals_failing"][goal] = failing
+
+
+def print_tables(sets: list[dl.DataSet], by_size: dict[str, Any], presets: list[str]) -> None:
+    for preset in presets:
+        rows = []
+        for d in sets:
+            s = by_size[d.key][preset]
+            for c in CONTENDERS:
+                if s.get(c.key):
+                    v = s[c.key]
+                    rows.append(
+                        {
+                            "size": f"{label(d.size)} x {d.count:,}",
+                            "contender": c.key,
+                            "mb_s": v["samples_per_s"] * d.size / 1e6,
+                            "cpu_ms_mib": v["client_cpu_ms_per_obj"] / (d.size / MIB),
+                            **v,
+                        }
+                    )
+        h.print_table(
+            f"{preset} (medians; runs in the last column):",
+            rows,
+            [
+                ("size", "size", "s"),
+                ("contender", "contender", "s"),
+                ("samples_per_s", "samples/s", ",.1f"),
+                ("mb_s", "MB/s", ",.0f"),
+                ("first_batch_s", "1st batch s", ".2f"),
+                ("client_cpu_ms_per_obj", "CPU ms/obj", ".3f"),
+                ("cpu_ms_mib", "CPU ms/MiB", ".2f"),
+                ("requests_per_obj", "req/obj", ".2f"),
+                ("peak_rss_worker_mb", "RSS/worker MiB", ".0f"),
+                ("server_cpu_s", "server CPU s", ".2f"),
+                ("repeats", "runs", "d"),
+            ],
+        )
+
+
+def figure(sets: list[dl.DataSet], by_size: dict[str, Any], preset: str) -> Path:
+    """Samples/s and MB/s against size, log-log, one line per contender."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    for c in CONTENDERS:
+        pts = [(d.size, rate(by_size[d.key][preset], c.key)) for d in sets]
+        pts = [(x, y) for x, y in pts if not math.isnan(y)]
+        if not pts:
+            continue
+        colour, style = STYLE[c.key]
+        xs = [x for x, _ in pts]
+        axes[0].plot(xs, [y for _, y in pts], style, color=colour, marker="o", label=c.label)
+        axes[1].plot(xs, [x * y / 1e6 for x, y in pts], style, color=colour, marker="o")
+    for ax, ylabel in zip(axes, ("samples/s", "MB/s"), strict=True):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks([d.size for d in sets], [label(d.size) for d in sets], fontsize=8)
+        ax.minorticks_off()
+        ax.set_xlabel("sample size")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0].legend(fontsize=8, loc="lower left")
+    fig.suptitle(
+        f"One epoch, DataLoader(num_workers=2), {preset} latency model, every byte checked",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    h.OUTPUT_DIR.mkdir(parents=True, exist_ok=True)
+    path = h.OUTPUT_DIR / f"{NAME}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t0 = time.monotonic()
+    bench_py = h.bench_python()
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    selected = [c for c in CONTENDERS if not args.only or c.key in args.only.split(",")]
+    if bench_py is None:
+        print("dataflux skipped: run benchmarks/setup_bench_env.sh")
+        selected = [c for c in selected if c.family != "dataflux"]
+    if h.fsspec_python() is None:
+        print("gcsfs skipped: no .venv-gcsfs (run benchmarks/setup_bench_env.sh)")
+        selected = [c for c in selected if c.family != "gcsfs"]
+    sets = datasets_for(args)
+    print(
+        f"sizes ({mode}): one epoch, DataLoader(num_workers={dl.NUM_WORKERS}, batch_size=64 or "
+        f"{BATCH_BYTES // MIB} MiB), latency {' and '.join(args.presets)} (alternated repeat by "
+        f"repeat; the tail runs {', '.join(TAIL_KEYS)} only), every byte checked; "
+        f"{args.repeats} run(s) of the defaults and the bare loop, {args.slow_repeats} of the "
+        f"others, medians; bare loop with {dl.limit_concurrency()} in flight\n"
+        f"  sizes: {', '.join(f'{label(d.size)} x {d.count:,}' for d in sets)}"
+    )
+    by_size: dict[str, Any] = {}
+    result: dict[str, Any] = {}
+    for ds in sets:
+        by_size[ds.key] = sweep_one(ds, contenders_for(ds, selected), args, bench_py)
+        result.update(size_figures(ds, by_size[ds.key], args.presets))
+    goals(result, sets, tail=len(args.presets) > 1)
+    print_tables(sets, by_size, args.presets)
+    for d in sets:
+        k = d.key
+        print(
+            f"{label(d.size)}: defaults at {result[f'default_fraction_of_limit_{k}']} of the "
+            f"bare loop (map {result[f'map_default_fraction_of_limit_{k}']}, iterable "
+            f"{result[f'iter_default_fraction_of_limit_{k}']}), "
+            f"{result[f'default_speedup_vs_dataflux_{k}']}x dataflux, "
+            f"{result[f'default_speedup_vs_gcsfs_{k}']}x gcsfs, "
+            f"{result[f'client_cpu_ms_per_mib_{k}']} ms CPU/MiB; tail slowdown map "
+            f"{result.get(f'tail_slowdown_map_{k}')}, iterable "
+            f"{result.get(f'tail_slowdown_iterable_{k}')}"
+        )
+    png = figure(sets, by_size, args.presets[0])
+    if not args.smoke:
+        shutil.copyfile(png, h.ROOT / "docs" / "img" / f"{NAME}.png")
+    result.update(
+        mode=mode,
+        repeats=args.repeats,
+        repeats_dataflux_and_gcsfs=args.slow_repeats,
+        sizes={
+            d.key: {"count": d.count, "size": d.size, "batch_size": batch_size(d.size)}
+            for d in sets
+        },
+        best_config={d.key: best_spec(d.size) for d in sets},
+        limit_concurrency=dl.limit_concurrency(),
+        latency_presets=args.presets,
+        cpu_model=h.machine_info()["cpu_model"],
+        elapsed_s=round(time.monotonic() - t0),
+        bytes_verified=True,
+    )
+    path = h.write_json(
+        NAME,
+        {
+            "result": result,
+            "summary": by_size,
+            "figure": h.rel(png),
+            "contenders": {c.key: c.label for c in CONTENDERS},
+        },
+    )
+    print(f"wrote {h.rel(path)} and {h.rel(png)}")
+    h.emit_result(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
