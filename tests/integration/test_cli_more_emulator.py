@@ -78,10 +78,14 @@ def test_mb_takes_a_bucket_not_an_object(
 
 
 def test_a_missing_bucket_says_how_to_make_it(
-    emulator: Emulator, capsys: pytest.CaptureFixture[str]
+    emulator: Emulator, tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     name = f"missing-{uuid.uuid4().hex[:12]}"
     assert run(emulator, "ls", f"gs://{name}/train/") == 3
+    line = one_line_error(capsys.readouterr().err, f"torchbucket mb gs://{name}")
+    assert line.lower().count("does not exist") == 1
+    (tmp_path / "a.txt").write_bytes(b"hello")
+    assert run(emulator, "cp", str(tmp_path / "a.txt"), f"gs://{name}/train/") == 3
     line = one_line_error(capsys.readouterr().err, f"torchbucket mb gs://{name}")
     assert line.lower().count("does not exist") == 1
 

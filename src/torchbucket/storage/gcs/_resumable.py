@@ -70,8 +70,9 @@ async def _start(
     body = json.dumps(meta).encode()
 
     async def attempt() -> yarl.URL:
+        # bucket_op: creating an object needs nothing but its bucket, so a 404 says that is missing.
         _, resp_headers, _ = await transport.request(
-            "POST", url, operation="put", uri=uri, headers=headers, data=body
+            "POST", url, operation="put", uri=uri, headers=headers, data=body, bucket_op=True
         )
         location = resp_headers.get("Location")
         if not location:

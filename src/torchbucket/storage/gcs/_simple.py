@@ -53,8 +53,9 @@ async def put(
         q = query if precondition is None else f"{query}&ifGenerationMatch={precondition}"
         url = yarl.URL(f"{transport.upload_base}?{q}", encoded=True)
         # The crc32c in the metadata makes GCS refuse damaged bytes.
+        # bucket_op: creating an object needs nothing but its bucket, so a 404 says that is missing.
         _, _, resp = await transport.upload_request(
-            "POST", url, operation="put", uri=uri, headers=headers, data=body
+            "POST", url, operation="put", uri=uri, headers=headers, data=body, bucket_op=True
         )
         info = _errors.parse_info(resp, operation="put", uri=uri)
         return _uncertain.check_written(info, size, crc, "put", uri)

@@ -285,6 +285,7 @@ class GCSTransport:
         headers: Mapping[str, str] | None = None,
         data: Any = None,
         allow: tuple[int, ...] = (),
+        bucket_op: bool = False,
     ) -> Response:
         """:meth:`request` for a request whose bytes carry a declared checksum.
 
@@ -306,6 +307,7 @@ class GCSTransport:
             headers=headers,
             data=data,
             allow=(*allow, 400),
+            bucket_op=bucket_op,
         )
         if status == 400 and 400 not in allow:
             reason, message = _errors.error_code(body)
