@@ -19,10 +19,12 @@ from torch.distributed.checkpoint.metadata import Metadata
 
 from torchbucket import runtime
 from torchbucket.checkpoint import BucketCheckpoint
-from torchbucket.checkpoint._upload import CONTENT_TYPE
 from torchbucket.dcp._common import DATA_SUFFIX, join
 from torchbucket.dcp._unpickle import load_metadata
 from torchbucket.errors import NotFoundError, PreconditionFailedError, StorageError
+
+#: .metadata is a pickle: opaque bytes, as every checkpoint object is stored.
+CONTENT_TYPE = "application/octet-stream"
 
 __all__ = ["commit_metadata", "files_of"]
 
