@@ -14,7 +14,8 @@ in an empty working folder, against a fresh emulator holding a bucket named
   the test; the port is replaced with a free one, and the driver waits for the
   emulator to answer before the next block, as a person would wait for its
   banner. Every other page gets an emulator started here, with
-  ``gs://my-bucket/train/`` holding ``examples/make_images.py``'s images, which
+  ``gs://my-bucket/train/`` (and ``./images``) holding
+  ``examples/make_images.py``'s images, as Getting started leaves them, which
   is what each guide page says its examples read.
 - A block right after ``<!-- snippet: skip (reason) -->`` is not run: it
   needs a real bucket, cloud credentials or a GPU, or installs packages.
@@ -134,8 +135,20 @@ def _run_driver(page: Path, steps: list[Block], workdir: Path, env: dict[str, st
         assert bad not in out, f"{page.name}: output holds {bad!r}\n{out[-6000:]}"
 
 
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    """examples/make_images.py's images, by name under the folder, made once."""
+    folder = tmp_path_factory.mktemp("images")
+    subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "make_images.py"), str(folder)],
+        check=True,
+        capture_output=True,
+    )
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*.png")}
+
+
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
-def test_every_block_of_the_page_runs(page: Path, tmp_path: Path) -> None:
+def test_every_block_of_the_page_runs(page: Path, tmp_path: Path, images: dict[str, bytes]) -> None:
     page_blocks = [b for b in blocks(page) if b.lang in RUN_LANGS]
     steps = [b for b in page_blocks if b.skip is None]
     if not steps:
@@ -150,15 +163,12 @@ def test_every_block_of_the_page_runs(page: Path, tmp_path: Path) -> None:
         return
     with Emulator(backend="model") as emu:
         emu.create_bucket("my-bucket")
+        emu.seed("my-bucket", {f"train/{name}": data for name, data in images.items()})
         env["STORAGE_EMULATOR_HOST"] = emu.endpoint
-        seed = Block(
-            "sh",
-            "python examples/make_images.py ./images > /dev/null\n"
-            "torchbucket cp ./images gs://my-bucket/train/ > /dev/null\n",
-            0,
-            None,
-        )
-        _run_driver(page, [seed, *steps], tmp_path, env)
+        for name, data in images.items():  # ./images, as Getting started leaves it
+            (tmp_path / "images" / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / "images" / name).write_bytes(data)
+        _run_driver(page, steps, tmp_path, env)
 
 
 def test_skips_are_few_and_say_why() -> None:
