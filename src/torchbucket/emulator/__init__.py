@@ -49,6 +49,7 @@ from torchbucket.emulator._cli import main
 from torchbucket.emulator._data_admin import DataAdmin
 from torchbucket.emulator._faults import FAULT_KINDS, OPERATIONS
 from torchbucket.emulator._latency import PRESETS, LatencyModel, resolve_latency
+from torchbucket.emulator._ratemodel import RATE_PRESETS, RequestRateModel, resolve_rate_model
 from torchbucket.emulator._seed import generated_bytes, generated_names
 from torchbucket.emulator._tls import admin_opener, make_certs
 from torchbucket.errors import ConfigError, StorageError
@@ -57,8 +58,10 @@ __all__ = [
     "FAULT_KINDS",
     "OPERATIONS",
     "PRESETS",
+    "RATE_PRESETS",
     "Emulator",
     "LatencyModel",
+    "RequestRateModel",
     "generated_bytes",
     "generated_names",
     "main",
@@ -109,6 +112,10 @@ class Emulator(DataAdmin, AuthAdmin):
             ``"same-region-tail"``) or a :class:`LatencyModel`. Default ``None``.
         rps_cap: Requests per second above which the server answers 429 with
             ``Retry-After``, or ``None`` for no cap. Default ``None``.
+        rate_model: GCS's request-rate behaviour (capacity that starts low
+            and doubles under sustained load, 429/503 above it): a preset name
+            (``"gcs"``, ``"gcs-scaled"``), a ``RequestRateModel`` or ``None``
+            (off). Default ``None``. See ``torchbucket.emulator._ratemodel``.
         min_part_size: Smallest XML multipart part but the last, bytes (GCS
             itself requires 5 MiB). Default 0: no minimum.
         log_path: File for the server's stderr (and fake-gcs-server's output);
@@ -141,6 +148,7 @@ class Emulator(DataAdmin, AuthAdmin):
         auth: bool = False,
         token_lifetime: int = 3600,
         tls: bool = False,
+        rate_model: str | RequestRateModel | None = None,
     ) -> None:
         if backend not in ("model", "fake-gcs"):
             raise ConfigError(f"Emulator backend must be 'model' or 'fake-gcs', got {backend!r}")
@@ -151,6 +159,7 @@ class Emulator(DataAdmin, AuthAdmin):
         self.backend = backend
         self._latency = resolve_latency(latency)
         self.rps_cap = rps_cap
+        self.rate_model = resolve_rate_model(rate_model)
         self.min_part_size = min_part_size
         self.log_path = log_path
         if token_lifetime < 1:
@@ -225,6 +234,8 @@ class Emulator(DataAdmin, AuthAdmin):
             cmd += ["--tls-cert", cert_file, "--tls-key", key_file]
         if self.rps_cap is not None:
             cmd += ["--rps-cap", str(self.rps_cap)]
+        if self.rate_model is not None:
+            cmd += ["--rate-model", json.dumps(self.rate_model.to_dict())]
         if self.auth:
             cmd += ["--auth", "--token-lifetime", str(self.token_lifetime)]
         with open(self.log_path, "ab") as log:

@@ -23,6 +23,7 @@ from torchbucket.emulator._faults import FaultRule
 from torchbucket.emulator._http import ApiError, api_error_response, json_response
 from torchbucket.emulator._latency import RateCap, resolve_latency
 from torchbucket.emulator._names import checked_items
+from torchbucket.emulator._ratemodel import rate_model_admin
 from torchbucket.emulator._seed import decode_frames, generated_objects
 from torchbucket.errors import ConfigError
 
@@ -113,6 +114,8 @@ async def _dispatch(front: FrontServer, request: web.BaseRequest, path: str) -> 
         body = await _json(request)
         front.latency = resolve_latency(body.get("latency") if isinstance(body, dict) else None)
         return _ok({"ok": True})
+    if path == "rate_model":
+        return await rate_model_admin(front, request)
     if path == "rps_cap":
         body = await _json(request)
         rps = body.get("rps") if isinstance(body, dict) else None

@@ -73,6 +73,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--rps-cap", type=float, default=None, help="answer 429 above this rate")
     parser.add_argument(
+        "--rate-model",
+        default="none",
+        help="GCS's request-rate behaviour: 'none', 'gcs', 'gcs-scaled' or a JSON "
+        "RequestRateModel (capacity doubling under sustained load, 429/503 above it)",
+    )
+    parser.add_argument(
         "--min-part-size",
         type=int,
         default=0,
@@ -148,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _serve(args: argparse.Namespace, latency: object) -> None:
+    from torchbucket.emulator._ratemodel import rate_model_arg
     from torchbucket.emulator._server import FrontServer
 
     backend: object
@@ -164,6 +171,7 @@ async def _serve(args: argparse.Namespace, latency: object) -> None:
         backend,  # type: ignore[arg-type]
         latency=latency,  # type: ignore[arg-type]
         rps_cap=args.rps_cap,
+        rate_model=rate_model_arg(args.rate_model),
         min_part_size=args.min_part_size,
     )
     tls = None

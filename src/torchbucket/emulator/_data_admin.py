@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from torchbucket.emulator._faults import FaultRule
 from torchbucket.emulator._latency import LatencyModel, resolve_latency
+from torchbucket.emulator._ratemodel import RequestRateModel, resolve_rate_model
 from torchbucket.emulator._seed import encode_frames
 from torchbucket.errors import ConfigError
 
@@ -219,6 +220,19 @@ class DataAdmin:
         model = resolve_latency(latency)
         self._admin("POST", "latency", {"latency": model.to_dict() if model else None})
         self._latency = model
+
+    def set_rate_model(self, model: str | RequestRateModel | None) -> None:
+        """Install a request-rate model, cold (initial capacity), or remove it (``None``)."""
+        resolved = resolve_rate_model(model)
+        self._admin("POST", "rate_model", {"model": resolved.to_dict() if resolved else None})
+
+    def rate_model_stats(self) -> dict[str, Any] | None:
+        """The request-rate model's state: ``model``, ``elapsed`` and per class
+        (``"read"``, ``"write"``) its ``capacity`` now and ``timeline`` (one
+        ``[end s, admitted, 429s, 503s, capacity]`` per closed window), or
+        ``None`` without a model."""
+        result = self._admin("GET", "rate_model")
+        return dict(result) if result is not None else None
 
     def set_rps_cap(self, rps_cap: float | None) -> None:
         """Change the requests-per-second cap (``None``: none)."""

@@ -27,6 +27,7 @@ from torchbucket.emulator._faults import STATUS_KINDS, FaultRule, FaultTable, fl
 from torchbucket.emulator._http import Call, Route, error_response, json_call, json_response
 from torchbucket.emulator._latency import LatencyModel, LatencySampler, RateCap
 from torchbucket.emulator._names import name_problem, written_name
+from torchbucket.emulator._ratemodel import RateState, RequestRateModel
 from torchbucket.emulator._routes import parse_route
 from torchbucket.emulator._stats import Stats
 from torchbucket.emulator._xml_multipart import XmlApi
@@ -96,6 +97,7 @@ class FrontServer:
         backend: The store.
         latency: The latency model, or ``None``.
         rps_cap: Requests per second above which the server answers 429.
+        rate_model: GCS's request-rate behaviour (see ``_ratemodel``), or ``None``.
         min_part_size: Smallest XML multipart part but the last, bytes.
     """
 
@@ -105,12 +107,14 @@ class FrontServer:
         *,
         latency: LatencyModel | None = None,
         rps_cap: float | None = None,
+        rate_model: RequestRateModel | None = None,
         min_part_size: int = 0,
     ) -> None:
         self.backend = backend
         self._sampler: LatencySampler | None = None
         self.latency = latency
         self.rate_cap = RateCap(rps_cap) if rps_cap else None
+        self.rate_model = RateState(rate_model) if rate_model is not None else None
         self.faults = FaultTable()
         self.stats = Stats()
         self.xml = XmlApi(backend, min_part_size=min_part_size)
@@ -206,6 +210,14 @@ class FrontServer:
                 )
                 stats.count(op, 429, 0, 0, route.bucket)
                 return resp
+        if self.rate_model is not None:
+            status = self.rate_model.check(op, route.name or "")
+            if status:
+                stats.throttled += 1
+                stats.count(op, status, 0, 0, route.bucket)
+                return error_response(
+                    status, "The bucket's modelled request rate is exceeded.", xml=route.xml
+                )
         rule = self.faults.check(op, route.name or route.bucket) if self.faults.rules else None
         if request.body_exists:
             if request.headers.get("Expect", "").lower() == "100-continue":
