@@ -20,8 +20,8 @@ demo: $(STAMP)
 	$(PY) -m torchbucket demo
 
 lint: $(STAMP)
-	$(PY) -m ruff check src tests benchmarks
-	$(PY) -m ruff format --check src tests benchmarks
+	$(PY) -m ruff check src tests benchmarks examples
+	$(PY) -m ruff format --check src tests benchmarks examples
 
 typecheck: $(STAMP)
 	$(PY) -m mypy
