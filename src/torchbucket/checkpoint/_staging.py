@@ -46,6 +46,7 @@ from torchbucket.checkpoint.staged_names import (
 from torchbucket.compose.registry import register, unregister
 from torchbucket.errors import IntegrityError, NotFoundError, StorageError
 from torchbucket.storage.base import ObjectInfo, ObjectStore
+from torchbucket.storage.capabilities import UncheckedMultipartAssembly
 
 __all__ = [
     "STAGING_MARK",
@@ -66,10 +67,10 @@ logger = logging.getLogger(__name__)
 def stages_multipart(store: ObjectStore) -> bool:
     """Whether ``store`` assembles multipart uploads without checking the result.
 
-    True for the GCS store (its ``unchecked_multipart_assembly`` attribute);
-    the memory and local stores assemble in process, where nothing is in transit.
+    True for a store with :class:`UncheckedMultipartAssembly` (GCS); the memory
+    and local stores assemble in process, where nothing is in transit.
     """
-    return bool(getattr(store, "unchecked_multipart_assembly", False))
+    return isinstance(store, UncheckedMultipartAssembly) and store.unchecked_multipart_assembly
 
 
 def check_holds(

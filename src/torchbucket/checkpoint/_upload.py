@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Callable
 
 from torchbucket.errors import BucketNotFoundError, StorageError
 from torchbucket.storage.base import MultipartUpload, ObjectInfo, ObjectStore, Part
+from torchbucket.storage.capabilities import RemoteStore
 
 __all__ = [
     "MultipartSession",
@@ -49,7 +50,8 @@ _no_multipart: set[str] = set()
 
 
 def _bucket_key(store: ObjectStore) -> str:
-    return f"{getattr(store, 'endpoint', '')} {store.uri()}"
+    endpoint = store.endpoint if isinstance(store, RemoteStore) else ""
+    return f"{endpoint} {store.uri()}"
 
 
 def multipart_refused(exc: BaseException) -> bool:

@@ -29,7 +29,13 @@ from torchbucket import runtime
 from torchbucket.cli._common import Target, human_bytes, open_target, plural
 from torchbucket.cli._staged import Staged, find_staged, remove_staged, when
 from torchbucket.errors import BucketNotFoundError, StorageError
-from torchbucket.storage import HIDDEN_PREFIXES, MultipartUpload, ObjectInfo, ObjectStore
+from torchbucket.storage import (
+    HIDDEN_PREFIXES,
+    MultipartUpload,
+    ObjectInfo,
+    ObjectStore,
+    SupportsBucketInfo,
+)
 
 __all__ = ["add_cleanup", "find_leftovers", "parse_duration"]
 
@@ -77,8 +83,7 @@ async def _check_bucket(store: ObjectStore) -> None:
     the credentials may not read leave it to the composite listing, which is a
     request on the bucket too.
     """
-    exists = getattr(store, "bucket_exists", None)
-    if exists is not None and await exists() is False:
+    if isinstance(store, SupportsBucketInfo) and await store.bucket_exists() is False:
         raise BucketNotFoundError("bucket does not exist", operation="cleanup", uri=store.uri())
 
 

@@ -18,6 +18,7 @@ from torchbucket.cli._common import (
 )
 from torchbucket.cli._ls import list_target
 from torchbucket.runtime import accounting
+from torchbucket.storage import SupportsSoftDelete
 
 __all__ = ["add_cost"]
 
@@ -28,9 +29,13 @@ def _soft_delete(args: argparse.Namespace) -> tuple[int | None, str]:
     if not args.uri.startswith("gs://"):
         return 0, "not a GCS bucket"
     target = open_target(args.uri, args.endpoint)
-    read = getattr(target.store, "soft_delete_retention", None)
+    store = target.store
     try:
-        seconds = runtime.run(read()) if read is not None else 0
+        seconds = (
+            runtime.run(store.soft_delete_retention())
+            if isinstance(store, SupportsSoftDelete)
+            else 0
+        )
     finally:
         runtime.run(target.store.close())
     return seconds, "read from the bucket" if seconds is not None else "unknown (HTTP 403)"

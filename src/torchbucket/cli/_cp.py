@@ -57,6 +57,7 @@ from torchbucket.config import RetryConfig
 from torchbucket.errors import IntegrityError, NotFoundError, TorchBucketError
 from torchbucket.listing import alist_objects
 from torchbucket.runtime import retry
+from torchbucket.storage import RemoteStore
 
 __all__ = ["CopyStats", "add_cp", "copy"]
 
@@ -220,9 +221,8 @@ async def _stream_copy(src: _Side, dst: _Side, item: _Item) -> None:
     if not isinstance(src, _Remote):
         await dst.write_stream(item.dst, src.stream(item.src))
         return
-    config = getattr(getattr(src.target.store, "config", None), "retry", None)
-    if not isinstance(config, RetryConfig):
-        config = RetryConfig()
+    store = src.target.store
+    config = store.retry if isinstance(store, RemoteStore) else RetryConfig()
     started = time.monotonic()
     attempt = 0
     while True:

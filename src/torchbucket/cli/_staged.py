@@ -24,7 +24,7 @@ import time
 from torchbucket.checkpoint.staged_names import is_staging_name
 from torchbucket.errors import NotFoundError
 from torchbucket.listing import ListingConfig, alist_objects
-from torchbucket.storage import ObjectInfo, ObjectStore
+from torchbucket.storage import ObjectInfo, ObjectStore, SupportsCreationTime
 
 __all__ = ["Staged", "find_staged", "remove_staged", "when"]
 
@@ -35,11 +35,9 @@ Staged = tuple[ObjectInfo, float | None]
 
 
 async def _created(store: ObjectStore, info: ObjectInfo) -> float | None:
-    created = getattr(store, "created", None)
-    if created is None:
+    if not isinstance(store, SupportsCreationTime):
         return None
-    stamp: float | None = await created(info.name, generation=info.generation)
-    return stamp
+    return await store.created(info.name, generation=info.generation)
 
 
 async def find_staged(

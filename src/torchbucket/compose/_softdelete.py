@@ -19,6 +19,7 @@ import logging
 
 from torchbucket.compose.config import ComposeConfig
 from torchbucket.storage.base import ObjectStore
+from torchbucket.storage.capabilities import SupportsSoftDelete
 
 __all__ = ["known_retention", "soft_delete_allows", "soft_delete_blocked"]
 
@@ -34,8 +35,7 @@ async def _lookup(store: ObjectStore) -> int | None:
     key = store.uri()
     if key in _retention:
         return _retention[key]
-    read = getattr(store, "soft_delete_retention", None)
-    if read is None:  # memory and local stores keep nothing
+    if not isinstance(store, SupportsSoftDelete):  # memory and local stores keep nothing
         _retention[key] = 0
         return 0
     pending = _pending.get(key)
@@ -44,7 +44,7 @@ async def _lookup(store: ObjectStore) -> int | None:
     future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
     _pending[key] = future
     try:
-        seconds: int | None = await read()
+        seconds = await store.soft_delete_retention()
     except Exception as exc:
         logger.debug("%s: could not read the soft-delete policy: %r", key, exc)
         seconds = None

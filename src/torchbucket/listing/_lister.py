@@ -82,7 +82,8 @@ import operator
 from collections.abc import Callable, Iterator
 
 from torchbucket.listing._ranges import ListingStats, Planner, Range
-from torchbucket.storage.base import ObjectInfo, ObjectStore, SupportsFolders
+from torchbucket.storage.base import ObjectInfo, ObjectStore
+from torchbucket.storage.capabilities import SupportsFolders
 
 __all__ = ["ListingStats", "list_parallel"]
 

@@ -20,8 +20,15 @@ from torchbucket.storage.base import (
     ObjectInfo,
     ObjectStore,
     Part,
+)
+from torchbucket.storage.capabilities import (
+    RemoteStore,
+    SupportsBucketInfo,
     SupportsBuckets,
+    SupportsCreationTime,
     SupportsFolders,
+    SupportsSoftDelete,
+    UncheckedMultipartAssembly,
 )
 from torchbucket.storage.memory import MemoryStore
 
@@ -35,8 +42,13 @@ __all__ = [
     "ObjectInfo",
     "ObjectStore",
     "Part",
+    "RemoteStore",
+    "SupportsBucketInfo",
     "SupportsBuckets",
+    "SupportsCreationTime",
     "SupportsFolders",
+    "SupportsSoftDelete",
+    "UncheckedMultipartAssembly",
     "store_for",
 ]
 

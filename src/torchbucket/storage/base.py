@@ -25,8 +25,6 @@ __all__ = [
     "ObjectInfo",
     "ObjectStore",
     "Part",
-    "SupportsBuckets",
-    "SupportsFolders",
 ]
 
 #: GCS composes at most 32 source objects into one.
@@ -81,7 +79,8 @@ class ListPage:
         objects: The objects on this page.
         next_page_token: Token for the next page, ``None`` on the last page.
         prefixes: The folders on this page, from
-            :meth:`SupportsFolders.list_folder` (a plain listing has none).
+            :meth:`~torchbucket.storage.capabilities.SupportsFolders.list_folder`
+            (a plain listing has none).
     """
 
     objects: list[ObjectInfo]
@@ -124,7 +123,8 @@ class ObjectStore(Protocol):
     Implementations: :class:`~torchbucket.storage.gcs.GCSStore`,
     :class:`~torchbucket.storage.memory.MemoryStore`,
     :class:`~torchbucket.storage.local.LocalStore`. A store pickles as its
-    configuration, so it can be handed to spawned DataLoader workers.
+    configuration, so it can be handed to spawned DataLoader workers. What a
+    store may have beyond this is in :mod:`torchbucket.storage.capabilities`.
     """
 
     @property
@@ -305,50 +305,4 @@ class ObjectStore(Protocol):
 
     async def close(self) -> None:
         """Release connections; the store may be used again afterwards."""
-        ...
-
-
-@runtime_checkable
-class SupportsBuckets(Protocol):
-    """A store that can create its own bucket (``torchbucket mb``).
-
-    Optional: GCS, the in-memory store and the local filesystem have it.
-    """
-
-    async def create_bucket(
-        self, *, project: str | None = None, location: str | None = None
-    ) -> None:
-        """Create the store's bucket.
-
-        Args:
-            project: The project that will own it, where the backend has
-                projects (GCS); ``None`` for the backend's default.
-            location: Where it is kept (a GCS location such as ``US`` or
-                ``europe-west4``); ``None`` for the backend's default.
-
-        Raises:
-            BucketExistsError: The bucket exists already.
-        """
-        ...
-
-
-@runtime_checkable
-class SupportsFolders(Protocol):
-    """A store that lists one level of a prefix's tree in one request.
-
-    Optional: the parallel lister uses it, where a store has it, to list a
-    prefix of folders (``train/<class>/...``) folder by folder instead of
-    guessing where the folders' names lie in the key space.
-    """
-
-    async def list_folder(
-        self, prefix: str, *, page_token: str | None = None, page_size: int = 1000
-    ) -> ListPage:
-        """The objects directly under ``prefix`` and its folders, sorted.
-
-        A folder is ``prefix`` plus a name's next segment up to and including
-        its ``/`` (GCS's ``delimiter=/`` prefixes), in ``prefixes``. Objects
-        and folders together fill at most ``page_size`` entries, as GCS counts
-        them; the token is ``None`` on the last page.
-        """
         ...

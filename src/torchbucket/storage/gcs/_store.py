@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from torchbucket.config import RetryConfig
 from torchbucket.errors import NotFoundError
 from torchbucket.storage._common import check_range
 from torchbucket.storage.base import ListPage, MultipartUpload, ObjectInfo, Part
@@ -45,6 +46,8 @@ def _media_query(generation: int | None) -> str:
 
 class GCSStore:
     """An :class:`~torchbucket.storage.base.ObjectStore` on one GCS bucket.
+
+    It has every protocol of :mod:`torchbucket.storage.capabilities`.
 
     Pickles as its bucket and config (spawn-safe); a forked child opens its own
     sessions and connections on first use (fork-safe).
@@ -93,6 +96,11 @@ class GCSStore:
     def endpoint(self) -> str:
         """The base URL requests go to."""
         return self._transport.endpoint
+
+    @property
+    def retry(self) -> RetryConfig:
+        """How requests are retried (``config.retry``)."""
+        return self._config.retry
 
     def uri(self, key: str = "") -> str:
         """``gs://bucket/key``."""

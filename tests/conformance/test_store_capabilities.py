@@ -1,0 +1,105 @@
+"""The optional protocols of ``storage.capabilities``: claimed exactly, honoured where claimed.
+
+Code above the seam reaches a store's optional features only through
+``isinstance`` on these protocols, so a backend that claims one it does not
+honour (or honours one it does not claim) changes what users get. Each backend
+claims exactly the protocols in ``CLAIMS``; each protocol runs on every backend
+that claims it and is skipped, by name, on the others.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from torchbucket.config import RetryConfig
+from torchbucket.errors import NotFoundError
+from torchbucket.storage import (
+    RemoteStore,
+    SupportsBucketInfo,
+    SupportsBuckets,
+    SupportsCreationTime,
+    SupportsFolders,
+    SupportsSoftDelete,
+    UncheckedMultipartAssembly,
+)
+from torchbucket.storage.gcs import GCSStore
+
+from .conftest import SyncStore
+
+GCS = {
+    SupportsBuckets,
+    SupportsFolders,
+    SupportsBucketInfo,
+    SupportsSoftDelete,
+    SupportsCreationTime,
+    UncheckedMultipartAssembly,
+    RemoteStore,
+}
+CLAIMS: dict[str, set[type]] = {
+    "memory": {SupportsBuckets, SupportsFolders},
+    "local": {SupportsBuckets},
+    "gcs-model": GCS,
+    "gcs-fake": GCS,
+    "gcs-model-https": GCS,
+}
+PROTOCOLS = sorted(GCS, key=lambda p: p.__name__)
+
+
+def _claims(s: SyncStore, protocol: type) -> None:
+    if not isinstance(s.store, protocol):
+        pytest.skip(f"{s.backend} has no {protocol.__name__}")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.__name__)
+def test_backend_claims_exactly_its_protocols(s: SyncStore, protocol: type) -> None:
+    assert isinstance(s.store, protocol) == (protocol in CLAIMS[s.backend])
+
+
+def test_bucket_exists_tells_a_bucket_from_a_missing_one(s: SyncStore) -> None:
+    _claims(s, SupportsBucketInfo)
+    assert isinstance(s.store, SupportsBucketInfo)
+    assert s.run(s.store.bucket_exists()) is True
+    assert isinstance(s.store, GCSStore)  # the one backend that claims it
+    missing = GCSStore(f"missing-{uuid.uuid4().hex[:12]}", config=s.store.config)
+    try:
+        assert s.run(missing.bucket_exists()) is False
+    finally:
+        s.run(missing.close())
+
+
+def test_soft_delete_retention_is_seconds(s: SyncStore) -> None:
+    _claims(s, SupportsSoftDelete)
+    assert isinstance(s.store, SupportsSoftDelete)
+    # A fresh emulator bucket keeps nothing (GCS's 7-day default is not modelled
+    # on creation through the admin API).
+    assert s.run(s.store.soft_delete_retention()) == 0
+
+
+def test_created_is_when_the_object_was_written(s: SyncStore) -> None:
+    _claims(s, SupportsCreationTime)
+    assert isinstance(s.store, SupportsCreationTime)
+    before = time.time()
+    info = s.put("made", b"x")
+    stamp = s.run(s.store.created(s.k("made")))
+    assert stamp is not None
+    assert before - 60 <= stamp <= time.time() + 60  # the server's clock, to a minute
+    assert s.run(s.store.created(s.k("made"), generation=info.generation)) == stamp
+    with pytest.raises(NotFoundError):
+        s.run(s.store.created(s.k("never-written")))
+
+
+def test_unchecked_assembly_says_so(s: SyncStore) -> None:
+    _claims(s, UncheckedMultipartAssembly)
+    assert isinstance(s.store, UncheckedMultipartAssembly)
+    assert s.store.unchecked_multipart_assembly is True
+
+
+def test_remote_store_names_its_endpoint_and_retries(s: SyncStore) -> None:
+    _claims(s, RemoteStore)
+    assert isinstance(s.store, RemoteStore)
+    assert s.emulator is not None
+    assert s.store.endpoint == s.emulator.endpoint
+    assert isinstance(s.store.retry, RetryConfig)
