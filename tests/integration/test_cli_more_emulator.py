@@ -147,6 +147,23 @@ def test_rm_r_yes_deletes_the_folder_and_nothing_beside_it(
     assert emulator.object_names(bucket.bucket) == ["run-2/keep"]
 
 
+def test_rm_r_deletes_folder_placeholders_and_staging_objects_too(
+    emulator: Emulator, bucket: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A dataset's listing leaves these out; `rm -r` leaves nothing under the prefix.
+    objects = {
+        "run/": b"",
+        "run/sub/": b"",
+        "run/a.pt": b"a",
+        "run/.a.pt.tbtmp-0123456789abcdef": b"staged",
+        "keep/": b"",
+    }
+    emulator.seed(bucket.bucket, objects)
+    assert run(emulator, "rm", "-r", "-y", f"gs://{bucket.bucket}/run/") == 0
+    assert capsys.readouterr().out == f"removed 4 objects under gs://{bucket.bucket}/run/\n"
+    assert emulator.object_names(bucket.bucket) == ["keep/"]
+
+
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True

@@ -18,7 +18,7 @@ from torchbucket.cli._common import (
     plural,
     progress_bar,
 )
-from torchbucket.listing import alist_objects
+from torchbucket.listing import ListingConfig, alist_objects
 from torchbucket.storage import ObjectInfo
 
 __all__ = ["add_du", "add_ls", "list_target"]
@@ -34,8 +34,12 @@ class _Updates:
         self._bar.update(n)
 
 
-def list_target(target: Target, *, what: str = "listing") -> tuple[list[ObjectInfo], float]:
+def list_target(
+    target: Target, *, what: str = "listing", config: ListingConfig | None = None
+) -> tuple[list[ObjectInfo], float]:
     """Every object under the target's prefix, with a progress bar on a terminal.
+
+    ``config`` says what the listing keeps (default: what a dataset would read).
 
     Returns:
         The objects (sorted by name) and the seconds the listing took.
@@ -44,7 +48,9 @@ def list_target(target: Target, *, what: str = "listing") -> tuple[list[ObjectIn
     started = time.perf_counter()
     try:
         with bar:
-            objects = runtime.run(alist_objects(target.store, target.key, progress=_Updates(bar)))
+            objects = runtime.run(
+                alist_objects(target.store, target.key, config=config, progress=_Updates(bar))
+            )
     finally:
         runtime.run(target.store.close())
     return objects, time.perf_counter() - started

@@ -26,6 +26,7 @@ from torchbucket.cli._common import (
 )
 from torchbucket.cli._ls import list_target
 from torchbucket.errors import NotFoundError, StorageError
+from torchbucket.listing import ListingConfig
 from torchbucket.storage import ObjectInfo
 
 __all__ = ["add_rm"]
@@ -96,8 +97,13 @@ def _remove_one(target: Target) -> None:
 
 
 def _under(target: Target) -> list[ObjectInfo]:
-    """The objects ``rm -r`` deletes: under the prefix, as a folder when it has no ``/``."""
-    objects, _ = list_target(target, what="finding")
+    """The objects ``rm -r`` deletes: under the prefix, as a folder when it has no ``/``.
+
+    Everything there goes, as with ``gcloud storage rm -r``: folder placeholders
+    and torchbucket's staging objects too, which a dataset's listing leaves out.
+    """
+    everything = ListingConfig(include_folders=True, include_hidden=True)
+    objects, _ = list_target(target, what="finding", config=everything)
     key = target.key
     if not key or key.endswith("/"):
         return objects
