@@ -30,6 +30,7 @@ from torchbucket.cli._common import (
 from torchbucket.errors import NotFoundError
 from torchbucket.listing import alist_objects
 from torchbucket.runtime import accounting
+from torchbucket.runtime.tasks import gather_or_cancel
 from torchbucket.storage import ObjectStore, Part
 
 __all__ = ["BenchRow", "add_bench", "run_bench"]
@@ -59,14 +60,7 @@ async def _gather_limited(calls: Iterable[Callable[[], Awaitable[object]]], limi
         async with gate:
             await call()
 
-    tasks = [asyncio.create_task(one(c)) for c in calls]
-    try:
-        await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+    await gather_or_cancel(one(c) for c in calls)
 
 
 async def _timed(step: str, objects: int, nbytes: int, work: Awaitable[object]) -> BenchRow:

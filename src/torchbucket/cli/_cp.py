@@ -57,6 +57,7 @@ from torchbucket.config import RetryConfig
 from torchbucket.errors import IntegrityError, NotFoundError, TorchBucketError
 from torchbucket.listing import alist_objects
 from torchbucket.runtime import retry
+from torchbucket.runtime.tasks import gather_or_cancel
 from torchbucket.storage import RemoteStore
 
 __all__ = ["CopyStats", "add_cp", "copy"]
@@ -271,14 +272,8 @@ async def _copy_all(
                 raise local_error(exc, src.describe(item.src), dst.describe(item.dst)) from exc
         bar.update(item.size)
 
-    tasks = [asyncio.create_task(one(item)) for item in items]
     try:
-        await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+        await gather_or_cancel(one(item) for item in items)
     finally:
         await _close(src, dst)
 

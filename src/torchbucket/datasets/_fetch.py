@@ -30,6 +30,7 @@ from torchbucket.datasets._units import plan_units, window_compose, window_units
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig
 from torchbucket.datasets.sharding import IndexArray
+from torchbucket.runtime.tasks import gather_or_cancel
 from torchbucket.storage.batch import read_batch
 
 __all__ = ["Item", "PrefetchWindow", "fetch_batch"]
@@ -452,11 +453,8 @@ class PrefetchWindow:
             for _ in range(max(1, min(self._fetchers, remaining)))
         ]
         try:
-            await asyncio.gather(*fetchers)
+            await gather_or_cancel(fetchers)
         except BaseException as exc:
-            for task in fetchers:
-                task.cancel()
-            await asyncio.gather(*fetchers, return_exceptions=True)
             if not isinstance(exc, asyncio.CancelledError):
                 with self._cond:
                     self._failure = exc

@@ -82,6 +82,7 @@ import operator
 from collections.abc import Callable, Iterator
 
 from torchbucket.listing._ranges import ListingStats, Planner, Range
+from torchbucket.runtime.tasks import gather_or_cancel
 from torchbucket.storage.base import ObjectInfo, ObjectStore
 from torchbucket.storage.capabilities import SupportsFolders
 
@@ -232,17 +233,10 @@ class _Job:
         first = lead if split else root
         self.active = 0 if first is None else 1
         self.plan.plan()
-        tasks = [asyncio.ensure_future(self._lister(first))]
-        tasks += [asyncio.ensure_future(self._lister(None)) for _ in range(self.parallelism - 1)]
+        listers = [self._lister(first)]
+        listers += [self._lister(None) for _ in range(self.parallelism - 1)]
         with _collector_paused():
-            try:
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-                for task in done:
-                    task.result()
-            finally:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+            await gather_or_cancel(listers)
             return self._collect()
 
     async def _split_into_folders(

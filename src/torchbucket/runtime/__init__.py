@@ -10,6 +10,7 @@ Its modules, which the layers above may use (``storage`` and up):
 :mod:`.loop` (one background loop per process; ``run``/``submit`` below are
 its), :mod:`.retry` (retries, backoff, the adaptive concurrency limit),
 :mod:`.watchdog` (time limits of many requests on one timer),
+:mod:`.tasks` (``gather_or_cancel``: many coroutines, none left behind),
 :mod:`.accounting` (request counts, also :mod:`torchbucket.accounting`),
 :mod:`.prices` (list prices and what counted requests cost at them, also
 :mod:`torchbucket.cost`, whose plans per read strategy sit above the features

@@ -25,6 +25,7 @@ from torchbucket import runtime
 from torchbucket._checks import renamed_configs
 from torchbucket.errors import IntegrityError, NotFoundError
 from torchbucket.listing import ListingConfig, alist_objects
+from torchbucket.runtime.tasks import gather_or_cancel
 from torchbucket.shards._catalog import open_store
 from torchbucket.shards._index import (
     INDEX_SUFFIX,
@@ -327,14 +328,7 @@ async def apack(
             entries[shard.number] = await _write_shard(src, dst, dst_prefix, shard, config, bar)
 
     try:
-        tasks = [asyncio.ensure_future(write(s)) for s in todo]
-        try:
-            await asyncio.gather(*tasks)
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+        await gather_or_cancel(write(s) for s in todo)
     finally:
         bar.close()
     await _delete_stale(dst, dst_prefix, existing, len(plan))

@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 from torchbucket.errors import ConfigError, IntegrityError
+from torchbucket.runtime.tasks import gather_or_cancel
 from torchbucket.storage.base import ObjectStore
 
 __all__ = ["fetch_ranges", "split_ranges"]
@@ -82,11 +83,6 @@ async def fetch_ranges(
         for index, count in enumerate(left):
             if not count:  # an empty buffer is full already
                 on_job_done(index)
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        # After a failure (or a cancellation), stop the other ranges before the
-        # caller frees or reuses the buffers.
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    # After a failure (or a cancellation), the other ranges stop before the
+    # caller frees or reuses the buffers.
+    await gather_or_cancel(tasks)
