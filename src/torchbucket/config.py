@@ -8,15 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torchbucket.errors import ConfigError
+from torchbucket._checks import (
+    check_config,
+    config_error,
+    count,
+    in_flight,
+    number,
+    seconds,
+    size,
+    switch,
+)
 
 __all__ = ["ConcurrencyConfig", "HedgeConfig", "RetryConfig"]
-
-
-def _positive(name: str, value: float, *, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"{name} must be {bound}, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -43,24 +46,16 @@ class RetryConfig:
             attempt counts as stalled, seconds. Default 30.
     """
 
-    initial_backoff: float = 0.1
-    max_backoff: float = 16.0
-    multiplier: float = 2.0
-    deadline: float = 300.0
-    max_attempts: int | None = None
-    attempt_timeout: float = 120.0
-    read_timeout: float = 30.0
+    initial_backoff: float = seconds(0.1)
+    max_backoff: float = seconds(16.0)
+    multiplier: float = number(2.0, minimum=1)
+    deadline: float = seconds(300.0, positive=True)
+    max_attempts: int | None = count(None, optional=True)
+    attempt_timeout: float = seconds(120.0, positive=True)
+    read_timeout: float = seconds(30.0, positive=True)
 
     def __post_init__(self) -> None:
-        _positive("RetryConfig.initial_backoff", self.initial_backoff, allow_zero=True)
-        _positive("RetryConfig.max_backoff", self.max_backoff, allow_zero=True)
-        if self.multiplier < 1:
-            raise ConfigError(f"RetryConfig.multiplier must be >= 1, got {self.multiplier!r}")
-        _positive("RetryConfig.deadline", self.deadline)
-        if self.max_attempts is not None and self.max_attempts < 1:
-            raise ConfigError(f"RetryConfig.max_attempts must be >= 1, got {self.max_attempts!r}")
-        _positive("RetryConfig.attempt_timeout", self.attempt_timeout)
-        _positive("RetryConfig.read_timeout", self.read_timeout)
+        check_config(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,21 +75,22 @@ class ConcurrencyConfig:
         adaptive: When ``False`` the limit stays at ``initial``. Default ``True``.
     """
 
-    initial: int = 128
-    minimum: int = 4
-    maximum: int = 512
-    decrease_interval: float = 0.5
-    adaptive: bool = True
+    initial: int = in_flight(128)
+    minimum: int = in_flight(4)
+    maximum: int = in_flight(512)
+    decrease_interval: float = seconds(0.5)
+    adaptive: bool = switch(True)
 
     def __post_init__(self) -> None:
-        if self.minimum < 1:
-            raise ConfigError(f"ConcurrencyConfig.minimum must be >= 1, got {self.minimum!r}")
+        check_config(self)
         if not self.minimum <= self.initial <= self.maximum:
-            raise ConfigError(
-                "ConcurrencyConfig needs minimum <= initial <= maximum, got "
-                f"{self.minimum} <= {self.initial} <= {self.maximum}"
+            raise config_error(
+                self,
+                "initial",
+                self.initial,
+                f"in minimum..maximum ({self.minimum}..{self.maximum}): "
+                "minimum <= initial <= maximum",
             )
-        _positive("ConcurrencyConfig.decrease_interval", self.decrease_interval, allow_zero=True)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -134,31 +130,18 @@ class HedgeConfig:
             range holds a second buffer of its size). Default 32 MiB.
     """
 
-    enabled: bool = True
-    quantile: float = 0.95
-    factor: float = 1.5
-    floor: float = 0.05
-    budget: float = 0.05
-    burst: float = 10.0
-    min_samples: int = 32
-    initial_wait: float = 0.2
-    window: int = 512
-    max_bytes: int = 32 << 20
+    enabled: bool = switch(True)
+    quantile: float = number(0.95, above=0.0, below=1.0)
+    factor: float = number(1.5, minimum=1.0)
+    floor: float = seconds(0.05)
+    budget: float = number(0.05, minimum=0.0, maximum=1.0)
+    burst: float = number(10.0, minimum=1.0)
+    min_samples: int = count(32)
+    initial_wait: float = seconds(0.2)
+    window: int = count(512)
+    max_bytes: int = size(32 << 20)
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.quantile < 1.0:
-            raise ConfigError(f"HedgeConfig.quantile must be in (0, 1), got {self.quantile!r}")
-        if self.factor < 1.0:
-            raise ConfigError(f"HedgeConfig.factor must be >= 1, got {self.factor!r}")
-        _positive("HedgeConfig.floor", self.floor, allow_zero=True)
-        if not 0.0 <= self.budget <= 1.0:
-            raise ConfigError(f"HedgeConfig.budget must be in [0, 1], got {self.budget!r}")
-        if self.burst < 1.0:
-            raise ConfigError(f"HedgeConfig.burst must be >= 1, got {self.burst!r}")
-        if self.min_samples < 1 or self.window < self.min_samples:
-            raise ConfigError(
-                "HedgeConfig needs 1 <= min_samples <= window, got "
-                f"min_samples={self.min_samples!r}, window={self.window!r}"
-            )
-        _positive("HedgeConfig.initial_wait", self.initial_wait, allow_zero=True)
-        _positive("HedgeConfig.max_bytes", self.max_bytes)
+        check_config(self)
+        if self.window < self.min_samples:
+            raise config_error(self, "window", self.window, f">= min_samples ({self.min_samples})")

@@ -209,7 +209,7 @@ def test_enable_outside_a_dataloader_worker_changes_nothing() -> None:
 
 def test_reuse_shared_memory_is_off_by_default_and_must_be_a_bool() -> None:
     assert FetchConfig().reuse_shared_memory is False
-    with pytest.raises(ConfigError, match="reuse_shared_memory must be a bool"):
+    with pytest.raises(ConfigError, match="reuse_shared_memory must be True or False"):
         FetchConfig(reuse_shared_memory=1)  # type: ignore[arg-type]
 
 

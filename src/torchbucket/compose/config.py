@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torchbucket.errors import ConfigError
+from torchbucket._checks import check_config, count, number, seconds, size, switch, text
 from torchbucket.storage.base import COMPOSE_MAX_SOURCES, HIDDEN_PREFIXES
 
 __all__ = ["COMPOSITE_PREFIX", "DEFAULT_MAX_COMPOSITE_OBJECT_SIZE", "ComposeConfig"]
@@ -131,50 +131,20 @@ class ComposeConfig:
             Default ``True``.
     """
 
-    max_composite_object_size: int = DEFAULT_MAX_COMPOSITE_OBJECT_SIZE
-    disable: bool = False
-    max_sources: int = COMPOSE_MAX_SOURCES
-    composite_prefix: str = COMPOSITE_PREFIX
-    throttle_cooldown: float = 30.0
-    allow_with_soft_delete: bool = False
-    read_around_after: float = 4.0
-    read_around_floor: float = 0.25
-    read_around_needed_after: float = 2.0
-    read_around_needed_floor: float = 0.1
-    anchor: bool = True
+    max_composite_object_size: int = size(DEFAULT_MAX_COMPOSITE_OBJECT_SIZE, minimum=0)
+    disable: bool = switch(False)
+    max_sources: int = count(COMPOSE_MAX_SOURCES, minimum=2, maximum=COMPOSE_MAX_SOURCES)
+    composite_prefix: str = text(COMPOSITE_PREFIX, starts_with=(COMPOSITE_PREFIX,), ends_with="/")
+    throttle_cooldown: float = seconds(30.0)
+    allow_with_soft_delete: bool = switch(False)
+    read_around_after: float = number(4.0, minimum=0)
+    read_around_floor: float = seconds(0.25)
+    read_around_needed_after: float = number(2.0, minimum=0)
+    read_around_needed_floor: float = seconds(0.1)
+    anchor: bool = switch(True)
 
     def __post_init__(self) -> None:
-        if self.max_composite_object_size < 0:
-            raise ConfigError(
-                "ComposeConfig.max_composite_object_size must be >= 0 (0 turns compose off), "
-                f"got {self.max_composite_object_size!r}"
-            )
-        if not 2 <= self.max_sources <= COMPOSE_MAX_SOURCES:
-            raise ConfigError(
-                f"ComposeConfig.max_sources must be in 2..{COMPOSE_MAX_SOURCES}, "
-                f"got {self.max_sources!r}"
-            )
-        if not self.composite_prefix.startswith(COMPOSITE_PREFIX) or not (
-            self.composite_prefix.endswith("/")
-        ):
-            raise ConfigError(
-                f"ComposeConfig.composite_prefix must start with {COMPOSITE_PREFIX!r} and end "
-                f"with '/', got {self.composite_prefix!r}"
-            )
-        if self.throttle_cooldown < 0:
-            raise ConfigError(
-                f"ComposeConfig.throttle_cooldown must be >= 0, got {self.throttle_cooldown!r}"
-            )
-
-        for name in (
-            "read_around_after",
-            "read_around_floor",
-            "read_around_needed_after",
-            "read_around_needed_floor",
-        ):
-            value = getattr(self, name)
-            if not value >= 0:
-                raise ConfigError(f"ComposeConfig.{name} must be >= 0, got {value!r}")
+        check_config(self)
 
     @property
     def enabled(self) -> bool:

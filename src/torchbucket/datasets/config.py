@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from torchbucket.errors import ConfigError
+from torchbucket._checks import check_config, config_error, count, in_flight, one_of, size, switch
 
 __all__ = ["FetchConfig", "ShardingConfig"]
 
@@ -83,35 +83,16 @@ class FetchConfig:
             main process. Default True.
     """
 
-    prefetch: int = 128
-    prefetch_bytes: int = 256 * 1024 * 1024
-    output: Literal["bytes", "tensor"] = "bytes"
-    reuse_shared_memory: bool = False
-    large_object_size: int = 8 * 1024 * 1024
-    range_size: int = 8 * 1024 * 1024
-    freeze_gc: bool = True
+    prefetch: int = in_flight(128)
+    prefetch_bytes: int = size(256 * 1024 * 1024)
+    output: Literal["bytes", "tensor"] = one_of("bytes", ("bytes", "tensor"))
+    reuse_shared_memory: bool = switch(False)
+    large_object_size: int = size(8 * 1024 * 1024)
+    range_size: int = size(8 * 1024 * 1024)
+    freeze_gc: bool = switch(True)
 
     def __post_init__(self) -> None:
-        if self.output not in ("bytes", "tensor"):
-            raise ConfigError(
-                f"FetchConfig.output must be 'bytes' or 'tensor', got {self.output!r}"
-            )
-        for name in ("large_object_size", "range_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"FetchConfig.{name} must be an int >= 1, got {value!r}")
-        if not isinstance(self.reuse_shared_memory, bool):
-            raise ConfigError(
-                f"FetchConfig.reuse_shared_memory must be a bool, got {self.reuse_shared_memory!r}"
-            )
-        if not isinstance(self.freeze_gc, bool):
-            raise ConfigError(f"FetchConfig.freeze_gc must be a bool, got {self.freeze_gc!r}")
-        if self.prefetch < 1:
-            raise ConfigError(f"FetchConfig.prefetch must be >= 1, got {self.prefetch!r}")
-        if self.prefetch_bytes < 1:
-            raise ConfigError(
-                f"FetchConfig.prefetch_bytes must be >= 1, got {self.prefetch_bytes!r}"
-            )
+        check_config(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -137,24 +118,15 @@ class ShardingConfig:
             order to fill up. Default ``"keep"``.
     """
 
-    rank: int | None = None
-    world_size: int | None = None
-    uneven: Literal["keep", "drop", "pad"] = "keep"
+    rank: int | None = count(None, minimum=0, optional=True)
+    world_size: int | None = count(None, optional=True)
+    uneven: Literal["keep", "drop", "pad"] = one_of("keep", ("keep", "drop", "pad"))
 
     def __post_init__(self) -> None:
+        check_config(self)
         if (self.rank is None) != (self.world_size is None):
-            raise ConfigError("ShardingConfig needs both rank and world_size, or neither")
-        if self.world_size is not None and self.world_size < 1:
-            raise ConfigError(f"ShardingConfig.world_size must be >= 1, got {self.world_size!r}")
-        if (
-            self.rank is not None
-            and self.world_size is not None
-            and not 0 <= self.rank < self.world_size
-        ):
-            raise ConfigError(
-                f"ShardingConfig.rank must be in 0..{self.world_size - 1}, got {self.rank!r}"
-            )
-        if self.uneven not in ("keep", "drop", "pad"):
-            raise ConfigError(
-                f"ShardingConfig.uneven must be 'keep', 'drop' or 'pad', got {self.uneven!r}"
+            raise config_error(self, "rank", self.rank, "given with world_size (both or neither)")
+        if self.rank is not None and self.world_size is not None and self.rank >= self.world_size:
+            raise config_error(
+                self, "rank", self.rank, f"in 0..world_size - 1 (0..{self.world_size - 1})"
             )

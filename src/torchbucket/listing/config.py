@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from torchbucket.errors import ConfigError
+from torchbucket._checks import (
+    check_config,
+    count,
+    field_check,
+    in_flight,
+    one_of,
+    seconds,
+    switch,
+)
 
 __all__ = ["ListingConfig"]
 
@@ -52,41 +61,35 @@ class ListingConfig:
             listed again, or ``None`` for no limit. Default ``None``.
     """
 
-    parallelism: int = 64
-    page_size: int = 1000
-    include_hidden: bool = False
-    include_folders: bool = False
-    storage_classes: frozenset[str] | None = None
-    progress: bool | Literal["auto"] = "auto"
-    broadcast: bool | Literal["auto"] = "auto"
-    cache: str | os.PathLike[str] | None = None
-    cache_max_age: float | None = None
+    parallelism: int = in_flight(64)
+    page_size: int = count(1000, maximum=1000)
+    include_hidden: bool = switch(False)
+    include_folders: bool = switch(False)
+    storage_classes: frozenset[str] | None = field_check(
+        None,
+        kind="other",
+        wanted="a non-empty set of class names",
+        optional=True,
+        accepts=lambda v: (
+            isinstance(v, Collection) and not isinstance(v, str | bytes) and len(v) > 0
+        ),
+    )
+    progress: bool | Literal["auto"] = one_of("auto", (True, False, "auto"))
+    broadcast: bool | Literal["auto"] = one_of("auto", (True, False, "auto"))
+    cache: str | os.PathLike[str] | None = field_check(
+        None,
+        kind="other",
+        wanted="a path, file:// or object URI",
+        optional=True,
+        accepts=lambda v: isinstance(v, str | os.PathLike),
+    )
+    cache_max_age: float | None = seconds(None, optional=True)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.parallelism, int) or self.parallelism < 1:
-            raise ConfigError(f"ListingConfig.parallelism must be >= 1, got {self.parallelism!r}")
-        if not isinstance(self.page_size, int) or not 1 <= self.page_size <= 1000:
-            raise ConfigError(f"ListingConfig.page_size must be in 1..1000, got {self.page_size!r}")
+        check_config(self)
         if self.storage_classes is not None:
-            if isinstance(self.storage_classes, str):
-                raise ConfigError(
-                    "ListingConfig.storage_classes takes a set of class names, "
-                    f"got the string {self.storage_classes!r}"
-                )
             classes = frozenset(str(c).upper() for c in self.storage_classes)
-            if not classes:
-                raise ConfigError("ListingConfig.storage_classes is empty: nothing would list")
             object.__setattr__(self, "storage_classes", classes)
-        for name in ("progress", "broadcast"):
-            if getattr(self, name) not in (True, False, "auto"):
-                raise ConfigError(
-                    f"ListingConfig.{name} must be True, False or 'auto', "
-                    f"got {getattr(self, name)!r}"
-                )
-        if self.cache_max_age is not None and self.cache_max_age < 0:
-            raise ConfigError(
-                f"ListingConfig.cache_max_age must be >= 0, got {self.cache_max_age!r}"
-            )
 
     def _filters(self) -> dict[str, Any]:
         classes = self.storage_classes

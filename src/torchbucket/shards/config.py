@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from torchbucket.errors import ConfigError
+from torchbucket._checks import check_config, config_error, count, in_flight, one_of, size, switch
 
 __all__ = ["PackConfig", "ShardReadConfig"]
 
@@ -32,24 +32,15 @@ class PackConfig:
             ``shards_in_flight x (2 x part_size + reads_in_flight objects)``.
     """
 
-    shard_size: int = 256 * _MIB
-    group_by: Literal["key", "none"] = "key"
-    part_size: int = 16 * _MIB
-    reads_in_flight: int = 64
-    shards_in_flight: int = 4
+    shard_size: int = size(256 * _MIB, minimum=4096)
+    group_by: Literal["key", "none"] = one_of("key", ("key", "none"))
+    # GCS's smallest part (all but the last).
+    part_size: int = size(16 * _MIB, minimum=5 * _MIB)
+    reads_in_flight: int = in_flight(64)
+    shards_in_flight: int = in_flight(4)
 
     def __post_init__(self) -> None:
-        if self.shard_size < 4096:
-            raise ConfigError(f"PackConfig.shard_size must be >= 4096, got {self.shard_size!r}")
-        if self.group_by not in ("key", "none"):
-            raise ConfigError(f"PackConfig.group_by must be 'key' or 'none', got {self.group_by!r}")
-        if self.part_size < 5 * _MIB:
-            raise ConfigError(
-                f"PackConfig.part_size must be >= 5 MiB (GCS's smallest part), got {self.part_size!r}"
-            )
-        for name in ("reads_in_flight", "shards_in_flight"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"PackConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+        check_config(self)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,29 +71,16 @@ class ShardReadConfig:
             ``BucketShardMapDataset`` reads. Default True.
     """
 
-    reads_in_flight: int = 8
-    bytes_in_flight: int = 64 * _MIB
-    read_size: int = 32 * _MIB
-    first_read_size: int = 1 * _MIB
-    shuffle_buffer: int = 1000
-    freeze_gc: bool = True
+    reads_in_flight: int = in_flight(8)
+    bytes_in_flight: int = size(64 * _MIB)
+    read_size: int = size(32 * _MIB)
+    first_read_size: int = size(1 * _MIB)
+    shuffle_buffer: int = count(1000)
+    freeze_gc: bool = switch(True)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.freeze_gc, bool):
-            raise ConfigError(f"ShardReadConfig.freeze_gc must be a bool, got {self.freeze_gc!r}")
-        for name in (
-            "reads_in_flight",
-            "bytes_in_flight",
-            "read_size",
-            "first_read_size",
-            "shuffle_buffer",
-        ):
-            if getattr(self, name) < 1:
-                raise ConfigError(
-                    f"ShardReadConfig.{name} must be >= 1, got {getattr(self, name)!r}"
-                )
+        check_config(self)
         if self.first_read_size > self.read_size:
-            raise ConfigError(
-                f"ShardReadConfig.first_read_size ({self.first_read_size}) must be <= "
-                f"read_size ({self.read_size})"
+            raise config_error(
+                self, "first_read_size", self.first_read_size, f"<= read_size ({self.read_size})"
             )

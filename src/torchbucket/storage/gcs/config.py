@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from torchbucket._checks import check_config, field_check, nested, seconds, size, text
 from torchbucket.config import ConcurrencyConfig, HedgeConfig, RetryConfig
 from torchbucket.errors import ConfigError
+from torchbucket.runtime.budget import BudgetConfig
 
 __all__ = ["DEFAULT_ENDPOINT", "GCSConfig"]
 
@@ -47,33 +49,31 @@ class GCSConfig:
             ranges: datasets, checkpoint and DCP loads). Default
             ``HedgeConfig()`` (on; see docs/benchmarks.md for what it buys
             under a latency tail and what it costs).
+        budget: The job-wide request budget per bucket, shared by a rank's
+            DataLoader workers and across ranks (see
+            :mod:`torchbucket.runtime.budget`; ``$TORCHBUCKET_BUDGET`` wins).
+            Default ``BudgetConfig()`` (off).
     """
 
-    endpoint: str | None = None
-    project: str | None = None
-    retry: RetryConfig = field(default_factory=RetryConfig)
-    concurrency: ConcurrencyConfig = field(default_factory=ConcurrencyConfig)
-    anonymous: bool | None = None
-    resumable_threshold: int = 8 << 20
-    chunk_size: int = 16 << 20
-    connect_timeout: float = 10.0
-    hedge: HedgeConfig = field(default_factory=HedgeConfig)
+    endpoint: str | None = text(None, starts_with=("http://", "https://"), optional=True)
+    project: str | None = text(None, optional=True)
+    retry: RetryConfig = nested(RetryConfig)
+    concurrency: ConcurrencyConfig = nested(ConcurrencyConfig)
+    anonymous: bool | None = field_check(
+        None,
+        kind="switch",
+        wanted="True or False",
+        optional=True,
+        accepts=lambda v: isinstance(v, bool),
+    )
+    resumable_threshold: int = size(8 << 20, minimum=0)
+    chunk_size: int = size(16 << 20, minimum=_CHUNK_ALIGN, multiple_of=_CHUNK_ALIGN)
+    connect_timeout: float = seconds(10.0, positive=True)
+    hedge: HedgeConfig = nested(HedgeConfig)
+    budget: BudgetConfig = nested(BudgetConfig)
 
     def __post_init__(self) -> None:
-        if self.endpoint is not None and not self.endpoint.startswith(("http://", "https://")):
-            raise ConfigError(
-                f"GCSConfig.endpoint must start with http:// or https://, got {self.endpoint!r}"
-            )
-        if self.chunk_size <= 0 or self.chunk_size % _CHUNK_ALIGN:
-            raise ConfigError(
-                f"GCSConfig.chunk_size must be a positive multiple of 256 KiB, got {self.chunk_size}"
-            )
-        if self.resumable_threshold < 0:
-            raise ConfigError(
-                f"GCSConfig.resumable_threshold must be >= 0, got {self.resumable_threshold}"
-            )
-        if self.connect_timeout <= 0:
-            raise ConfigError(f"GCSConfig.connect_timeout must be > 0, got {self.connect_timeout}")
+        check_config(self)
 
     def resolved_endpoint(self) -> tuple[str, bool]:
         """The endpoint to use and whether it is anonymous (see the attributes)."""
