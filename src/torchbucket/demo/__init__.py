@@ -10,7 +10,8 @@ a figure.
 
 from __future__ import annotations
 
-from torchbucket.demo._job import DemoConfig, DemoResult, run_demo
+from torchbucket.demo._job import DemoResult, run_demo
 from torchbucket.demo._report import format_summary, write_figure, write_json
+from torchbucket.demo.config import DemoConfig
 
 __all__ = ["DemoConfig", "DemoResult", "format_summary", "run_demo", "write_figure", "write_json"]

@@ -24,76 +24,15 @@ from torchbucket.demo._bucket import find_leftovers, human_bytes, list_uris, plu
 from torchbucket.demo._data import CLASSES, decode, generate
 from torchbucket.demo._model import SmallCNN
 from torchbucket.demo._train import Labelled, evaluate, make_loader, train_epoch
-from torchbucket.errors import ConfigError
+from torchbucket.demo.config import DemoConfig
 from torchbucket.runtime import accounting
 from torchbucket.runtime.prices import estimate
 from torchbucket.storage import HIDDEN_PREFIXES
 from torchbucket.storage.gcs import GCSConfig
 
-__all__ = ["DemoConfig", "DemoResult", "run_demo"]
+__all__ = ["DemoResult", "run_demo"]
 
 _EMULATOR_BUCKET = "torchbucket-demo"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DemoConfig:
-    """What the demo does.
-
-    Attributes:
-        objects: Images generated, a sixth of them held out. Default 20,000.
-        epochs: Epochs in all, over both jobs. Default 3.
-        restart_after: Epochs the first job trains before it "crashes"; the
-            restarted job trains the rest. Default ``None``: ``epochs - 1``.
-        workers: DataLoader worker processes. Default 2.
-        batch_size: Images per batch. Default 64.
-        out: Folder for the figure and ``summary.json``. Default ``demo-output``.
-        bucket: ``gs://bucket/prefix`` to use instead of the local emulator.
-            Default ``None``: the emulator.
-        endpoint: GCS endpoint for ``bucket`` (``--endpoint``). Default
-            ``None``: ``$STORAGE_EMULATOR_HOST``, else Google's.
-        latency: Model a same-region bucket's latency in the emulator. Default
-            ``True``.
-        seed: Picks the images and the initial weights. Default 0.
-        compose: Coalesce small reads server-side (``ComposeConfig()``).
-            Default ``False``, the map-style dataset's own default: it cannot
-            hide the compose round trip on a batch's critical path, so it reads
-            each image with its own GET (see ``ComposeConfig``).
-        learning_rate: Adam's learning rate. Default 3e-3.
-    """
-
-    objects: int = 20_000
-    epochs: int = 3
-    restart_after: int | None = None
-    workers: int = 2
-    batch_size: int = 64
-    out: str = "demo-output"
-    bucket: str | None = None
-    endpoint: str | None = None
-    latency: bool = True
-    seed: int = 0
-    compose: bool = False
-    learning_rate: float = 3e-3
-
-    def __post_init__(self) -> None:
-        if self.objects < 12:
-            raise ConfigError(f"DemoConfig.objects must be >= 12, got {self.objects}")
-        if self.epochs < 2:
-            raise ConfigError(
-                f"DemoConfig.epochs must be >= 2 (one before and one after the restart), got {self.epochs}"
-            )
-        if self.restart_after is not None and not 1 <= self.restart_after < self.epochs:
-            raise ConfigError(
-                f"DemoConfig.restart_after must be in [1, epochs), got {self.restart_after}"
-            )
-        if self.workers < 0 or self.batch_size < 1:
-            raise ConfigError("DemoConfig.workers must be >= 0 and batch_size >= 1")
-        if self.bucket is not None and not self.bucket.startswith("gs://"):
-            raise ConfigError(f"--bucket must be a gs:// URI, got {self.bucket!r}")
-
-    @property
-    def first_job_epochs(self) -> int:
-        """Epochs trained before the restart."""
-        return self.restart_after if self.restart_after is not None else self.epochs - 1
 
 
 @dataclass
