@@ -259,7 +259,7 @@ class CorruptingStore(RecordingStore):
 
 
 def crc(data: bytes) -> str:
-    from torchbucket.storage._common import crc32c_b64
+    from torchbucket.storage.crc32c import crc32c_b64
 
     return crc32c_b64(data)
 

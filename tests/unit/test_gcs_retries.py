@@ -26,8 +26,8 @@ from torchbucket.errors import (
     PermissionDeniedError,
     PreconditionFailedError,
 )
-from torchbucket.storage._common import crc32c_b64
 from torchbucket.storage.base import Part
+from torchbucket.storage.crc32c import crc32c_b64
 from torchbucket.storage.gcs import GCSConfig, GCSStore, _credentials, _session
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

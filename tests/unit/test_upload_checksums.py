@@ -20,8 +20,8 @@ from aiohttp import web
 from torchbucket import runtime
 from torchbucket.config import RetryConfig
 from torchbucket.errors import IntegrityError
-from torchbucket.storage._common import crc32c_b64
 from torchbucket.storage.base import ObjectInfo
+from torchbucket.storage.crc32c import crc32c_b64
 from torchbucket.storage.gcs import GCSConfig, GCSStore
 
 DATA = bytes(range(256)) * 4096  # 1 MiB

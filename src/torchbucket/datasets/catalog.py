@@ -13,7 +13,6 @@ them, share it.
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -27,6 +26,7 @@ from torchbucket.errors import ConfigError, NotFoundError
 from torchbucket.listing import alist_objects
 from torchbucket.storage import store_for
 from torchbucket.storage.base import ObjectInfo, ObjectStore
+from torchbucket.storage.crc32c import b64, from_b64
 
 if TYPE_CHECKING:
     from torchbucket.listing import ListingConfig
@@ -42,12 +42,14 @@ def _crc_value(crc32c: str | None) -> int:
     """A listed CRC32C (base64, big-endian) as an int; ``_NO_CRC`` when unknown."""
     if crc32c is None:
         return _NO_CRC
-    raw = base64.b64decode(crc32c)
-    return int.from_bytes(raw, "big") if len(raw) == 4 else _NO_CRC
+    try:
+        return from_b64(crc32c)
+    except ValueError:
+        return _NO_CRC
 
 
 def _crc_b64(value: int) -> str | None:
-    return None if value == _NO_CRC else base64.b64encode(value.to_bytes(4, "big")).decode()
+    return None if value == _NO_CRC else b64(value)
 
 
 def open_store(uri: str, gcs: GCSConfig | None) -> tuple[ObjectStore, str]:

@@ -1,11 +1,11 @@
-"""Small helpers shared by the backends: checksums, ranges, argument checks."""
+"""Small helpers shared by the backends: ranges, argument checks.
+
+Checksums are :mod:`torchbucket.storage.crc32c`'s.
+"""
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Sequence
-
-import google_crc32c
 
 from torchbucket.storage.base import COMPOSE_MAX_SOURCES, MULTIPART_MAX_PARTS, ObjectInfo
 
@@ -14,25 +14,8 @@ __all__ = [
     "check_page_size",
     "check_part_number",
     "check_range",
-    "crc32c_b64",
-    "crc32c_combine_bytes",
     "resolve_range",
 ]
-
-
-def crc32c_b64(data: bytes | bytearray | memoryview) -> str:
-    """CRC32C of ``data`` as GCS reports it: base64 of the big-endian 4 bytes."""
-    # google-crc32c takes read-only buffers only: bytes, not bytearray or memoryview.
-    value = google_crc32c.value(data if isinstance(data, bytes) else bytes(data))
-    return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
-
-
-def crc32c_combine_bytes(chunks: Sequence[bytes | bytearray | memoryview]) -> str:
-    """CRC32C of the concatenation of ``chunks``, without joining them."""
-    crc: int = 0
-    for chunk in chunks:
-        crc = google_crc32c.extend(crc, chunk if isinstance(chunk, bytes) else bytes(chunk))
-    return base64.b64encode(crc.to_bytes(4, "big")).decode("ascii")
 
 
 def check_range(start: int, end: int | None) -> None:

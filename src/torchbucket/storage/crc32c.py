@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import google_crc32c
 
-__all__ = ["Crc32c", "b64", "combine", "extend"]
+__all__ = ["Crc32c", "b64", "combine", "crc32c_b64", "extend", "from_b64"]
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +130,23 @@ def combine(crc_a: int, crc_b: int, len_b: int) -> int:
 def b64(crc: int) -> str:
     """A CRC32C value as GCS reports it: base64 of the 4 big-endian bytes."""
     return base64.b64encode(crc.to_bytes(4, "big")).decode("ascii")
+
+
+def from_b64(text: str) -> int:
+    """A CRC32C as GCS reports it (base64 of 4 big-endian bytes), as an integer.
+
+    Raises:
+        ValueError: ``text`` is not the base64 of 4 bytes.
+    """
+    raw = base64.b64decode(text, validate=True)  # binascii.Error is a ValueError
+    if len(raw) != 4:
+        raise ValueError(f"a CRC32C is 4 bytes, got {len(raw)} in {text!r}")
+    return int.from_bytes(raw, "big")
+
+
+def crc32c_b64(data: bytes | bytearray | memoryview) -> str:
+    """The CRC32C of ``data`` as GCS reports it, checksummed in place (see :func:`extend`)."""
+    return b64(extend(0, data))
 
 
 class Crc32c:

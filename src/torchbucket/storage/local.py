@@ -41,11 +41,10 @@ from torchbucket.storage._common import (
     check_page_size,
     check_part_number,
     check_range,
-    crc32c_b64,
-    crc32c_combine_bytes,
     resolve_range,
 )
 from torchbucket.storage.base import ListPage, MultipartUpload, ObjectInfo, Part
+from torchbucket.storage.crc32c import crc32c_b64
 
 __all__ = ["LocalStore"]
 
@@ -228,13 +227,7 @@ class LocalStore:
             len(data),
             lambda: _fs.commit(key, lambda fd: _fs.write_all(fd, data), "put", if_generation_match),
         )
-        if isinstance(data, bytes):
-            crc = crc32c_b64(data)
-        else:  # a piece at a time: google-crc32c copies anything but bytes
-            view = memoryview(data).cast("B")
-            crc = crc32c_combine_bytes(
-                [view[i : i + _INLINE_BYTES] for i in range(0, len(view), _INLINE_BYTES)]
-            )
+        crc = crc32c_b64(data)
         return ObjectInfo(info.name, info.size, info.generation, crc, "STANDARD")
 
     async def put_stream(

@@ -30,10 +30,10 @@ from torchbucket.storage._common import (
     check_compose_sources,
     check_page_size,
     check_part_number,
-    crc32c_b64,
     resolve_range,
 )
 from torchbucket.storage.base import ListPage, MultipartUpload, ObjectInfo, Part
+from torchbucket.storage.crc32c import crc32c_b64
 
 __all__ = ["MemoryStore", "delete_memory_bucket"]
 

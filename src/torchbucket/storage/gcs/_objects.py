@@ -6,8 +6,6 @@ asks for to tell a leftover from an object a running job still uses.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import calendar
 import json
 import re
@@ -19,7 +17,7 @@ import yarl
 from torchbucket.errors import IntegrityError, StorageError
 from torchbucket.storage._common import check_compose_sources
 from torchbucket.storage.base import ObjectInfo
-from torchbucket.storage.crc32c import combine
+from torchbucket.storage.crc32c import combine, from_b64
 from torchbucket.storage.gcs import _errors, _uncertain
 from torchbucket.storage.gcs._transport import GCSTransport
 from torchbucket.storage.gcs._wire import INFO_FIELDS, crc_b64, object_info, quote_name
@@ -39,8 +37,8 @@ def combined_crc32c(sources: Sequence[ObjectInfo]) -> str | None:
         if source.crc32c is None:
             return None
         try:
-            value = int.from_bytes(base64.b64decode(source.crc32c, validate=True), "big")
-        except (binascii.Error, ValueError):
+            value = from_b64(source.crc32c)
+        except ValueError:
             return None
         crc = combine(crc, value, source.size)
     return crc_b64(crc)

@@ -91,9 +91,8 @@ def quote_name(name: str) -> str:
     return quote(name, safe="")
 
 
-def crc32c_of(data: bytes | bytearray | memoryview) -> str:
-    """Base64 CRC32C of ``data`` (in place where it is writable, see :func:`extend_crc`)."""
-    return crc_b64(extend_crc(0, data))
+#: ``crc32c_of(data)``: base64 CRC32C of ``data`` (in place where it is writable).
+crc32c_of = _crc32c.crc32c_b64
 
 
 def hash_header_crc32c(headers: Mapping[str, str]) -> str | None:
