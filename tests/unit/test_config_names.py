@@ -19,7 +19,7 @@ from torchbucket import _checks
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.compose import plan_groups
 from torchbucket.errors import ConfigError
-from torchbucket.listing import ListingConfig, list_objects
+from torchbucket.listing import list_objects
 from torchbucket.storage.gcs import GCSConfig
 from torchbucket.storage.ranges import split_ranges
 
@@ -74,42 +74,6 @@ def test_a_project_name_by_position_still_names_the_dataflux_class() -> None:
 def test_old_and_new_name_together_is_an_error_naming_both() -> None:
     with pytest.raises(TypeError, match="gcs_config= and gcs="):
         BucketCheckpoint(gcs_config=GCS, gcs=GCS)  # type: ignore[call-arg]
-
-
-def test_list_objects_and_datasets_take_the_old_names(bucket: str) -> None:
-    from torchbucket.datasets import BucketMapDataset
-
-    uri = f"memory://{bucket}/d/"
-    (listed, _), caught = _calls(lambda: list_objects(uri, gcs_config=None))  # type: ignore[call-arg]
-    assert [o.name for o in listed] == ["d/a", "d/b"]
-    assert len(caught) == 1 and "list_objects(): gcs_config=" in str(caught[0].message)
-
-    (ds, _), caught = _calls(
-        lambda: BucketMapDataset.from_prefix(uri, gcs_config=GCS, listing=ListingConfig())  # type: ignore[call-arg]
-    )
-    assert len(ds) == 2 and ds[1] == b"b" * 20
-    assert len(caught) == 1 and "BucketMapDataset.from_prefix" in str(caught[0].message)
-
-
-def test_pack_takes_listing_config_and_gcs_config(bucket: str) -> None:
-    from torchbucket.shards import PackConfig, pack
-
-    def run() -> Any:
-        return pack(  # type: ignore[call-arg]
-            f"memory://{bucket}/d/",
-            f"memory://{bucket}/packed/",
-            config=PackConfig(group_by="none"),
-            listing_config=ListingConfig(progress=False),
-            gcs_config=GCS,
-            progress=False,
-        )
-
-    (result, _), caught = _calls(run)
-    assert result.shards
-    assert sorted(str(w.message).split(":")[1].split("=")[0].strip() for w in caught) == [
-        "gcs_config",
-        "listing_config",
-    ]
 
 
 def test_config_parameters_are_keyword_only_and_named_after_their_type() -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from torchbucket._checks import check_instance, renamed_configs
+from torchbucket._checks import check_instance
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointReader, CheckpointWriter
 from torchbucket.dataflux._common import bucket_uri, check_names, gcs_config_for
 
@@ -38,8 +38,7 @@ class DatafluxCheckpoint:
         bucket_name: The bucket (or, as an extension, a torchbucket URI such
             as ``memory://name`` or ``file:///dir``).
         storage_client: Accepted, ignored: requests go through aiohttp.
-        gcs: Extension: how to reach GCS. (``gcs_config=`` is accepted with
-            a ``FutureWarning`` until the next release.)
+        gcs: Extension: how to reach GCS.
         checkpoint: Extension: the :class:`BucketCheckpoint` to use (its
             configuration: part sizes, parallelism).
 
@@ -47,7 +46,6 @@ class DatafluxCheckpoint:
         ConfigError: An argument is not of its type.
     """
 
-    @renamed_configs(gcs_config="gcs")
     def __init__(
         self,
         project_name: str,

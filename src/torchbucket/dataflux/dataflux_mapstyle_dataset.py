@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from torchbucket._checks import check_instance, renamed_configs
+from torchbucket._checks import check_instance
 from torchbucket.dataflux._common import ConfigBase, ListedObjects, data_format_default
 from torchbucket.datasets import BucketMapDataset
 
@@ -90,14 +90,11 @@ class DataFluxMapStyleDataset(ListedObjects, BucketMapDataset):
         data_format_fn: Bytes to sample; default: unchanged.
         storage_client: Accepted, ignored: requests go through aiohttp.
         gcs: Extension: how to reach GCS (endpoint, concurrency).
-            (``gcs_config=`` is accepted with a ``FutureWarning`` until the
-            next release.)
 
     Raises:
         ConfigError: An argument is not of its type.
     """
 
-    @renamed_configs(gcs_config="gcs")
     def __init__(
         self,
         project_name: str | None,

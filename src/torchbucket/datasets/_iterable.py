@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from torchbucket import runtime
-from torchbucket._checks import check_bool, renamed_configs
+from torchbucket._checks import check_bool
 from torchbucket.compose import ComposeConfig
 from torchbucket.compose.registry import drain_deletes
 from torchbucket.datasets._common import (
@@ -121,7 +121,6 @@ class BucketIterableDataset(ResumableEpochs["_EpochIterator"]):
         self._board = EpochBoard()
 
     @classmethod
-    @renamed_configs(gcs_config="gcs")
     def from_prefix(
         cls,
         uri: str | os.PathLike[str],
@@ -143,8 +142,6 @@ class BucketIterableDataset(ResumableEpochs["_EpochIterator"]):
                 ``/data/train``) is read as ``file://`` (a directory: its files).
             data_format_fn: See the class.
             gcs: How to reach GCS, for ``gs://`` URIs. Default ``None``.
-                (``gcs_config=`` is accepted with a ``FutureWarning`` until
-                the next release.)
             listing: A ``torchbucket.listing.ListingConfig``. Default ``None``.
             shuffle: See the class.
             seed: See the class.
@@ -176,7 +173,6 @@ class BucketIterableDataset(ResumableEpochs["_EpochIterator"]):
         )
 
     @classmethod
-    @renamed_configs(gcs_config="gcs")
     def from_objects(
         cls,
         uris: Sequence[str | os.PathLike[str]],

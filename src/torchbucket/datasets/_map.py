@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import Dataset
 
 from torchbucket import runtime
-from torchbucket._checks import renamed_configs
 from torchbucket.compose import ComposeConfig
 from torchbucket.compose.registry import drain_deletes
 from torchbucket.datasets._common import (
@@ -129,7 +128,6 @@ class BucketMapDataset(Dataset[Any]):
         self._board = EpochBoard()
 
     @classmethod
-    @renamed_configs(gcs_config="gcs")
     def from_prefix(
         cls,
         uri: str | os.PathLike[str],
@@ -148,8 +146,6 @@ class BucketMapDataset(Dataset[Any]):
                 ``/data/train``) is read as ``file://`` (a directory: its files).
             data_format_fn: See the class.
             gcs: How to reach GCS, for ``gs://`` URIs. Default ``None``.
-                (``gcs_config=`` is accepted with a ``FutureWarning`` until
-                the next release.)
             listing: A ``torchbucket.listing.ListingConfig``. Default ``None``.
             compose: See the class.
             fetch: See the class.
@@ -169,7 +165,6 @@ class BucketMapDataset(Dataset[Any]):
         return cls(catalog, data_format_fn=data_format_fn, compose=compose, fetch=fetch)
 
     @classmethod
-    @renamed_configs(gcs_config="gcs")
     def from_objects(
         cls,
         uris: Sequence[str | os.PathLike[str]],

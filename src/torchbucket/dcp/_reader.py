@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from torchbucket import runtime
-from torchbucket._checks import check_int, renamed_configs
+from torchbucket._checks import check_int
 from torchbucket._uri import is_bucket_uri
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.checkpoint.buffers import MemoryFile, allocate
@@ -75,15 +75,12 @@ class BucketStorageReader(StorageReader):
     Args:
         uri: The checkpoint's "directory".
         config: Read chunk size and parallelism. Default ``CheckpointConfig()``.
-        gcs: Endpoint and credentials for ``gs://``. Default ``GCSConfig()``
-            (``gcs_config=`` is accepted with a ``FutureWarning`` until the
-            next release).
+        gcs: Endpoint and credentials for ``gs://``. Default ``GCSConfig()``.
         checkpoint: A :class:`BucketCheckpoint` to use instead of making one.
         max_gap: Gaps of at most this many bytes between needed ranges of one
             file are read through rather than split. Default 1 MiB.
     """
 
-    @renamed_configs(gcs_config="gcs")
     def __init__(
         self,
         uri: str | os.PathLike[str],

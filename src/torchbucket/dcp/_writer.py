@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from torchbucket._checks import check_int, renamed_configs
+from torchbucket._checks import check_int
 from torchbucket._uri import is_bucket_uri
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.dcp._commit import commit_metadata, files_of
@@ -116,16 +116,13 @@ class BucketStorageWriter(StorageWriter):
     Args:
         uri: The checkpoint's "directory", for example ``gs://bucket/run/step-100``.
         config: Part sizes and parallelism. Default ``CheckpointConfig()``.
-        gcs: Endpoint and credentials for ``gs://``. Default ``GCSConfig()``
-            (``gcs_config=`` is accepted with a ``FutureWarning`` until the
-            next release).
+        gcs: Endpoint and credentials for ``gs://``. Default ``GCSConfig()``.
         checkpoint: A :class:`BucketCheckpoint` to use instead of making one.
         files_per_rank: Data files each rank writes, in parallel. Default 1: the
             parts of one file already upload in parallel.
         overwrite: Allow saving where a complete checkpoint exists. Default True.
     """
 
-    @renamed_configs(gcs_config="gcs")
     def __init__(
         self,
         uri: str | os.PathLike[str],

@@ -12,7 +12,7 @@ import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from torchbucket._checks import check_instance, check_int, renamed_configs
+from torchbucket._checks import check_instance, check_int
 from torchbucket._uri import uri_text
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.lightning._filesystem import set_active_checkpoint
@@ -53,9 +53,6 @@ class BucketCheckpointIO(CheckpointIO):  # type: ignore[misc]
         checkpoint: A :class:`BucketCheckpoint` to use instead of making one from
             ``config`` and ``gcs``.
 
-    ``gcs_config=``, and ``config`` and ``gcs`` by position, are accepted with
-    a ``FutureWarning`` until the next release.
-
     Raises:
         ConfigError: An argument is not of its type (a project name where
             ``config`` belongs: gcs-torch-dataflux's
@@ -63,7 +60,6 @@ class BucketCheckpointIO(CheckpointIO):  # type: ignore[misc]
             :class:`torchbucket.dataflux.lightning.DatafluxLightningCheckpoint`).
     """
 
-    @renamed_configs(positional=("config", "gcs"), gcs_config="gcs")
     def __init__(
         self,
         *,
@@ -153,7 +149,6 @@ class AsyncBucketCheckpointIO(BucketCheckpointIO):
         max_pending: Saves in the queue at once. Default 1.
     """
 
-    @renamed_configs(positional=("config", "gcs"), gcs_config="gcs")
     def __init__(
         self,
         *,

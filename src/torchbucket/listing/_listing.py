@@ -38,7 +38,6 @@ import sys
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from torchbucket import runtime
-from torchbucket._checks import renamed_configs
 from torchbucket.errors import StorageError, ThrottledError
 from torchbucket.listing._broadcast import shared_listing, world
 from torchbucket.listing._lister import ListingStats, list_parallel
@@ -219,7 +218,6 @@ async def alist_objects(
     )
 
 
-@renamed_configs(gcs_config="gcs")
 def list_objects(
     uri: str,
     *,
@@ -233,9 +231,7 @@ def list_objects(
         uri: ``gs://bucket/prefix``, ``memory://name/prefix`` or ``file:///dir/``.
         config: How to list; defaults to ``ListingConfig()``.
         progress: Overrides ``config.progress`` (see :func:`alist_objects`).
-        gcs: A :class:`~torchbucket.storage.gcs.GCSConfig` for ``gs://``
-            (``gcs_config=`` is accepted with a ``FutureWarning`` until the
-            next release).
+        gcs: A :class:`~torchbucket.storage.gcs.GCSConfig` for ``gs://``.
 
     Returns:
         The objects in UTF-8 byte order of name; empty when nothing is there.

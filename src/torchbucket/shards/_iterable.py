@@ -9,7 +9,7 @@ import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from torchbucket._checks import check_bool, renamed_configs
+from torchbucket._checks import check_bool
 from torchbucket.datasets.config import ShardingConfig
 from torchbucket.datasets.resumable import Layout, ResumableEpochs, check_resume_layout
 from torchbucket.datasets.workers import settle_worker
@@ -108,7 +108,6 @@ class BucketShardDataset(ResumableEpochs["_ShardIterator"]):
         super().__init__()
 
     @classmethod
-    @renamed_configs(gcs_config="gcs")
     def from_prefix(
         cls,
         uri: str | os.PathLike[str],
@@ -127,8 +126,7 @@ class BucketShardDataset(ResumableEpochs["_ShardIterator"]):
             uri: ``gs://bucket/packed/`` or ``gs://bucket/packed/manifest.json``
                 (also ``memory://`` and ``file://``).
             data_format_fn: See the class.
-            gcs: How to reach GCS, for ``gs://`` URIs. (``gcs_config=`` is
-                accepted with a ``FutureWarning`` until the next release.)
+            gcs: How to reach GCS, for ``gs://`` URIs.
             listing: A ``ListingConfig`` for listing the prefix.
             shuffle: See the class.
             seed: See the class.

@@ -10,7 +10,6 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from torchbucket import runtime
-from torchbucket._checks import renamed_configs
 from torchbucket.datasets.workers import settle_worker
 from torchbucket.errors import IntegrityError
 from torchbucket.shards._catalog import ShardSet
@@ -68,7 +67,6 @@ class BucketShardMapDataset(Dataset[Any]):
         np.cumsum(counts, out=self._bounds[1:])
 
     @classmethod
-    @renamed_configs(gcs_config="gcs")
     def from_prefix(
         cls,
         uri: str,

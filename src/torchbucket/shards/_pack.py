@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from torchbucket import runtime
-from torchbucket._checks import renamed_configs
 from torchbucket.errors import IntegrityError, NotFoundError
 from torchbucket.listing import ListingConfig, alist_objects
 from torchbucket.runtime.tasks import gather_or_cancel
@@ -243,7 +242,6 @@ async def _complete(
     return _manifest_entry(shard, index.shard_crc32c or tar.crc32c or "")
 
 
-@renamed_configs(listing_config="listing")
 async def apack(
     src: ObjectStore,
     src_prefix: str,
@@ -265,8 +263,7 @@ async def apack(
         dst_prefix: Where ``shard-000000.tar``, ``shard-000000.idx.json``...
             and ``manifest.json`` go (a ``/`` is added if missing).
         config: Shard size, grouping, concurrency; default ``PackConfig()``.
-        listing: How the source is listed. (``listing_config=`` is accepted
-            with a ``FutureWarning`` until the next release.)
+        listing: How the source is listed.
         progress: A bar of bytes packed on stderr: ``"auto"`` when stderr is a
             terminal, ``True`` always, ``False`` never.
         dry_run: Plan (and check which shards are complete), write nothing.
@@ -377,7 +374,6 @@ async def _delete_stale(
             pass
 
 
-@renamed_configs(listing_config="listing", gcs_config="gcs")
 def pack(
     src: str,
     dst: str,
@@ -401,9 +397,7 @@ def pack(
         dst: The destination prefix URI.
         config: See :func:`apack`.
         listing: See :func:`apack`.
-        gcs: How to reach GCS, for ``gs://`` URIs. (``listing_config=`` and
-            ``gcs_config=`` are accepted with a ``FutureWarning`` until the
-            next release.)
+        gcs: How to reach GCS, for ``gs://`` URIs.
         progress: See :func:`apack`.
         dry_run: See :func:`apack`.
 

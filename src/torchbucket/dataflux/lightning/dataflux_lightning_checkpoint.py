@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from torchbucket._checks import check_instance, renamed_configs
+from torchbucket._checks import check_instance
 from torchbucket.checkpoint import CheckpointConfig
 from torchbucket.dataflux._common import check_names, gcs_config_for
 from torchbucket.lightning import AsyncBucketCheckpointIO, BucketCheckpointIO
@@ -60,14 +60,12 @@ class DatafluxLightningCheckpoint(BucketCheckpointIO):
         disable_multipart: Upload each checkpoint as one stream (a resumable
             upload) instead of parallel parts. Default ``False``.
         config: Extension: part sizes and parallelism.
-        gcs: Extension: how to reach GCS. (``gcs_config=`` is accepted with
-            a ``FutureWarning`` until the next release.)
+        gcs: Extension: how to reach GCS.
 
     Raises:
         ConfigError: An argument is not of its type.
     """
 
-    @renamed_configs(gcs_config="gcs")
     def __init__(
         self,
         project_name: str,
@@ -95,14 +93,12 @@ class DatafluxLightningAsyncCheckpoint(AsyncBucketCheckpointIO):
         storage_client: Accepted, ignored.
         disable_multipart: As for :class:`DatafluxLightningCheckpoint`.
         config: Extension: part sizes and parallelism.
-        gcs: Extension: how to reach GCS. (``gcs_config=`` is accepted with
-            a ``FutureWarning`` until the next release.)
+        gcs: Extension: how to reach GCS.
 
     Raises:
         ConfigError: An argument is not of its type.
     """
 
-    @renamed_configs(gcs_config="gcs")
     def __init__(
         self,
         project_name: str,

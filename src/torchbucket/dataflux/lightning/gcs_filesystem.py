@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from torchbucket import runtime
-from torchbucket._checks import check_instance, renamed_configs
+from torchbucket._checks import check_instance
 from torchbucket._uri import is_bucket_uri, parse_uri, uri_text
 from torchbucket.checkpoint import BucketCheckpoint
 from torchbucket.dataflux._common import check_names, gcs_config_for
@@ -71,12 +71,10 @@ class GCSFileSystem:
         project_name: The GCP project (kept as an attribute).
         debug: Log each stream opened at INFO (dataflux printed it).
         storage_client: Accepted, ignored.
-        gcs: Extension: how to reach GCS. (``gcs_config=`` is accepted with
-            a ``FutureWarning`` until the next release.)
+        gcs: Extension: how to reach GCS.
         checkpoint: Extension: the :class:`BucketCheckpoint` to use.
     """
 
-    @renamed_configs(gcs_config="gcs")
     def __init__(
         self,
         project_name: str,
@@ -163,8 +161,7 @@ class GCSDistributedWriter(BucketStorageWriter):
         project_name: The GCP project (kept as an attribute).
         storage_client: Accepted, ignored.
         debug: As for :class:`GCSFileSystem`.
-        gcs: Extension: how to reach GCS. (``gcs_config=`` is accepted with
-            a ``FutureWarning`` until the next release.)
+        gcs: Extension: how to reach GCS.
         **kwargs: ``FileSystemWriter``'s options, as dataflux passes them on:
             ``thread_count`` is the number of data files per rank (uploaded in
             parallel), ``overwrite`` as in torch; the others
@@ -176,7 +173,6 @@ class GCSDistributedWriter(BucketStorageWriter):
         TypeError: An option ``FileSystemWriter`` does not have.
     """
 
-    @renamed_configs(gcs_config="gcs")
     def __init__(
         self,
         path: Path,
@@ -207,8 +203,7 @@ class GCSDistributedReader(BucketStorageReader):
         project_name: The GCP project (kept as an attribute).
         storage_client: Accepted, ignored.
         debug: As for :class:`GCSFileSystem`.
-        gcs: Extension: how to reach GCS. (``gcs_config=`` is accepted with
-            a ``FutureWarning`` until the next release.)
+        gcs: Extension: how to reach GCS.
         **kwargs: ``FileSystemReader``'s options; accepted and not used.
 
     Raises:
@@ -216,7 +211,6 @@ class GCSDistributedReader(BucketStorageReader):
         TypeError: An option ``FileSystemReader`` does not have.
     """
 
-    @renamed_configs(gcs_config="gcs")
     def __init__(
         self,
         path: Path,
