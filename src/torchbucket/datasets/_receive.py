@@ -45,10 +45,10 @@ from torch.utils.data import get_worker_info
 
 from torchbucket.datasets._shm import new_shared
 from torchbucket.datasets.config import FetchConfig
-from torchbucket.errors import IntegrityError, NotFoundError
+from torchbucket.errors import IntegrityError
 from torchbucket.storage.base import ObjectInfo, ObjectStore
 from torchbucket.storage.crc32c import Crc32c
-from torchbucket.storage.listed import read_verified
+from torchbucket.storage.listed import as_listed, check_listed_size, read_verified
 from torchbucket.storage.ranges import fetch_ranges
 
 __all__ = [
@@ -231,7 +231,7 @@ async def _receive(
 ) -> None:
     uri = store.uri(info.name)
     for attempt in range(1, _ATTEMPTS + 1):
-        try:
+        with as_listed(store, info):
             if ranged:
                 ranges = math.ceil(info.size / fetch.range_size)
                 await fetch_ranges(
@@ -245,23 +245,7 @@ async def _receive(
             else:
                 # One range that is the whole object: the store checks its CRC32C.
                 got = await store.get_into(info.name, view, generation=info.generation)
-                if got != info.size:
-                    raise IntegrityError(
-                        f"read {got} bytes, but the object was listed with {info.size}: "
-                        "it changed since it was listed",
-                        operation="get",
-                        uri=uri,
-                    )
-        except NotFoundError as exc:
-            if info.generation is None:
-                raise
-            raise NotFoundError(
-                f"object was deleted or rewritten since it was listed (listed generation "
-                f"{info.generation}); list the dataset again to read the new version",
-                operation="get",
-                uri=uri,
-                status=exc.status,
-            ) from exc
+                check_listed_size(store, info, got)
         if not ranged or info.crc32c is None:
             return
         crc = Crc32c()
