@@ -20,8 +20,8 @@ try:
 except ImportError as exc:  # pragma: no cover - torch built without distributed
     raise ImportError("torchbucket.dcp needs a torch build with torch.distributed (DCP)") from exc
 
-from torchbucket.dcp._ranges import merge_ranges
 from torchbucket.dcp._reader import BucketStorageReader
 from torchbucket.dcp._writer import BucketStorageWriter
+from torchbucket.storage.ranges import merge_ranges
 
 __all__ = ["BucketStorageReader", "BucketStorageWriter", "merge_ranges"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -12,10 +11,12 @@ from torch.utils.data import Dataset
 from torchbucket import runtime
 from torchbucket.datasets.workers import settle_worker
 from torchbucket.errors import IntegrityError
+from torchbucket.runtime.tasks import gather_or_cancel
 from torchbucket.shards._catalog import ShardSet
 from torchbucket.shards._stream import member_sample
 from torchbucket.shards.config import ShardReadConfig
 from torchbucket.storage.crc32c import extend
+from torchbucket.storage.ranges import merge_ranges
 
 if TYPE_CHECKING:
     from torchbucket.listing import ListingConfig
@@ -128,17 +129,16 @@ class BucketShardMapDataset(Dataset[Any]):
 
     async def _fetch(self, located: list[tuple[int, int]]) -> list[Any]:
         shards = self._shards
-        by_shard: dict[int, list[int]] = {}
+        spans: dict[int, set[tuple[int, int]]] = {}
         for shard, s in located:
-            by_shard.setdefault(shard, []).append(s)
-        reads: list[tuple[int, int, int]] = []  # shard, start, end
-        for shard, samples in by_shard.items():
-            index = shards.index(shard)
-            for start, end in sorted(index.data_range(s, s + 1) for s in set(samples)):
-                if reads and reads[-1][0] == shard and start - reads[-1][2] <= _MERGE_GAP:
-                    reads[-1] = (shard, reads[-1][1], max(end, reads[-1][2]))
-                else:
-                    reads.append((shard, start, end))
+            spans.setdefault(shard, set()).add(shards.index(shard).data_range(s, s + 1))
+        # One GET per run of nearby samples of a shard (none for a sample whose
+        # members are all empty).
+        reads = [
+            (shard, start, end)
+            for shard, ranges in spans.items()
+            for start, end in merge_ranges(ranges, _MERGE_GAP)
+        ]
 
         async def get(shard: int, start: int, end: int) -> bytes:
             info = shards.shards[shard]
@@ -146,17 +146,20 @@ class BucketShardMapDataset(Dataset[Any]):
                 info.name, start=start, end=end, generation=info.generation
             )
 
-        bodies = await asyncio.gather(*(get(*r) for r in reads))
+        bodies = await gather_or_cancel(get(*r) for r in reads)
         out = []
         for shard, s in located:
             index = shards.index(shard)
-            lo, _ = index.data_range(s, s + 1)
-            k = next(k for k, r in enumerate(reads) if r[0] == shard and r[1] <= lo < r[2])
-            _, base, _ = reads[k]
+            lo, hi = index.data_range(s, s + 1)
+            # Where no read covers the sample, it is empty: b"" from offset lo.
+            base, body = next(
+                ((r[1], body) for r, body in zip(reads, bodies) if _covers(r, shard, lo, hi)),
+                (lo, b""),
+            )
             members = []
             for m in index.members_of(s):
                 off, size = int(index.offsets[m]) - base, int(index.sizes[m])
-                data = bodies[k][off : off + size]
+                data = body[off : off + size]
                 if len(data) != size or extend(0, data) != int(index.crc32c[m]):
                     data = await self._reread(shard, m)
                 members.append((index.name(m), data))
@@ -186,3 +189,8 @@ class BucketShardMapDataset(Dataset[Any]):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({len(self)} samples in {len(self._shards)} shards)"
+
+
+def _covers(read: tuple[int, int, int], shard: int, lo: int, hi: int) -> bool:
+    """Whether ``read`` (shard, start, end) holds the bytes ``[lo, hi)`` of ``shard``."""
+    return read[0] == shard and read[1] <= lo and hi <= read[2]

@@ -4,19 +4,20 @@ One object (or several) split into ranges that are read concurrently, each
 straight into its slice of one preallocated buffer (``ObjectStore.get_into``),
 so a large object arrives at the speed of many streams instead of one, with no
 copy to join the pieces. Checkpoint loads, DCP loads and the datasets' large
-samples use it.
+samples use it. Byte ranges wanted apart (a DCP load's items, a batch of packed
+samples) are merged into fewer reads by :func:`merge_ranges`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from torchbucket.errors import ConfigError, IntegrityError
 from torchbucket.runtime.tasks import gather_or_cancel
 from torchbucket.storage.base import ObjectStore
 
-__all__ = ["fetch_ranges", "split_ranges"]
+__all__ = ["fetch_ranges", "merge_ranges", "split_ranges"]
 
 
 def split_ranges(size: int, chunk: int) -> list[tuple[int, int]]:
@@ -28,6 +29,42 @@ def split_ranges(size: int, chunk: int) -> list[tuple[int, int]]:
     if chunk < 1:
         raise ConfigError(f"split_ranges: chunk must be >= 1, got {chunk}")
     return [(start, min(start + chunk, size)) for start in range(0, size, chunk)]
+
+
+def merge_ranges(ranges: Iterable[tuple[int, int]], max_gap: int = 0) -> list[tuple[int, int]]:
+    """Merge half-open ``[start, end)`` ranges that overlap or lie close together.
+
+    Two ranges are merged when the gap between them is at most ``max_gap``
+    bytes: fetching a few unneeded bytes costs less than another request.
+
+    Args:
+        ranges: The ranges, in any order; empty ranges are dropped.
+        max_gap: The largest gap, in bytes, that is read through. Default 0:
+            only touching or overlapping ranges are merged.
+
+    Returns:
+        Sorted, disjoint ranges covering every input range, with gaps larger
+        than ``max_gap`` between them.
+
+    Raises:
+        ConfigError: ``max_gap`` is negative (a ``ValueError``).
+        ValueError: A range ends before it starts.
+    """
+    if max_gap < 0:
+        raise ConfigError(f"merge_ranges: max_gap must be >= 0, got {max_gap}")
+    ordered = sorted(ranges)
+    merged: list[tuple[int, int]] = []
+    for start, end in ordered:
+        if end < start:
+            raise ValueError(f"range end {end} is before start {start}")
+        if end == start:
+            continue
+        if merged and start <= merged[-1][1] + max_gap:
+            last_start, last_end = merged[-1]
+            merged[-1] = (last_start, max(last_end, end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 async def fetch_ranges(
