@@ -32,13 +32,13 @@ class Storage:
     def writer(checkpoint: Any, uri: str) -> Any:
         from torchbucket.dcp import BucketStorageWriter
 
-        return BucketStorageWriter(uri, checkpoint=checkpoint)
+        return BucketStorageWriter(uri, bucket_checkpoint=checkpoint)
 
     @staticmethod
     def reader(checkpoint: Any, uri: str) -> Any:
         from torchbucket.dcp import BucketStorageReader
 
-        return BucketStorageReader(uri, checkpoint=checkpoint)
+        return BucketStorageReader(uri, bucket_checkpoint=checkpoint)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def main() -> None:
         "model": {"w": distribute_tensor(full["w"], mesh, [Shard(0)]), "b": full["b"]},
         "step": 7,
     }
-    writer = BucketStorageWriter(uri, config=CONFIG, gcs=gcs)
+    writer = BucketStorageWriter(uri, checkpoint=CONFIG, gcs=gcs)
     if mode == "save":
         dcp.save(state, storage_writer=writer)
     else:
@@ -60,7 +60,7 @@ def main() -> None:
     }
     # max_gap=0: at these toy sizes the default 1 MiB would read through the other
     # rank's shard, and the test checks that each rank reads only what it needs.
-    reader = BucketStorageReader(uri, config=CONFIG, gcs=gcs, max_gap=0)
+    reader = BucketStorageReader(uri, checkpoint=CONFIG, gcs=gcs, max_gap=0)
     dcp.load(target, storage_reader=reader)
     w = target["model"]["w"]
     report = {

@@ -47,9 +47,9 @@ def test_save_load_and_local_copy(
     store = gcs_bucket_factory(emulator, prefix="dcp")
     uri = f"gs://{store.bucket}/ckpt"
     original = state(1)
-    dcp.save(original, storage_writer=BucketStorageWriter(uri, config=CONFIG, gcs=store.config))
+    dcp.save(original, storage_writer=BucketStorageWriter(uri, checkpoint=CONFIG, gcs=store.config))
     target = zeros()
-    dcp.load(target, storage_reader=BucketStorageReader(uri, config=CONFIG, gcs=store.config))
+    dcp.load(target, storage_reader=BucketStorageReader(uri, checkpoint=CONFIG, gcs=store.config))
     assert torch.equal(target["w"], original["w"]) and target["step"] == 1
 
     # Copied to a folder, the same files load with torch's own reader.
@@ -73,7 +73,7 @@ def test_interrupted_save_is_not_loadable(
     with pytest.raises(CheckpointException):
         dcp.save(
             state(2),
-            storage_writer=BucketStorageWriter(uri, config=CONFIG, gcs=store.config),
+            storage_writer=BucketStorageWriter(uri, checkpoint=CONFIG, gcs=store.config),
         )
     emulator.clear_faults()
     (left,) = emulator.object_names(store.bucket)  # the data file, named for its save
@@ -116,7 +116,7 @@ def test_corrupt_metadata_is_called_corrupt(
 ) -> None:
     store = gcs_bucket_factory(emulator, prefix="dcp")
     uri = f"gs://{store.bucket}/ckpt"
-    dcp.save(state(3), storage_writer=BucketStorageWriter(uri, config=CONFIG, gcs=store.config))
+    dcp.save(state(3), storage_writer=BucketStorageWriter(uri, checkpoint=CONFIG, gcs=store.config))
     whole = runtime.run(store.get("ckpt/.metadata"))
     bad = os.urandom(len(whole)) if damage == "random" else whole[: len(whole) - 7]
     emulator.seed(store.bucket, {"ckpt/.metadata": bad})

@@ -60,7 +60,7 @@ def test_two_ranks_save_and_load_then_one_rank_reshards(
     }
     config = CheckpointConfig(read_chunk_size=16 * 1024)
     gcs = GCSConfig(endpoint=emulator.endpoint, anonymous=True)
-    reader = BucketStorageReader(uri, config=config, gcs=gcs)
+    reader = BucketStorageReader(uri, checkpoint=config, gcs=gcs)
     dcp.load(target, storage_reader=reader)
     assert torch.equal(target["model"]["w"], full["w"])
     assert torch.equal(target["model"]["b"], full["b"])

@@ -76,7 +76,7 @@ def test_fit_top_k_and_resume_in_gs(
     dirpath = f"gs://{store.bucket}/run"
 
     def plugin() -> Any:
-        return plugin_type(config=SMALL_PARTS, gcs=store.config)
+        return plugin_type(checkpoint=SMALL_PARTS, gcs=store.config)
 
     trainer = make_trainer(plugin(), dirpath, tmp_path, epochs=4)
     trainer.fit(TinyModel(), loader(), loader())

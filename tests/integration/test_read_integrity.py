@@ -182,11 +182,11 @@ def test_dcp_load(emulator: Emulator, bucket: str, mode: str) -> None:
     uri = f"gs://{bucket}/dcp"
     g = torch.Generator().manual_seed(3)
     original = {"w": torch.randn(128, 128, generator=g), "b": torch.randn(128, generator=g)}
-    writer = BucketStorageWriter(uri, config=config, gcs=gcs(emulator, mode))
+    writer = BucketStorageWriter(uri, checkpoint=config, gcs=gcs(emulator, mode))
     dcp.save(original, storage_writer=writer)
     fire(emulator, mode, match=".distcp")
     target = {"w": torch.zeros(128, 128), "b": torch.zeros(128)}
-    reader = BucketStorageReader(uri, config=config, gcs=gcs(emulator, mode))
+    reader = BucketStorageReader(uri, checkpoint=config, gcs=gcs(emulator, mode))
     if mode == "always":
         from torch.distributed.checkpoint.api import CheckpointException
 

@@ -342,7 +342,7 @@ def _dcp_writer(bucket: Bucket, uri: str) -> object:
 
     # 32 KiB parts: each 128 KiB data file is a multipart upload (its name in the URL).
     config = CheckpointConfig(part_size=32 * 1024, min_part_size=1024)
-    return BucketStorageWriter(uri, config=config, gcs=bucket.gcs(), files_per_rank=4)
+    return BucketStorageWriter(uri, checkpoint=config, gcs=bucket.gcs(), files_per_rank=4)
 
 
 def _wait_fired(emu: Emulator) -> None:

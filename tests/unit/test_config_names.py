@@ -100,9 +100,48 @@ def test_config_parameters_are_keyword_only_and_named_after_their_type() -> None
     ):
         parameters = inspect.signature(fn).parameters
         assert "gcs_config" not in parameters and "listing_config" not in parameters, fn
-        for name in ("config", "gcs", "listing", "compose", "fetch", "sharding", "read"):
+        for name in (
+            "config",
+            "gcs",
+            "listing",
+            "compose",
+            "fetch",
+            "sharding",
+            "read",
+            "checkpoint",
+            "bucket_checkpoint",
+        ):
             if name in parameters:
                 assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY, (fn, name)
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"checkpoint": CheckpointConfig()},
+        {"gcs": GCS},
+        {"checkpoint": CheckpointConfig(), "gcs": GCS},
+    ],
+)
+def test_a_bucket_checkpoint_with_a_config_is_an_error_never_an_override(
+    given: dict[str, Any],
+) -> None:
+    from torchbucket.dcp import BucketStorageReader, BucketStorageWriter
+    from torchbucket.lightning import AsyncBucketCheckpointIO, BucketCheckpointIO
+
+    ready = BucketCheckpoint()
+    for make in (
+        lambda **kw: BucketStorageWriter("memory://b/run", **kw),
+        lambda **kw: BucketStorageReader("memory://b/run", **kw),
+        BucketCheckpointIO,
+        AsyncBucketCheckpointIO,
+    ):
+        with pytest.raises(ConfigError, match="bucket_checkpoint= was given with") as caught:
+            make(bucket_checkpoint=ready, **given)
+        assert all(f"{name}=" in str(caught.value) for name in given)
+    # A BucketCheckpoint where its config belongs says where it goes.
+    with pytest.raises(ConfigError, match="goes as bucket_checkpoint="):
+        BucketCheckpointIO(checkpoint=ready)  # type: ignore[arg-type]
 
 
 def test_option_checks_raise_config_error() -> None:

@@ -248,14 +248,14 @@ def test_lightning_and_dcp_constructors_refuse_a_wrong_type() -> None:
     from torchbucket.dcp import BucketStorageReader, BucketStorageWriter
     from torchbucket.lightning import AsyncBucketCheckpointIO, BucketCheckpointIO
 
-    with pytest.raises(ConfigError, match=r"config must be .*DatafluxLightningCheckpoint"):
-        BucketCheckpointIO(config="my-project")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="checkpoint must be"):
-        AsyncBucketCheckpointIO(checkpoint="gs://b/x")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"checkpoint must be .*DatafluxLightningCheckpoint"):
+        BucketCheckpointIO(checkpoint="my-project")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="bucket_checkpoint must be"):
+        AsyncBucketCheckpointIO(bucket_checkpoint="gs://b/x")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="max_pending must be"):
         AsyncBucketCheckpointIO(max_pending="2")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="config must be"):
-        BucketStorageWriter("gs://bkt/x", config="my-project")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="checkpoint must be"):
+        BucketStorageWriter("gs://bkt/x", checkpoint="my-project")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="uri must be"):
         BucketStorageReader("relative/dir")
     # dataflux's Path form of a gcs:// URI is a URI.

@@ -80,21 +80,21 @@ def test_save_and_load_round_trip(bucket: str, files_per_rank: int) -> None:
     original = model_state(1)
     dcp.save(
         original,
-        storage_writer=BucketStorageWriter(uri, config=SMALL, files_per_rank=files_per_rank),
+        storage_writer=BucketStorageWriter(uri, checkpoint=SMALL, files_per_rank=files_per_rank),
     )
     names = object_names(bucket, "ckpt/step-1/")
     assert names == [".metadata"] + [
         data_file(bucket, "ckpt/step-1/", 0, n) for n in range(files_per_rank)
     ]
     target = empty_like(original)
-    dcp.load(target, storage_reader=BucketStorageReader(uri, config=SMALL))
+    dcp.load(target, storage_reader=BucketStorageReader(uri, checkpoint=SMALL))
     assert_loaded(target, original)
 
 
 def test_files_load_with_torchs_own_filesystem_reader(bucket: str, tmp_path: Path) -> None:
     uri = f"memory://{bucket}/ckpt"
     original = model_state(2)
-    dcp.save(original, storage_writer=BucketStorageWriter(uri, config=SMALL))
+    dcp.save(original, storage_writer=BucketStorageWriter(uri, checkpoint=SMALL))
     store = MemoryStore(bucket)
     for name in object_names(bucket, "ckpt/"):
         (tmp_path / name).write_bytes(runtime.run(store.get(f"ckpt/{name}")))
@@ -106,7 +106,7 @@ def test_files_load_with_torchs_own_filesystem_reader(bucket: str, tmp_path: Pat
 def test_checkpoint_without_metadata_is_refused(bucket: str) -> None:
     uri = f"memory://{bucket}/ckpt"
     original = model_state(3)
-    dcp.save(original, storage_writer=BucketStorageWriter(uri, config=SMALL))
+    dcp.save(original, storage_writer=BucketStorageWriter(uri, checkpoint=SMALL))
     runtime.run(MemoryStore(bucket).delete("ckpt/.metadata"))  # as if the save died before it
     reader = BucketStorageReader(uri)
     with pytest.raises(NotFoundError, match="did not finish") as info:
@@ -120,9 +120,9 @@ def test_checkpoint_without_metadata_is_refused(bucket: str) -> None:
 def test_partial_load_fetches_only_the_needed_ranges(bucket: str) -> None:
     uri = f"memory://{bucket}/ckpt"
     big = {"big": torch.randn(256, 256), "small": torch.arange(10)}
-    dcp.save(big, storage_writer=BucketStorageWriter(uri, config=SMALL))
+    dcp.save(big, storage_writer=BucketStorageWriter(uri, checkpoint=SMALL))
     file_size = runtime.run(MemoryStore(bucket).head("ckpt/" + data_file(bucket, "ckpt/"))).size
-    reader = BucketStorageReader(uri, config=SMALL, max_gap=0)
+    reader = BucketStorageReader(uri, checkpoint=SMALL, max_gap=0)
     target = {"small": torch.zeros(10, dtype=torch.int64)}
     dcp.load(target, storage_reader=reader)
     assert torch.equal(target["small"], torch.arange(10))
@@ -131,11 +131,11 @@ def test_partial_load_fetches_only_the_needed_ranges(bucket: str) -> None:
 
 def test_resave_over_an_old_checkpoint(bucket: str) -> None:
     uri = f"memory://{bucket}/ckpt"
-    dcp.save(model_state(4), storage_writer=BucketStorageWriter(uri, config=SMALL))
+    dcp.save(model_state(4), storage_writer=BucketStorageWriter(uri, checkpoint=SMALL))
     newer = model_state(5)
-    dcp.save(newer, storage_writer=BucketStorageWriter(uri, config=SMALL))
+    dcp.save(newer, storage_writer=BucketStorageWriter(uri, checkpoint=SMALL))
     target = empty_like(newer)
-    dcp.load(target, storage_reader=BucketStorageReader(uri, config=SMALL))
+    dcp.load(target, storage_reader=BucketStorageReader(uri, checkpoint=SMALL))
     assert_loaded(target, newer)
     with pytest.raises(CheckpointException, match="overwrite=False") as info:
         dcp.save(newer, storage_writer=BucketStorageWriter(uri, overwrite=False))
@@ -145,10 +145,10 @@ def test_resave_over_an_old_checkpoint(bucket: str) -> None:
 def test_async_save(bucket: str) -> None:
     uri = f"memory://{bucket}/async"
     original = model_state(6)
-    future = dcp.async_save(original, storage_writer=BucketStorageWriter(uri, config=SMALL))
+    future = dcp.async_save(original, storage_writer=BucketStorageWriter(uri, checkpoint=SMALL))
     future.result()
     target = empty_like(original)
-    dcp.load(target, storage_reader=BucketStorageReader(uri, config=SMALL))
+    dcp.load(target, storage_reader=BucketStorageReader(uri, checkpoint=SMALL))
     assert_loaded(target, original)
 
 
@@ -190,13 +190,13 @@ def test_save_without_collectives_writes_rank_metadata(bucket: str) -> None:
     original = model_state(7)
     dcp.save(
         original,
-        storage_writer=BucketStorageWriter(uri, config=SMALL),
+        storage_writer=BucketStorageWriter(uri, checkpoint=SMALL),
         use_collectives=False,
     )
     assert object_names(bucket, "nc/") == ["__0.metadata", data_file(bucket, "nc/")]
     target = empty_like(original)
     # load finds no .metadata and falls back to the rank's own.
-    dcp.load(target, storage_reader=BucketStorageReader(uri, config=SMALL))
+    dcp.load(target, storage_reader=BucketStorageReader(uri, checkpoint=SMALL))
     assert_loaded(target, original)
 
 
@@ -221,14 +221,14 @@ def test_every_dtype_loads_exactly(bucket: str, tmp_path: Path, writer: str) -> 
     uri = f"memory://{bucket}/mixed"
     original = mixed_dtypes()
     if writer == "bucket":
-        dcp.save(original, storage_writer=BucketStorageWriter(uri, config=SMALL))
+        dcp.save(original, storage_writer=BucketStorageWriter(uri, checkpoint=SMALL))
     else:
         dcp.save(original, storage_writer=dcp.FileSystemWriter(str(tmp_path)))
         store = MemoryStore(bucket)
         for path in tmp_path.iterdir():
             runtime.run(store.put(f"mixed/{path.name}", path.read_bytes()))
     target = {k: torch.full_like(v, 1) for k, v in original.items()}
-    dcp.load(target, storage_reader=BucketStorageReader(uri, config=SMALL))
+    dcp.load(target, storage_reader=BucketStorageReader(uri, checkpoint=SMALL))
     for name, tensor in original.items():
         assert target[name].dtype == tensor.dtype, name
         assert torch.equal(target[name], tensor), name

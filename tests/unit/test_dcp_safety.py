@@ -200,7 +200,7 @@ def test_every_metadata_shape_loads(
     uri = f"memory://{bucket}/shapes"
     original = every_shape(1)
     if writer == "bucket":
-        dcp.save(original, storage_writer=BucketStorageWriter(uri, config=SMALL))
+        dcp.save(original, storage_writer=BucketStorageWriter(uri, checkpoint=SMALL))
     else:
         folder = tmp_path / "fs"
         dcp.save(original, storage_writer=dcp.FileSystemWriter(str(folder)))
@@ -212,7 +212,7 @@ def test_every_metadata_shape_loads(
         pickle.loads(data).state_dict_metadata.keys()
     )
     target = every_shape(2)
-    dcp.load(target, storage_reader=BucketStorageReader(uri, config=SMALL))
+    dcp.load(target, storage_reader=BucketStorageReader(uri, checkpoint=SMALL))
     assert_same(target, original)
 
 

@@ -78,7 +78,7 @@ def names(bucket: str) -> list[str]:
 @pytest.mark.parametrize("plugin_type", [BucketCheckpointIO, AsyncBucketCheckpointIO])
 def test_fit_keeps_top_k_and_resumes(bucket: str, tmp_path: Any, plugin_type: Any) -> None:
     dirpath = f"memory://{bucket}/run"
-    fit = trainer(plugin_type(config=SMALL_PARTS), dirpath, tmp_path, epochs=4)
+    fit = trainer(plugin_type(checkpoint=SMALL_PARTS), dirpath, tmp_path, epochs=4)
     fit.fit(TinyModel(), loader(), loader())
     # Top-2 by val_loss (0 and 1); epochs 2 and 3 were saved and then removed.
     assert names(bucket) == [
@@ -86,7 +86,7 @@ def test_fit_keeps_top_k_and_resumes(bucket: str, tmp_path: Any, plugin_type: An
         "run/epoch=1-step=4.ckpt",
         "run/last.ckpt",
     ]
-    resumed = trainer(plugin_type(config=SMALL_PARTS), dirpath, tmp_path, epochs=5)
+    resumed = trainer(plugin_type(checkpoint=SMALL_PARTS), dirpath, tmp_path, epochs=5)
     model = TinyModel()
     resumed.fit(model, loader(), loader(), ckpt_path=f"{dirpath}/last.ckpt")
     assert resumed.global_step == 10  # 8 steps restored, 2 more trained
@@ -128,7 +128,7 @@ class FailingCheckpoint(BucketCheckpoint):
 
 
 def test_async_failure_surfaces_on_next_call_and_teardown(bucket: str) -> None:
-    io = AsyncBucketCheckpointIO(checkpoint=FailingCheckpoint())
+    io = AsyncBucketCheckpointIO(bucket_checkpoint=FailingCheckpoint())
     io.save_checkpoint({"w": torch.ones(1)}, f"memory://{bucket}/a.ckpt")
     with pytest.raises(TransientError):
         io.wait()
@@ -138,7 +138,7 @@ def test_async_failure_surfaces_on_next_call_and_teardown(bucket: str) -> None:
 
 
 def test_async_removal_waits_for_the_save_before_it(bucket: str) -> None:
-    io = AsyncBucketCheckpointIO(config=SMALL_PARTS, max_pending=2)
+    io = AsyncBucketCheckpointIO(checkpoint=SMALL_PARTS, max_pending=2)
     path = f"memory://{bucket}/gone.ckpt"
     io.save_checkpoint({"w": torch.randn(50_000)}, path)
     io.remove_checkpoint(path)

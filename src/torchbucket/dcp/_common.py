@@ -17,7 +17,6 @@ from typing import Any
 from torchbucket._checks import check_instance
 from torchbucket._uri import is_bucket_uri, parse_uri, uri_text
 from torchbucket.errors import ConfigError
-from torchbucket.storage.checks import check_gcs_config
 
 __all__ = [
     "DATA_SUFFIX",
@@ -47,14 +46,17 @@ def metadata_name(rank: int | None) -> str:
     return METADATA_NAME if rank is None else f"__{rank}{METADATA_NAME}"
 
 
-def check_dcp_arguments(owner: object, uri: Any, config: Any, gcs: Any, checkpoint: Any) -> None:
+def check_dcp_arguments(
+    owner: object, uri: Any, checkpoint: Any, gcs: Any, bucket_checkpoint: Any
+) -> None:
     """Check a DCP writer's or reader's common arguments at construction.
 
     Raises:
-        ConfigError: ``uri`` is not a string or path, or an option is not of its type.
+        ConfigError: ``uri`` is not a string or path, an option is not of its
+            type, or ``bucket_checkpoint`` came with ``checkpoint`` or ``gcs``.
         InvalidURIError: ``uri`` is not a URI torchbucket serves.
     """
-    from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
+    from torchbucket.checkpoint.checks import check_checkpoint_arguments
 
     name = type(owner).__name__
     check_instance(uri, (str, os.PathLike), owner=name, parameter="uri", optional=False)
@@ -63,6 +65,4 @@ def check_dcp_arguments(owner: object, uri: Any, config: Any, gcs: Any, checkpoi
             f"{name}: uri must be a gs://, gcs://, memory:// or file:// URI, got {uri!r}"
         )
     parse_uri(normalize(uri))
-    check_instance(config, CheckpointConfig, owner=name, parameter="config")
-    check_gcs_config(gcs, owner=name)
-    check_instance(checkpoint, BucketCheckpoint, owner=name, parameter="checkpoint")
+    check_checkpoint_arguments(name, checkpoint, gcs, bucket_checkpoint)

@@ -74,9 +74,12 @@ class BucketStorageReader(StorageReader):
 
     Args:
         uri: The checkpoint's "directory".
-        config: Read chunk size and parallelism. Default ``CheckpointConfig()``.
+        checkpoint: A :class:`CheckpointConfig`: range size and reads in
+            flight. Default ``CheckpointConfig()``.
         gcs: Endpoint and credentials for ``gs://``. Default ``GCSConfig()``.
-        checkpoint: A :class:`BucketCheckpoint` to use instead of making one.
+        bucket_checkpoint: A :class:`BucketCheckpoint` to use instead of making
+            one from ``checkpoint`` and ``gcs`` (giving it with either is a
+            :class:`~torchbucket.errors.ConfigError`).
         max_gap: Gaps of at most this many bytes between needed ranges of one
             file are read through rather than split. Default 1 MiB.
     """
@@ -85,16 +88,16 @@ class BucketStorageReader(StorageReader):
         self,
         uri: str | os.PathLike[str],
         *,
-        config: CheckpointConfig | None = None,
+        checkpoint: CheckpointConfig | None = None,
         gcs: GCSConfig | None = None,
-        checkpoint: BucketCheckpoint | None = None,
+        bucket_checkpoint: BucketCheckpoint | None = None,
         max_gap: int = DEFAULT_MAX_GAP,
     ) -> None:
         super().__init__()
-        check_dcp_arguments(self, uri, config, gcs, checkpoint)
+        check_dcp_arguments(self, uri, checkpoint, gcs, bucket_checkpoint)
         check_int(max_gap, owner=type(self).__name__, parameter="max_gap", minimum=0)
         self.uri = normalize(uri)
-        self.checkpoint = checkpoint or BucketCheckpoint(config=config, gcs=gcs)
+        self.checkpoint = bucket_checkpoint or BucketCheckpoint(config=checkpoint, gcs=gcs)
         self.max_gap = max_gap
         self.storage_data: dict[Any, _StorageInfo] = {}
         #: What each data file held when saved, by name (``None``: not recorded).

@@ -115,9 +115,12 @@ class BucketStorageWriter(StorageWriter):
 
     Args:
         uri: The checkpoint's "directory", for example ``gs://bucket/run/step-100``.
-        config: Part sizes and parallelism. Default ``CheckpointConfig()``.
+        checkpoint: A :class:`CheckpointConfig`: part sizes and parallelism.
+            Default ``CheckpointConfig()``.
         gcs: Endpoint and credentials for ``gs://``. Default ``GCSConfig()``.
-        checkpoint: A :class:`BucketCheckpoint` to use instead of making one.
+        bucket_checkpoint: A :class:`BucketCheckpoint` to use instead of making
+            one from ``checkpoint`` and ``gcs`` (giving it with either is a
+            :class:`~torchbucket.errors.ConfigError`).
         files_per_rank: Data files each rank writes, in parallel. Default 1: the
             parts of one file already upload in parallel.
         overwrite: Allow saving where a complete checkpoint exists. Default True.
@@ -127,17 +130,17 @@ class BucketStorageWriter(StorageWriter):
         self,
         uri: str | os.PathLike[str],
         *,
-        config: CheckpointConfig | None = None,
+        checkpoint: CheckpointConfig | None = None,
         gcs: GCSConfig | None = None,
-        checkpoint: BucketCheckpoint | None = None,
+        bucket_checkpoint: BucketCheckpoint | None = None,
         files_per_rank: int = 1,
         overwrite: bool = True,
     ) -> None:
         super().__init__()
-        check_dcp_arguments(self, uri, config, gcs, checkpoint)
+        check_dcp_arguments(self, uri, checkpoint, gcs, bucket_checkpoint)
         check_int(files_per_rank, owner=type(self).__name__, parameter="files_per_rank", minimum=1)
         self.uri = normalize(uri)
-        self.checkpoint = checkpoint or BucketCheckpoint(config=config, gcs=gcs)
+        self.checkpoint = bucket_checkpoint or BucketCheckpoint(config=checkpoint, gcs=gcs)
         self.files_per_rank = files_per_rank
         self.overwrite = overwrite
         self.save_id = uuid.uuid4().hex

@@ -12,11 +12,11 @@ import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from torchbucket._checks import check_instance, check_int
+from torchbucket._checks import check_int
 from torchbucket._uri import uri_text
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
+from torchbucket.checkpoint.checks import check_checkpoint_arguments
 from torchbucket.lightning._filesystem import set_active_checkpoint
-from torchbucket.storage.checks import check_gcs_config
 
 if TYPE_CHECKING:
     from torchbucket.storage.gcs import GCSConfig
@@ -48,37 +48,37 @@ class BucketCheckpointIO(CheckpointIO):  # type: ignore[misc]
         )
 
     Args:
-        config: Part sizes and parallelism. Default ``CheckpointConfig()``.
+        checkpoint: A :class:`CheckpointConfig`: part sizes and parallelism.
+            Default ``CheckpointConfig()``.
         gcs: Endpoint and credentials for ``gs://``. Default ``GCSConfig()``.
-        checkpoint: A :class:`BucketCheckpoint` to use instead of making one from
-            ``config`` and ``gcs``.
+        bucket_checkpoint: A :class:`BucketCheckpoint` to use instead of making
+            one from ``checkpoint`` and ``gcs``.
 
     Raises:
         ConfigError: An argument is not of its type (a project name where
-            ``config`` belongs: gcs-torch-dataflux's
+            ``checkpoint`` belongs: gcs-torch-dataflux's
             ``DatafluxLightningCheckpoint(project_name)`` is
-            :class:`torchbucket.dataflux.lightning.DatafluxLightningCheckpoint`).
+            :class:`torchbucket.dataflux.lightning.DatafluxLightningCheckpoint`),
+            or ``bucket_checkpoint`` came with ``checkpoint`` or ``gcs``.
     """
 
     def __init__(
         self,
         *,
-        config: CheckpointConfig | None = None,
+        checkpoint: CheckpointConfig | None = None,
         gcs: GCSConfig | None = None,
-        checkpoint: BucketCheckpoint | None = None,
+        bucket_checkpoint: BucketCheckpoint | None = None,
     ) -> None:
         owner = type(self).__name__
         hint = ""
-        if isinstance(config, str):
+        if isinstance(checkpoint, str):
             hint = (
                 "for gcs-torch-dataflux's DatafluxLightningCheckpoint(project_name) use "
                 "torchbucket.dataflux.lightning.DatafluxLightningCheckpoint"
             )
-        check_instance(config, CheckpointConfig, owner=owner, parameter="config", hint=hint)
-        check_gcs_config(gcs, owner=owner)
-        check_instance(checkpoint, BucketCheckpoint, owner=owner, parameter="checkpoint")
+        check_checkpoint_arguments(owner, checkpoint, gcs, bucket_checkpoint, hint=hint)
         super().__init__()
-        self.checkpoint = checkpoint or BucketCheckpoint(config=config, gcs=gcs)
+        self.checkpoint = bucket_checkpoint or BucketCheckpoint(config=checkpoint, gcs=gcs)
         set_active_checkpoint(self.checkpoint)
 
     def save_checkpoint(
@@ -143,22 +143,22 @@ class AsyncBucketCheckpointIO(BucketCheckpointIO):
     waits for every pending save.
 
     Args:
-        config: As for :class:`BucketCheckpointIO`.
-        gcs: As for :class:`BucketCheckpointIO`.
         checkpoint: As for :class:`BucketCheckpointIO`.
+        gcs: As for :class:`BucketCheckpointIO`.
+        bucket_checkpoint: As for :class:`BucketCheckpointIO`.
         max_pending: Saves in the queue at once. Default 1.
     """
 
     def __init__(
         self,
         *,
-        config: CheckpointConfig | None = None,
+        checkpoint: CheckpointConfig | None = None,
         gcs: GCSConfig | None = None,
-        checkpoint: BucketCheckpoint | None = None,
+        bucket_checkpoint: BucketCheckpoint | None = None,
         max_pending: int = 1,
     ) -> None:
         check_int(max_pending, owner=type(self).__name__, parameter="max_pending", minimum=1)
-        super().__init__(config=config, gcs=gcs, checkpoint=checkpoint)
+        super().__init__(checkpoint=checkpoint, gcs=gcs, bucket_checkpoint=bucket_checkpoint)
         self.max_pending = max_pending
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: list[concurrent.futures.Future[None]] = []

@@ -78,7 +78,7 @@ class DatafluxLightningCheckpoint(BucketCheckpointIO):
         checkpoint_config, gcs = _configs(
             self, project_name, storage_client, disable_multipart, config, gcs
         )
-        super().__init__(config=checkpoint_config, gcs=gcs)
+        super().__init__(checkpoint=checkpoint_config, gcs=gcs)
 
 
 class DatafluxLightningAsyncCheckpoint(AsyncBucketCheckpointIO):
@@ -111,4 +111,4 @@ class DatafluxLightningAsyncCheckpoint(AsyncBucketCheckpointIO):
         checkpoint_config, gcs = _configs(
             self, project_name, storage_client, disable_multipart, config, gcs
         )
-        super().__init__(config=checkpoint_config, gcs=gcs)
+        super().__init__(checkpoint=checkpoint_config, gcs=gcs)

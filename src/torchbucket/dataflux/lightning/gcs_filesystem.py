@@ -187,7 +187,7 @@ class GCSDistributedWriter(BucketStorageWriter):
         self.fs = GCSFileSystem(project_name, bool(debug), storage_client, gcs=gcs)
         super().__init__(
             path,
-            checkpoint=self.fs.checkpoint,
+            bucket_checkpoint=self.fs.checkpoint,
             files_per_rank=kwargs.get("thread_count", 1),
             overwrite=kwargs.get("overwrite", True),
         )
@@ -223,5 +223,5 @@ class GCSDistributedReader(BucketStorageReader):
     ) -> None:
         _options(type(self).__name__, kwargs, _READER_OPTIONS)
         self.fs = GCSFileSystem(project_name, bool(debug), storage_client, gcs=gcs)
-        super().__init__(path, checkpoint=self.fs.checkpoint)
+        super().__init__(path, bucket_checkpoint=self.fs.checkpoint)
         self.project_name = project_name
