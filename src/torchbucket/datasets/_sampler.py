@@ -11,7 +11,7 @@ from torch.utils.data import Sampler
 
 from torchbucket._checks import check_bool, check_instance, check_int
 from torchbucket.datasets.config import ShardingConfig
-from torchbucket.datasets.resumable import dist_rank_world
+from torchbucket.datasets.resumable import check_saved_state, dist_rank_world
 from torchbucket.datasets.sharding import IndexArray, epoch_order, shard_of
 from torchbucket.errors import ConfigError
 
@@ -283,20 +283,14 @@ class BucketBatchSampler(Sampler[list[int]]):
             ConfigError: The state is from another dataset or order, or is
                 mid-epoch and from another rank or world size.
         """
-        if state.get("version") != _STATE_VERSION:
-            raise ConfigError(f"unknown BucketBatchSampler state version {state.get('version')!r}")
-        for key, mine in self.plan.identity().items():
-            if state.get(key) != mine:
-                raise ConfigError(
-                    f"BucketBatchSampler state is for {key}={state.get(key)!r}, this sampler "
-                    f"has {mine!r}: resuming would replay or skip samples"
-                )
-        epoch, position = int(state["epoch"]), int(state["position"])
-        if epoch < 0 or not 0 <= position <= len(self):
-            raise ConfigError(
-                f"BucketBatchSampler state has epoch {epoch} and position {position}; "
-                f"an epoch here has {len(self)} batches"
-            )
+        epoch, position = check_saved_state(
+            state,
+            version=_STATE_VERSION,
+            identity=self.plan.identity(),
+            what="BucketBatchSampler state",
+            holder="sampler",
+            batches=len(self),
+        )
         layout = (state.get("rank"), state.get("world_size"))
         if 0 < position < len(self) and layout != (self.plan.rank, self.plan.world_size):
             raise ConfigError(

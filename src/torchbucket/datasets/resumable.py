@@ -20,7 +20,14 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torchbucket.datasets.config import ShardingConfig
 from torchbucket.errors import ConfigError
 
-__all__ = ["EpochIterator", "Layout", "ResumableEpochs", "check_resume_layout", "dist_rank_world"]
+__all__ = [
+    "EpochIterator",
+    "Layout",
+    "ResumableEpochs",
+    "check_resume_layout",
+    "check_saved_state",
+    "dist_rank_world",
+]
 
 Layout = tuple[int, int, int, int]  # rank, world size, worker, workers
 
@@ -30,6 +37,48 @@ def dist_rank_world() -> tuple[int, int] | None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return None
+
+
+def check_saved_state(
+    state: Mapping[str, Any],
+    *,
+    version: int,
+    identity: Mapping[str, Any],
+    what: str = "state",
+    holder: str = "dataset",
+    batches: int | None = None,
+) -> tuple[int, int]:
+    """The ``(epoch, position)`` of a saved ``state``, if it was saved by the same order.
+
+    The one check of every resumable thing here (the iterable datasets, the
+    batch sampler): the state's version, then each key of ``identity`` (what
+    decides the order of samples), then an epoch and position in range.
+
+    Args:
+        state: The saved state.
+        version: The state version this code writes.
+        identity: The keys and values the state must hold to resume here.
+        what: How messages name the state (``"BucketBatchSampler state"``).
+        holder: How messages name what resumes it (``"sampler"``).
+        batches: Positions in an epoch, where known: a position past it is refused.
+
+    Raises:
+        ConfigError: Another version, another dataset or order (a key of
+            ``identity`` differs), or an epoch or position out of range.
+    """
+    if state.get("version") != version:
+        raise ConfigError(f"unknown {what} version {state.get('version')!r}")
+    for key, mine in identity.items():
+        if state.get(key) != mine:
+            raise ConfigError(
+                f"{what} is for {key}={state.get(key)!r}, this {holder} has {mine!r}: "
+                "resuming would replay or skip samples"
+            )
+    epoch, position = int(state["epoch"]), int(state["position"])
+    if epoch < 0 or position < 0 or (batches is not None and position > batches):
+        limit = "" if batches is None else f"; an epoch here has {batches} batches"
+        raise ConfigError(f"{what} has epoch {epoch} and position {position}{limit}")
+    return epoch, position
 
 
 def check_resume_layout(checked: Mapping[str, Any], layout: Layout) -> None:
@@ -186,21 +235,14 @@ class ResumableEpochs(IterableDataset[Any], Generic[IteratorT]):
                 ``_identity_keys`` differs), or a negative epoch or position.
         """
         mine = self._fresh_state()
-        if state.get("version") != mine["version"]:
-            raise ConfigError(f"unknown state version {state.get('version')!r}")
-        for key in self._identity_keys:
-            if state.get(key) != mine[key]:
-                raise ConfigError(
-                    f"state is for {key}={state.get(key)!r}, this dataset has {mine[key]!r}: "
-                    "resuming would replay or skip samples"
-                )
-        if int(state["epoch"]) < 0 or int(state["position"]) < 0:
-            raise ConfigError(f"state has a negative epoch or position: {dict(state)!r}")
+        epoch, position = check_saved_state(
+            state, version=mine["version"], identity={k: mine[k] for k in self._identity_keys}
+        )
         layout = state.get("layout")
         return {
             **mine,
-            "epoch": int(state["epoch"]),
-            "position": int(state["position"]),
+            "epoch": epoch,
+            "position": position,
             **self._checked_fields(state),
             "layout": None if layout is None else [int(x) for x in layout],
         }
