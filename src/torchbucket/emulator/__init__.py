@@ -132,6 +132,12 @@ class Emulator(DataAdmin, AuthAdmin):
             CA made for this emulator; clients trust :attr:`ca_file` through
             ``SSL_CERT_FILE`` / ``REQUESTS_CA_BUNDLE``. Needs ``trustme``.
             Default ``False``.
+        grpc: Serve the gRPC API too (google.storage.v2 and the storage
+            layout call, model store only) on a port of its own,
+            :attr:`grpc_endpoint`, with the same store, latency, faults,
+            auth and counters (``torchbucket.emulator._grpc_server``); needs
+            ``grpcio`` and ``google-cloud-storage`` (``torchbucket[rapid]``).
+            Default ``False``.
 
     Raises:
         ConfigError: A bad argument.
@@ -149,6 +155,7 @@ class Emulator(DataAdmin, AuthAdmin):
         token_lifetime: int = 3600,
         tls: bool = False,
         rate_model: str | RequestRateModel | None = None,
+        grpc: bool = False,
     ) -> None:
         if backend not in ("model", "fake-gcs"):
             raise ConfigError(f"Emulator backend must be 'model' or 'fake-gcs', got {backend!r}")
@@ -156,6 +163,8 @@ class Emulator(DataAdmin, AuthAdmin):
             raise ConfigError(f"Emulator rps_cap must be > 0 or None, got {rps_cap!r}")
         if min_part_size < 0:
             raise ConfigError(f"Emulator min_part_size must be >= 0, got {min_part_size!r}")
+        if grpc and backend != "model":
+            raise ConfigError("Emulator grpc=True needs backend='model'")
         self.backend = backend
         self._latency = resolve_latency(latency)
         self.rps_cap = rps_cap
@@ -172,6 +181,12 @@ class Emulator(DataAdmin, AuthAdmin):
         #: method of this handle. ``None`` without ``auth`` (the admin API is open).
         self.admin_token: str | None = None
         self.tls = tls
+        self.grpc = grpc
+        #: With ``grpc``, the gRPC API's ``127.0.0.1:PORT`` (what
+        #: ``ClientOptions(api_endpoint=...)`` takes) while it runs; else ``None``.
+        self.grpc_endpoint: str | None = None
+        #: With ``grpc``, its port; else ``None``.
+        self.grpc_port: int | None = None
         #: With ``tls``, the CA file a client must trust (SSL_CERT_FILE,
         #: REQUESTS_CA_BUNDLE) while the emulator runs; else ``None``.
         self.ca_file: str | None = None
@@ -238,6 +253,8 @@ class Emulator(DataAdmin, AuthAdmin):
             cmd += ["--rate-model", json.dumps(self.rate_model.to_dict())]
         if self.auth:
             cmd += ["--auth", "--token-lifetime", str(self.token_lifetime)]
+        if self.grpc:
+            cmd += ["--grpc-port", "0"]
         with open(self.log_path, "ab") as log:
             proc = subprocess.Popen(
                 cmd,
@@ -263,6 +280,8 @@ class Emulator(DataAdmin, AuthAdmin):
         self.backend_pid = info.get("backend_pid")
         self._token_port = info.get("token_port")
         self.admin_token = info.get("admin_token")
+        self.grpc_endpoint = info.get("grpc_endpoint")
+        self.grpc_port = info.get("grpc_port")
         logger.debug("emulator (%s) listening at %s", self.backend, self._endpoint)
         return self
 
@@ -306,6 +325,8 @@ class Emulator(DataAdmin, AuthAdmin):
         self._endpoint = None
         self._token_port = None
         self.admin_token = None
+        self.grpc_endpoint = None
+        self.grpc_port = None
         if self._tls_dir is not None:
             shutil.rmtree(self._tls_dir, ignore_errors=True)
             self._tls_dir = None

@@ -126,7 +126,12 @@ async def _dispatch(front: FrontServer, request: web.BaseRequest, path: str) -> 
         name = body.get("name") if isinstance(body, dict) else None
         if not isinstance(name, str) or not name:
             raise ApiError(400, "bucket create needs a name")
-        await front.backend.create_bucket(name)
+        if body.get("zonal"):
+            if getattr(front.backend, "store", None) is None:
+                raise ApiError(501, f"the {front.backend.name} backend has no zonal buckets")
+            await front.backend.create_bucket(name, zonal=True)  # type: ignore[call-arg]
+        else:
+            await front.backend.create_bucket(name)
         if body.get("soft_delete_seconds"):
             _set_soft_delete(front, name, body["soft_delete_seconds"])
         return _ok({"name": name})

@@ -87,6 +87,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--bucket", action="append", default=[], help="create this bucket at start (repeatable)"
     )
+    parser.add_argument(
+        "--zonal-bucket",
+        action="append",
+        default=[],
+        help="create this zonal (Rapid) bucket at start (repeatable; model backend only)",
+    )
+    parser.add_argument(
+        "--grpc-port",
+        type=int,
+        default=None,
+        help="also serve the gRPC API (google.storage.v2, model backend only) on this port "
+        "of 127.0.0.1 (0: a free one); default: no gRPC",
+    )
     parser.add_argument("--fake-gcs-log", default=None, help="log file of fake-gcs-server")
     parser.add_argument(
         "--tls-cert",
@@ -194,6 +207,18 @@ async def _serve(args: argparse.Namespace, latency: object) -> None:
         await token_service.start()
     for bucket in args.bucket:
         await front.backend.create_bucket(bucket)
+    for bucket in args.zonal_bucket:
+        await front.backend.create_bucket(bucket, zonal=True)  # type: ignore[call-arg]
+    grpc_front = None
+    if args.grpc_port is not None:
+        from torchbucket.emulator._grpc_server import GrpcFront
+
+        grpc_front = GrpcFront(front)
+        keys = None
+        if args.tls_cert:
+            with open(args.tls_key, "rb") as k, open(args.tls_cert, "rb") as c:
+                keys = (k.read(), c.read())
+        await grpc_front.start(args.grpc_port, tls=keys)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, front.stopped.set)
@@ -229,6 +254,9 @@ async def _serve(args: argparse.Namespace, latency: object) -> None:
     }
     if token_service is not None:
         line["token_port"] = token_service.port
+    if grpc_front is not None:
+        line["grpc_endpoint"] = f"127.0.0.1:{grpc_front.port}"
+        line["grpc_port"] = grpc_front.port
     if front.admin_token is not None:
         line["admin_token"] = front.admin_token
     sys.stdout.write(json.dumps(line) + "\n")
@@ -247,6 +275,8 @@ async def _serve(args: argparse.Namespace, latency: object) -> None:
                 f"x-emulator-admin-token: {front.admin_token}\n"
             )
     await front.stopped.wait()
+    if grpc_front is not None:
+        await grpc_front.close()
     if token_service is not None:
         await token_service.close()
     try:

@@ -42,7 +42,9 @@ class DataAdmin:
             timeout: float = 300.0,
         ) -> Any: ...
 
-    def create_bucket(self, name: str, *, soft_delete_seconds: int = 0) -> None:
+    def create_bucket(
+        self, name: str, *, soft_delete_seconds: int = 0, zonal: bool = False
+    ) -> None:
         """Create bucket ``name``.
 
         Args:
@@ -50,12 +52,19 @@ class DataAdmin:
             soft_delete_seconds: Its soft-delete retention (model store only):
                 0 (off, the default here) or 7 to 90 days, as on GCS, where
                 buckets are created with 7 days unless told otherwise.
+            zonal: A zonal (Rapid) bucket (model store only): appendable
+                objects over gRPC, storage layout "zone" with hierarchical
+                namespace, and no compose, rewrite or XML multipart upload.
+                Default ``False``.
 
         Raises:
-            StorageError: It exists already (status 409).
+            StorageError: It exists already (status 409), or ``zonal`` on
+                fake-gcs-server (501).
             ConfigError: The retention is not one GCS accepts.
         """
         body: dict[str, Any] = {"name": name}
+        if zonal:
+            body["zonal"] = True
         if soft_delete_seconds:
             body["soft_delete_seconds"] = soft_delete_seconds
         self._admin("POST", "buckets", body)

@@ -98,9 +98,9 @@ class ModelBackend:
             out.append(name)
         return out
 
-    async def create_bucket(self, name: str) -> None:
-        """Create a bucket (409 when it exists)."""
-        self.store.create_bucket(name)
+    async def create_bucket(self, name: str, *, zonal: bool = False) -> None:
+        """Create a bucket, a zonal one with ``zonal`` (409 when it exists)."""
+        self.store.create_bucket(name, zonal=zonal)
 
     def set_soft_delete(self, name: str, seconds: Any) -> None:
         """Set bucket ``name``'s soft-delete retention (0 turns it off)."""
@@ -330,7 +330,10 @@ class ModelBackend:
         body = _json_body(call)
         policy = body.get("softDeletePolicy") or {}
         seconds = check_soft_delete(policy.get("retentionDurationSeconds", 0))
-        bucket = self.store.create_bucket(body.get("name", ""))
+        # A Rapid bucket is asked for by its storage class (it takes a zone as
+        # its placement too: https://cloud.google.com/storage/docs/rapid/rapid-bucket).
+        zonal = str(body.get("storageClass", "")).upper() == "RAPID"
+        bucket = self.store.create_bucket(body.get("name", ""), zonal=zonal)
         bucket.soft_delete_seconds = seconds
         return json_response(json.dumps(bucket.resource()).encode())
 

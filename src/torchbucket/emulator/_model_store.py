@@ -26,10 +26,13 @@ MAX_COMPOSE_SOURCES = 32
 class ModelBucket:
     """One bucket: objects by name and the sorted list of names."""
 
-    __slots__ = ("created", "keys", "name", "objects", "soft_delete_seconds")
+    __slots__ = ("created", "keys", "name", "objects", "soft_delete_seconds", "zonal")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, zonal: bool = False) -> None:
         self.name = name
+        #: A zonal (Rapid) bucket: hierarchical namespace, appendable objects,
+        #: no compose, rewrite or XML multipart (``_zonal``).
+        self.zonal = zonal
         self.objects: dict[str, ModelObject] = {}
         self.keys: list[str] = []
         self.created = rfc3339(time.time())
@@ -38,7 +41,7 @@ class ModelBucket:
 
     def resource(self) -> dict[str, Any]:
         """The bucket's JSON API resource."""
-        return {
+        out: dict[str, Any] = {
             "kind": "storage#bucket",
             "id": self.name,
             "name": self.name,
@@ -53,6 +56,16 @@ class ModelBucket:
             # As GCS shows it: the field is always there, "0" when off.
             "softDeletePolicy": soft_delete_resource(self.soft_delete_seconds, self.created),
         }
+        if self.zonal:
+            # A Rapid bucket: a zone as its placement, the RAPID class,
+            # hierarchical namespace and uniform access, which GCS requires
+            # of one (https://cloud.google.com/storage/docs/rapid/rapid-bucket).
+            out["locationType"] = "zone"
+            out["customPlacementConfig"] = {"dataLocations": ["US-CENTRAL1-A"]}
+            out["storageClass"] = "RAPID"
+            out["hierarchicalNamespace"] = {"enabled": True}
+            out["iamConfiguration"] = {"uniformBucketLevelAccess": {"enabled": True}}
+        return out
 
 
 #: GCS accepts 0 (off) or 7 to 90 days of soft-delete retention
@@ -188,8 +201,8 @@ class ModelStore:
             )
         return found
 
-    def create_bucket(self, name: str) -> ModelBucket:
-        """Create bucket ``name``; 409 when it exists."""
+    def create_bucket(self, name: str, *, zonal: bool = False) -> ModelBucket:
+        """Create bucket ``name`` (a zonal one with ``zonal``); 409 when it exists."""
         if not name:
             raise ApiError(400, "Bucket name is required")
         if name in self.buckets:
@@ -199,7 +212,7 @@ class ModelStore:
                 "and you already own it.",
                 xml_code="BucketAlreadyOwnedByYou",
             )
-        bucket = self.buckets[name] = ModelBucket(name)
+        bucket = self.buckets[name] = ModelBucket(name, zonal=zonal)
         return bucket
 
     def get(self, bucket: str, name: str, generation: int | None = None) -> ModelObject:

@@ -31,6 +31,7 @@ from torchbucket.emulator._ratemodel import RateState, RequestRateModel
 from torchbucket.emulator._routes import parse_route
 from torchbucket.emulator._stats import Stats
 from torchbucket.emulator._xml_multipart import XmlApi
+from torchbucket.emulator._zonal import ZONAL_REFUSED_OPS, zonal_refusal
 
 if TYPE_CHECKING:
     from torchbucket.emulator._auth import AuthState
@@ -248,8 +249,11 @@ class FrontServer:
         )
         written = written_name(call)
         problem = name_problem(written) if written is not None else None
+        refused = zonal_refusal(self.backend, route) if route.op in ZONAL_REFUSED_OPS else None
         if problem is not None:
             resp = error_response(400, problem, xml=route.xml)  # as GCS: reason "invalid"
+        elif refused is not None:
+            resp = refused  # compose, rewrite, XML multipart on a zonal bucket
         elif route.xml:
             resp = await self.xml.handle(call)
         elif op == "iam":

@@ -27,6 +27,7 @@ class Stats:
         "by_bucket",
         "by_class",
         "by_op",
+        "by_rpc",
         "by_status",
         "bytes_in",
         "bytes_out",
@@ -44,6 +45,8 @@ class Stats:
         self.requests = 0
         self.by_class: Counter[str] = Counter()
         self.by_op: Counter[str] = Counter()
+        # gRPC calls by method (each also counted under its operation in by_op).
+        self.by_rpc: Counter[str] = Counter()
         self.by_status: Counter[int] = Counter()
         self.faults: Counter[str] = Counter()
         # Stalls the latency model drew, as "<op>:before" / "<op>:after" (the
@@ -89,6 +92,7 @@ class Stats:
             "requests": self.requests,
             "by_class": {"A": 0, "B": 0, "free": 0, **self.by_class},
             "by_op": dict(self.by_op),
+            "by_rpc": dict(self.by_rpc),
             "by_status": {str(k): v for k, v in self.by_status.items()},
             "faults": dict(self.faults),
             "stalls": dict(self.stalls),
