@@ -82,7 +82,7 @@ def _assert_close(planned: RequestStats, counted: dict[str, int]) -> None:
 
 def _plans(sizes: list[int]) -> dict[str, cost.StrategyPlan]:
     plans = cost.plan_strategies(
-        sizes, epochs=1, workers=WORKERS, fetch=FETCH, compose=COMPOSE, pack=PACK, read=READ
+        sizes, epochs=1, workers=WORKERS, fetch=FETCH, compose=COMPOSE, pack=PACK, shard_read=READ
     )
     return {p.strategy: p for p in plans}
 
@@ -122,7 +122,7 @@ def test_each_strategys_plan_counts_what_the_emulator_counts(
     packed = f"gs://{bucket}/packed/"
     emulator.reset_stats()
     pack(uri, packed, config=PACK, gcs=gcs, progress=False)
-    shards = BucketShardDataset.from_prefix(packed, gcs=gcs, read=READ)
+    shards = BucketShardDataset.from_prefix(packed, gcs=gcs, shard_read=READ)
     # Once: the pack (its listing of the source included) and the dataset's opening.
     _assert_close(plans["shards"].once, _counted(emulator, bucket))
     _assert_close(plans["shards"].per_epoch, _epoch(emulator, bucket, shards))

@@ -107,7 +107,7 @@ def _shards_plan(
     ranks: int,
     workers: int,
     pack: PackConfig | None,
-    read: ShardReadConfig | None,
+    shard_read: ShardReadConfig | None,
 ) -> StrategyPlan:
     try:
         from torchbucket.shards import PackConfig, ShardReadConfig
@@ -118,11 +118,11 @@ def _shards_plan(
             "shards", empty, empty, note="torchbucket.shards is not available in this installation"
         )
     pack = pack if pack is not None else PackConfig()
-    read = read if read is not None else ShardReadConfig()
+    read = shard_read if shard_read is not None else ShardReadConfig()
     planned = shards_estimate.planned_shards(sizes, pack)
     opened = shards_estimate.open_requests(planned)
     once = listing + shards_estimate.pack_requests(planned, pack) + _times(opened, ranks)
-    epoch = shards_estimate.epoch_requests(planned, ranks=ranks, workers=workers, read=read)
+    epoch = shards_estimate.epoch_requests(planned, ranks=ranks, workers=workers, shard_read=read)
     note = (
         f"packed once into {len(planned)} shard(s) of <= {pack.shard_size / (1 << 20):g} MiB"
         f" (torchbucket pack), read in ranges of {read.first_read_size / (1 << 20):g} MiB"
@@ -143,7 +143,7 @@ def plan_strategies(
     fetch: FetchConfig | None = None,
     compose: ComposeConfig | None = None,
     pack: PackConfig | None = None,
-    read: ShardReadConfig | None = None,
+    shard_read: ShardReadConfig | None = None,
 ) -> list[StrategyPlan]:
     """Model each read strategy's requests and cost over a run.
 
@@ -167,7 +167,7 @@ def plan_strategies(
         fetch: The datasets' ``FetchConfig``.
         compose: The iterable dataset's ``ComposeConfig``.
         pack: ``PackConfig`` of the pack.
-        read: ``ShardReadConfig`` of the shard dataset.
+        shard_read: ``ShardReadConfig`` of the shard dataset.
 
     Raises:
         ConfigError: ``epochs`` < 1, ``ranks`` < 1 or ``workers`` < 0.
@@ -216,5 +216,5 @@ def plan_strategies(
             _compose_note(compose, fetch, soft_delete_seconds),
         )
     )
-    plans.append(_shards_plan(run, sizes, listing, ranks, workers, pack, read))
+    plans.append(_shards_plan(run, sizes, listing, ranks, workers, pack, shard_read))
     return plans

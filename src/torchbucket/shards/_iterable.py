@@ -75,7 +75,7 @@ class BucketShardDataset(ResumableEpochs["_ShardIterator"]):
         shuffle: Shuffle shards and samples (seeded). Default ``False``.
         seed: Seed of the order; the same on every rank. Default 0.
         sharding: Ranks and uneven counts; default ``ShardingConfig()``.
-        read: Reads in flight, read sizes, shuffle buffer; default
+        shard_read: Reads in flight, read sizes, shuffle buffer; default
             ``ShardReadConfig()``.
     """
 
@@ -89,7 +89,7 @@ class BucketShardDataset(ResumableEpochs["_ShardIterator"]):
         shuffle: bool = False,
         seed: int = 0,
         sharding: ShardingConfig | None = None,
-        read: ShardReadConfig | None = None,
+        shard_read: ShardReadConfig | None = None,
     ) -> None:
         check_bool(shuffle, owner=type(self).__name__, parameter="shuffle")
         self._shards = shards
@@ -97,7 +97,7 @@ class BucketShardDataset(ResumableEpochs["_ShardIterator"]):
         self._shuffle = bool(shuffle)
         self._seed = int(seed)
         self._sharding = sharding if sharding is not None else ShardingConfig()
-        self._read = read if read is not None else ShardReadConfig()
+        self._read = shard_read if shard_read is not None else ShardReadConfig()
         self._counts = (
             [i.num_samples for i in shards.indexes if i is not None] if shards.indexed else None
         )
@@ -118,7 +118,7 @@ class BucketShardDataset(ResumableEpochs["_ShardIterator"]):
         shuffle: bool = False,
         seed: int = 0,
         sharding: ShardingConfig | None = None,
-        read: ShardReadConfig | None = None,
+        shard_read: ShardReadConfig | None = None,
     ) -> BucketShardDataset:
         """The shards under a prefix, or of a manifest (a URI ending in ``.json``).
 
@@ -131,7 +131,7 @@ class BucketShardDataset(ResumableEpochs["_ShardIterator"]):
             shuffle: See the class.
             seed: See the class.
             sharding: See the class.
-            read: See the class.
+            shard_read: See the class.
 
         Raises:
             NotFoundError: No manifest and no ``.tar`` under the prefix.
@@ -144,7 +144,7 @@ class BucketShardDataset(ResumableEpochs["_ShardIterator"]):
             shuffle=shuffle,
             seed=seed,
             sharding=sharding,
-            read=read,
+            shard_read=shard_read,
         )
 
     @property

@@ -44,7 +44,7 @@ class BucketShardMapDataset(Dataset[Any]):
         shards: The shards (use :meth:`from_prefix`); every one indexed.
         data_format_fn: Turns a sample (a dict of one key's members, or one
             member's bytes for ``group_by="none"``) into what the model needs.
-        read: Of a ``ShardReadConfig``, only ``freeze_gc`` applies here (the
+        shard_read: Of a ``ShardReadConfig``, only ``freeze_gc`` applies here (the
             rest is about streaming). Default ``ShardReadConfig()``.
 
     Raises:
@@ -56,13 +56,13 @@ class BucketShardMapDataset(Dataset[Any]):
         shards: ShardSet,
         *,
         data_format_fn: Callable[[Any], Any] | None = None,
-        read: ShardReadConfig | None = None,
+        shard_read: ShardReadConfig | None = None,
     ) -> None:
         for i in range(len(shards)):
             shards.index(i)  # raises, naming the shard, where there is none
         self._shards = shards
         self._format = data_format_fn
-        self._freeze_gc = (read if read is not None else ShardReadConfig()).freeze_gc
+        self._freeze_gc = (shard_read if shard_read is not None else ShardReadConfig()).freeze_gc
         counts = [shards.index(i).num_samples for i in range(len(shards))]
         self._bounds = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(counts, out=self._bounds[1:])
@@ -75,7 +75,7 @@ class BucketShardMapDataset(Dataset[Any]):
         data_format_fn: Callable[[Any], Any] | None = None,
         gcs: GCSConfig | None = None,
         listing: ListingConfig | None = None,
-        read: ShardReadConfig | None = None,
+        shard_read: ShardReadConfig | None = None,
     ) -> BucketShardMapDataset:
         """The packed shards under a prefix, or of a manifest URI.
 
@@ -84,7 +84,7 @@ class BucketShardMapDataset(Dataset[Any]):
             ConfigError: A shard has no index.
         """
         shards = ShardSet.open(uri, gcs=gcs, listing=listing)
-        return cls(shards, data_format_fn=data_format_fn, read=read)
+        return cls(shards, data_format_fn=data_format_fn, shard_read=shard_read)
 
     def __len__(self) -> int:
         return int(self._bounds[-1])

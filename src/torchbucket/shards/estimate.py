@@ -93,7 +93,7 @@ def _sample_ranges(shard: PlannedShard) -> tuple[list[int], list[int]]:
 
 
 def epoch_requests(
-    shards: Sequence[PlannedShard], *, ranks: int, workers: int, read: ShardReadConfig
+    shards: Sequence[PlannedShard], *, ranks: int, workers: int, shard_read: ShardReadConfig
 ) -> RequestStats:
     """The ranged GETs of one epoch of ``BucketShardDataset`` over indexed shards.
 
@@ -116,7 +116,7 @@ def epoch_requests(
                 for p, (shard, first, stop) in enumerate(pieces)
                 if first < stop
             ]
-            for _, start, end in cut_reads(ranges, read):
+            for _, start, end in cut_reads(ranges, shard_read):
                 gets += 1
                 read_bytes += end - start
     return RequestStats(by_op={"get": gets} if gets else {}, bytes_in=read_bytes)
