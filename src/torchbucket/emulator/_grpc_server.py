@@ -233,6 +233,8 @@ class GrpcFront:
         sampler = getattr(self.front, "_sampler", None)
         if sampler is not None:
             before, after = sampler.first_byte_split(op)
+            if sampler.last_stall is not None:
+                self.front.stats.stalls[f"{op}:{sampler.last_stall}"] += 1
             if before + after:
                 await asyncio.sleep(before + after)
 
