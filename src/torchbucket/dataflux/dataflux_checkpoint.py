@@ -14,6 +14,12 @@
 Unlike dataflux, a save does not stage the whole checkpoint in memory first
 (parts upload while ``torch.save`` writes), and the object appears only when
 the ``with`` block ends without an exception.
+
+``torch.load(reader)`` copies every tensor's bytes out of the downloaded ones
+(torch maps only a path, never a file object); the extension
+``ckpt.load("checkpoints/epoch0.ckpt")`` downloads into an in-memory file that
+``torch.load(..., mmap=True)`` maps instead, without that copy
+(:meth:`BucketCheckpoint.load`).
 """
 
 from __future__ import annotations
@@ -73,6 +79,20 @@ class DatafluxCheckpoint:
     def writer(self, object_name: str) -> CheckpointWriter:
         """A binary file to ``torch.save`` into; the object appears when it closes."""
         return self.checkpoint.writer(self.uri(object_name))
+
+    def load(self, object_name: str, **torch_load_kwargs: Any) -> Any:
+        """Extension: ``torch.load`` the object, its tensors mapped from the download.
+
+        What :meth:`BucketCheckpoint.load` does: the same checks as
+        :meth:`reader` (CRC32C of every byte, one generation), without the copy
+        ``torch.load(reader)`` makes of every tensor.
+
+        Raises:
+            NotFoundError: No such object (also a ``FileNotFoundError``).
+            IntegrityError: The bytes do not match the object's CRC32C.
+            CheckpointError: The object is not a readable torch checkpoint.
+        """
+        return self.checkpoint.load(self.uri(object_name), **torch_load_kwargs)
 
     def reader(self, object_name: str) -> CheckpointReader:
         """A seekable binary file over the object, to ``torch.load`` from.
