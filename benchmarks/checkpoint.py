@@ -7,7 +7,10 @@ per body each way), one run holds every contender against the same server:
 - ``torch.save`` / ``torch.load`` of one state dict (about 1 GiB; ``--quick``
   512 MiB) of a few large fp32 tensors (70%), 16 bf16 ones (20%) and about
   1,500 small ones per GiB (10%), through
-  - torchbucket: ``BucketCheckpoint().writer(uri)`` / ``.reader(uri)``;
+  - torchbucket: ``BucketCheckpoint().save(obj, uri)`` / ``.load(uri)``;
+  - the floor (issue 45, ``_contenders/ckpt_floor.py``): the same bytes
+    through this client's own upload session and ranged download, out of and
+    into a preallocated buffer, no torch: as fast as this client moves them;
   - gcs-torch-dataflux 1.4.0: ``DatafluxCheckpoint.writer`` / ``.reader``
     (in ``.venv-bench``: it needs ``google-cloud-storage<3``);
   - the same dataflux code (``ckpt_dataflux``'s save and load) on
@@ -39,18 +42,21 @@ zero-filled state dict to load into) and its peak during it. Times are medians
 over the repeats, the order of contenders rotating between repeats; extra RSS
 is the largest over the repeats.
 
-Ends with ``RESULT {json}``: ``save_speedup_vs_dataflux``,
-``load_speedup_vs_dataflux``, ``dcp_save_speedup_vs_dataflux``,
-``dcp_load_speedup_vs_dataflux`` (dataflux's median time over torchbucket's)
-and ``save_peak_extra_rss_fraction`` (torchbucket's peak RSS during the save
-minus the RSS before it, over the checkpoint's size). Goals: save >= 1.5x and
-load >= 3x dataflux, DCP save and load >= 1.5x, extra RSS <= 0.25. Beside
-them: ``save_speedup_vs_gcsfs``, ``load_speedup_vs_gcsfs``,
-``dcp_save_speedup_vs_fsspec``, ``dcp_load_speedup_vs_fsspec`` (goals >= 1.5x),
-``load_peak_extra_rss_fraction`` (torchbucket's extra RSS during a load over the
-checkpoint's size; goal <= 1.2: the loaded tensors themselves are 1.0) and
-``dcp_load_peak_extra_rss_fraction`` (a DCP load into an existing state dict,
-over the largest rank's own part of it; goal <= 0.5).
+Ends with ``RESULT {json}``: ``{save,load}_speedup_vs_dataflux``,
+``dcp_{save,load}_speedup_vs_dataflux`` (dataflux's median time over
+torchbucket's; goals 1.5x, 3x, 1.5x, 1.5x) and ``{save,load}_peak_extra_rss_fraction``
+(torchbucket's peak RSS during the operation minus the RSS before it, over
+the checkpoint; goals 0.25 and 1.05, the loaded tensors being 1.0); beside
+them the same against gcsfs and torch's fsspec DCP (goals 1.5x) and
+``dcp_load_peak_extra_rss_fraction`` (over a rank's part; goal 0.5).
+
+Floor and CPU (issue 45): every row has MB/s, client CPU seconds per GiB and
+``fraction_of_floor`` (the floor's time over the contender's); RESULT has
+``{save,load}_fraction_of_floor`` (goal >= 0.8), ``{op}_cpu_s_per_gib``,
+``floor_{op}_cpu_s_per_gib``, ``{op}_cpu_vs_floor`` (load goal <= 1.5) and the
+DCP contenders' CPU per GiB. ``--large-mib`` (4096 with ``--quick``, 8192 in
+full mode) then runs torchbucket, the floor and dataflux on that size under
+the first preset; its keys end ``_{N}mib``.
 
 Latency (issue 19): ``--latency`` takes presets alternated repeat by
 repeat (``_harness.alternating_runs``), by default ``same-region``
@@ -68,27 +74,20 @@ import dataclasses
 import json
 import math
 import sys
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _ckpt_report as report
 import _harness as h
 
 NAME = "checkpoint"
 BUCKET = "bench-ckpt"
 MiB = 1 << 20
-GOALS = {"save": 1.5, "load": 3.0, "dcp_save": 1.5, "dcp_load": 1.5, "extra_rss": 0.25}
-# gcsfs and torch's fsspec DCP; torchbucket's extra RSS during a load (the tensors: 1.0).
-GOALS_FSSPEC = {"save": 1.5, "load": 1.5, "dcp_save": 1.5, "dcp_load": 1.5}
-GOAL_LOAD_RSS = 1.2
-# A rank holds its part of the state dict plus what is downloaded ahead of the
-# items loaded (64 MiB, dcp/_reader.py) and torch's plans: measured 0.42 of a
-# 512 MiB checkpoint's part per rank (it was 0.87 before the bound).
-GOAL_DCP_LOAD_RSS = 0.5
+GOALS, GOALS_FSSPEC = report.GOALS, report.GOALS_FSSPEC
+GOAL_LOAD_RSS, GOAL_DCP_LOAD_RSS = report.GOAL_LOAD_RSS, report.GOAL_DCP_LOAD_RSS
 # What the gcsfs contenders need on an HTTP-only endpoint (said in the output).
 FSSPEC_ENV = {"GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
 
@@ -105,6 +104,9 @@ class Contender:
 
 CONTENDERS = [
     Contender("torchbucket", "torchbucket", "ckpt_torchbucket.py", False, False),
+    Contender(
+        "floor", "floor (upload session / ranged download, no torch)", "ckpt_floor.py", False, False
+    ),
     Contender("dataflux", "dataflux", "ckpt_dataflux.py", True, False),
     Contender(
         "dataflux_compat",
@@ -130,6 +132,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--smoke", action="store_true", help="32 MiB (a code-path check)")
     p.add_argument("--size-mib", type=int, default=None, help="state dict size (1024)")
     p.add_argument("--repeats", type=int, default=3, help="saves and loads per contender (3)")
+    p.add_argument(
+        "--large-mib",
+        type=int,
+        default=None,
+        help="a second, large state dict for torchbucket, the floor and dataflux, under the first "
+        "latency preset (default 4096 with --quick, 8192 in full mode, 0 (none) with --smoke)",
+    )
+    p.add_argument(
+        "--floor-touched",
+        action="store_true",
+        help="the floor loads into pages touched beforehand (default: fresh pages, as a load's)",
+    )
+    p.add_argument(
+        "--large-repeats", type=int, default=None, help="repeats of the large size (--repeats)"
+    )
     p.add_argument("--ranks", type=int, default=2, help="DCP world size (2)")
     p.add_argument(
         "--fsspec-repeats",
@@ -165,21 +182,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.size_mib = 32 if args.smoke else 512 if args.quick else 1024
     if args.smoke:
         args.repeats = 1
+    if args.large_mib is None:
+        args.large_mib = 0 if args.smoke else 4096 if args.quick else 8192
+    if args.large_repeats is None:
+        args.large_repeats = args.repeats
     return args
-
-
-# ------------------------------------------------------------------ the server
-
-
-def _delete_prefix(emu: Any, prefix: str) -> int:
-    """Delete every object under ``prefix`` (keeps the server's memory bounded)."""
-    names = emu.object_names(BUCKET, prefix)
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    for name in names:
-        url = f"{emu.endpoint}/storage/v1/b/{BUCKET}/o/{urllib.parse.quote(name, safe='')}"
-        with opener.open(urllib.request.Request(url, method="DELETE"), timeout=60):
-            pass
-    return len(names)
 
 
 # ----------------------------------------------------------------- one run
@@ -192,6 +199,7 @@ def run_one(
     rep: int,
     args: argparse.Namespace,
     bench_py: str | None,
+    size_mib: int,
 ) -> dict[str, Any]:
     """One save or load by one contender; its figures (digests kept for checking)."""
     name = f"{c.key}/rep{rep}" + ("" if c.dcp else ".pt")
@@ -200,12 +208,15 @@ def run_one(
         "endpoint": emu.endpoint,
         "bucket": BUCKET,
         "name": name,
-        "size": args.size_mib * MiB,
+        "size": size_mib * MiB,
         "seed": 0,
         "ranks": args.ranks,
+        # The originals' digests, once per size (the floor has no tensors).
         "digest": op == "save" and rep == 0,
     }
-    if args.tb_config and c.key.endswith("torchbucket"):
+    if c.key == "floor" and args.floor_touched:
+        spec["floor_touched"] = True
+    if args.tb_config and (c.key.endswith("torchbucket") or c.key == "floor"):
         spec["tb_config"] = args.tb_config
     env = {"STORAGE_EMULATOR_HOST": emu.endpoint}
     if c.fsspec:
@@ -238,40 +249,47 @@ def run_one(
     }
 
 
-def check_load(c: Contender, load: dict[str, Any], expected: dict[bool, Any]) -> int:
-    """Compare a load's digests with the originals'; return how many tensors differ."""
-    got = load.pop("digests") or {}
-    want = expected[c.dcp]
-    if c.dcp:
-        pairs = [(r, n) for r in want for n in want[r]]
-        bad = sum(1 for r, n in pairs if (got.get(r) or {}).get(n) != want[r][n])
-        extra = sum(len(set(got.get(r) or {}) - set(want[r])) for r in want)
-        return bad + extra
-    return sum(1 for n in want if got.get(n) != want[n]) + len(set(got) - set(want))
-
-
-def summarize(runs: list[dict[str, Any]], size: int) -> dict[str, Any]:
-    """Medians over repeats (the extra RSS: the largest)."""
-    if not runs:
-        return {}
-    out: dict[str, Any] = {}
-    for key in ("wall_s", "client_cpu_s", "server_cpu_s", "rss_baseline_mib", "rss_peak_mib"):
-        out[key] = h.median([r[key] for r in runs])
-    out["requests"] = h.median([r["requests"] for r in runs])
-    out["rss_extra_mib"] = max(r["rss_extra_mib"] for r in runs)
-    out["rss_extra_fraction"] = out["rss_extra_mib"] * MiB / size
-    # For DCP, over the largest rank's own state dict (its share of the checkpoint).
-    out["rss_extra_fraction_held"] = max(r["rss_extra_mib"] * MiB / r["held_bytes"] for r in runs)
-    out["mb_per_s"] = size / 1e6 / out["wall_s"]
-    # How much of the wall time the server's one process was on a CPU: near 1,
-    # the emulator (not the client) set the pace.
-    out["server_busy"] = h.median([r["server_cpu_s"] / r["wall_s"] for r in runs])
-    out["walls"] = [round(r["wall_s"], 3) for r in runs]
-    out["mismatched_tensors"] = sum(r.get("mismatched", 0) for r in runs)
-    out["by_op"] = runs[-1]["by_op"]
-    out["failures"] = runs[-1]["failures"]
-    out["repeats"] = len(runs)
-    return out
+def run_size(
+    emu: Any,
+    args: argparse.Namespace,
+    bench_py: str | None,
+    size_mib: int,
+    selected: list[Contender],
+    presets: list[str],
+    model: Any,
+    *,
+    large: bool = False,
+) -> dict[str, dict[str, dict[str, list[dict[str, Any]]]]]:
+    """Every save and load of one state dict size: runs by preset, contender and operation."""
+    runs_by: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {
+        preset: {c.key: {"save": [], "load": []} for c in selected} for preset in presets
+    }
+    # The originals' digests: single-file and DCP (per rank), from the first saves.
+    expected: dict[bool, Any] = {}
+    repeats = args.large_repeats if large else args.repeats
+    for rep, preset, c in h.alternating_runs(
+        emu, presets, repeats, selected, latency=model, rotate=True
+    ):
+        runs = runs_by[preset]
+        if c.fsspec and rep >= args.fsspec_repeats:
+            continue
+        print(f"  {size_mib} MiB {preset} {c.key} run {rep + 1}: save", end="", flush=True)
+        saved = run_one(emu, c, "save", rep, args, bench_py, size_mib)
+        digests = saved.pop("digests")
+        if digests is not None:
+            if c.dcp not in expected:
+                expected[c.dcp] = digests
+            elif digests != expected[c.dcp]:
+                raise SystemExit(f"{c.key}: the generated state dict differs")
+        runs[c.key]["save"].append(saved)
+        print(f" {saved['wall_s']:.2f} s, load", end="", flush=True)
+        loaded = run_one(emu, c, "load", rep, args, bench_py, size_mib)
+        loaded["mismatched"] = report.check_load(c, loaded, expected)
+        runs[c.key]["load"].append(loaded)
+        report.delete_prefix(emu, BUCKET, f"{c.key}/")
+        status = "ok" if not loaded["mismatched"] else f"{loaded['mismatched']} DIFFER"
+        print(f" {loaded['wall_s']:.2f} s, {status}", flush=True)
+    return runs_by
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,11 +321,6 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.repeats} save+load per contender ({args.fsspec_repeats} for gcsfs and "
         "torch's fsspec DCP), medians."
     )
-    runs_by: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {
-        preset: {c.key: {"save": [], "load": []} for c in selected} for preset in args.presets
-    }
-    # The originals' digests: single-file and DCP (per rank), from the first saves.
-    expected: dict[bool, Any] = {}
     from torchbucket.emulator import PRESETS
 
     def model(preset: str) -> Any:
@@ -319,135 +332,53 @@ def main(argv: list[str] | None = None) -> int:
         notes.append(f"latency models with {args.bandwidth:g} bytes/s per body")
     if args.tb_config:
         notes.append(f"torchbucket CheckpointConfig: {args.tb_config}")
+    large = [c for c in selected if c.key in report.LARGE_CONTENDERS] if args.large_mib else []
+    if large:
+        print(
+            f"then a {args.large_mib} MiB state dict for {', '.join(c.key for c in large)} "
+            f"under {args.presets[0]} ({args.large_repeats} repeats)"
+        )
     with h.emulator(latency=model(args.presets[0])) as emu:
         emu.create_bucket(BUCKET)
-        for rep, preset, c in h.alternating_runs(
-            emu, args.presets, args.repeats, selected, latency=model, rotate=True
-        ):
-            runs = runs_by[preset]
-            if c.fsspec and rep >= args.fsspec_repeats:
-                continue
-            print(f"  {preset} {c.key} run {rep + 1}: save", end="", flush=True)
-            saved = run_one(emu, c, "save", rep, args, bench_py)
-            digests = saved.pop("digests")
-            if digests is not None:
-                if c.dcp not in expected:
-                    expected[c.dcp] = digests
-                elif digests != expected[c.dcp]:
-                    raise SystemExit(f"{c.key}: the generated state dict differs")
-            runs[c.key]["save"].append(saved)
-            print(f" {saved['wall_s']:.2f} s, load", end="", flush=True)
-            loaded = run_one(emu, c, "load", rep, args, bench_py)
-            loaded["mismatched"] = check_load(c, loaded, expected)
-            runs[c.key]["load"].append(loaded)
-            _delete_prefix(emu, f"{c.key}/")
-            status = "ok" if not loaded["mismatched"] else f"{loaded['mismatched']} DIFFER"
-            print(f" {loaded['wall_s']:.2f} s, {status}", flush=True)
+        runs_by = run_size(emu, args, bench_py, args.size_mib, selected, args.presets, model)
+        large_runs = (
+            run_size(
+                emu, args, bench_py, args.large_mib, large, args.presets[:1], model, large=True
+            )[args.presets[0]]
+            if large
+            else {}
+        )
 
     summaries = {
         preset: {
-            c.key: {op: summarize(runs_by[preset][c.key][op], size) for op in ("save", "load")}
+            c.key: {
+                op: report.summarize(runs_by[preset][c.key][op], size) for op in ("save", "load")
+            }
             for c in selected
         }
         for preset in args.presets
     }
+    for by_contender in summaries.values():
+        report.add_floor_fractions(by_contender)
+    large_summary = {
+        key: {op: report.summarize(ops[op], args.large_mib * MiB) for op in ("save", "load")}
+        for key, ops in large_runs.items()
+    }
+    report.add_floor_fractions(large_summary)
     summary = summaries[args.presets[0]]
     runs = runs_by[args.presets[0]]
 
-    def wall(key: str, op: str) -> float:
-        return float(summary.get(key, {}).get(op, {}).get("wall_s", math.nan))
-
-    tb_save = summary.get("torchbucket", {}).get("save", {})
-    tb_load = summary.get("torchbucket", {}).get("load", {})
-    dcp_tb_load = summary.get("dcp_torchbucket", {}).get("load", {})
-    result: dict[str, Any] = {
-        "save_speedup_vs_dataflux": h.ratio(wall("dataflux", "save"), wall("torchbucket", "save")),
-        "load_speedup_vs_dataflux": h.ratio(wall("dataflux", "load"), wall("torchbucket", "load")),
-        "dcp_save_speedup_vs_dataflux": h.ratio(
-            wall("dcp_dataflux", "save"), wall("dcp_torchbucket", "save")
-        ),
-        "dcp_load_speedup_vs_dataflux": h.ratio(
-            wall("dcp_dataflux", "load"), wall("dcp_torchbucket", "load")
-        ),
-        "save_peak_extra_rss_fraction": tb_save.get("rss_extra_fraction", math.nan),
-        "save_speedup_vs_gcsfs": h.ratio(wall("gcsfs", "save"), wall("torchbucket", "save")),
-        "load_speedup_vs_gcsfs": h.ratio(wall("gcsfs", "load"), wall("torchbucket", "load")),
-        "dcp_save_speedup_vs_fsspec": h.ratio(
-            wall("dcp_fsspec", "save"), wall("dcp_torchbucket", "save")
-        ),
-        "dcp_load_speedup_vs_fsspec": h.ratio(
-            wall("dcp_fsspec", "load"), wall("dcp_torchbucket", "load")
-        ),
-        # Over the checkpoint (the loaded tensors alone are 1.0).
-        "load_peak_extra_rss_fraction": tb_load.get("rss_extra_fraction", math.nan),
-        # Over the largest rank's own part of the state dict it loads into.
-        "dcp_load_peak_extra_rss_fraction": dcp_tb_load.get("rss_extra_fraction_held", math.nan),
-        "save_speedup_vs_gcs": h.ratio(wall("gcs", "save"), wall("torchbucket", "save")),
-        "load_speedup_vs_gcs": h.ratio(wall("gcs", "load"), wall("torchbucket", "load")),
-        # The compatibility layer's time over the native API's (1: nothing lost).
-        "compat_save_vs_native": h.ratio(
-            wall("dataflux_compat", "save"), wall("torchbucket", "save")
-        ),
-        "compat_load_vs_native": h.ratio(
-            wall("dataflux_compat", "load"), wall("torchbucket", "load")
-        ),
-        "mismatched_tensors": sum(
-            s[op]["mismatched_tensors"]
-            for by_contender in summaries.values()
-            for s in by_contender.values()
-            for op in ("save", "load")
-        ),
-    }
-    for key in (
-        "torchbucket",
-        "dataflux",
-        "dcp_torchbucket",
-        "dcp_dataflux",
-        "gcsfs",
-        "dcp_fsspec",
-    ):
-        for op in ("save", "load"):
-            busy = summary.get(key, {}).get(op, {}).get("server_busy")
-            if busy is not None:
-                result[f"server_busy_{op}_{key}"] = busy
-    if len(args.presets) > 1:
-        # Under the tail preset (the last) against the first: time under the tail
-        # over time without it (1.0: the tail costs nothing), and the leads then.
-        tail = summaries[args.presets[-1]]
-
-        def tail_wall(key: str, op: str) -> float:
-            return float(tail.get(key, {}).get(op, {}).get("wall_s", math.nan))
-
-        for key in ("torchbucket", "dataflux", "dcp_torchbucket", "dcp_dataflux"):
-            for op in ("save", "load"):
-                result[f"tail_slowdown_{op}_{key}"] = h.ratio(tail_wall(key, op), wall(key, op))
-        for op in ("save", "load"):
-            result[f"{op}_speedup_vs_dataflux_tail"] = h.ratio(
-                tail_wall("dataflux", op), tail_wall("torchbucket", op)
-            )
-            result[f"dcp_{op}_speedup_vs_dataflux_tail"] = h.ratio(
-                tail_wall("dcp_dataflux", op), tail_wall("dcp_torchbucket", op)
-            )
-        result["latency_presets"] = args.presets
+    result = report.speedups(summaries, args.presets)
+    result.update(report.floor_result(summary))
+    suffixes = [""]
+    if large_summary:
+        result.update(report.large_result(large_summary, args.large_mib))
+        suffixes.append(f"_{args.large_mib}mib")
     result = {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
-    result["goals"] = {
-        "save_ge_1_5x": result["save_speedup_vs_dataflux"] >= GOALS["save"],
-        "load_ge_3x": result["load_speedup_vs_dataflux"] >= GOALS["load"],
-        "dcp_save_ge_1_5x": result["dcp_save_speedup_vs_dataflux"] >= GOALS["dcp_save"],
-        "dcp_load_ge_1_5x": result["dcp_load_speedup_vs_dataflux"] >= GOALS["dcp_load"],
-        "extra_rss_le_0_25": result["save_peak_extra_rss_fraction"] <= GOALS["extra_rss"],
-        "every_load_identical": result["mismatched_tensors"] == 0,
-        "save_vs_gcsfs_ge_1_5x": result["save_speedup_vs_gcsfs"] >= GOALS_FSSPEC["save"],
-        "load_vs_gcsfs_ge_1_5x": result["load_speedup_vs_gcsfs"] >= GOALS_FSSPEC["load"],
-        "dcp_save_vs_fsspec_ge_1_5x": result["dcp_save_speedup_vs_fsspec"]
-        >= GOALS_FSSPEC["dcp_save"],
-        "dcp_load_vs_fsspec_ge_1_5x": result["dcp_load_speedup_vs_fsspec"]
-        >= GOALS_FSSPEC["dcp_load"],
-        "load_extra_rss_le_1_2": result["load_peak_extra_rss_fraction"] <= GOAL_LOAD_RSS,
-        "dcp_load_extra_rss_le_0_5": result["dcp_load_peak_extra_rss_fraction"]
-        <= GOAL_DCP_LOAD_RSS,
-    }
+    result["goals"] = report.goals(result, suffixes)
     result.update(mode=mode, size_mib=args.size_mib, repeats=args.repeats, ranks=args.ranks)
+    if large_summary:
+        result.update(large_mib=args.large_mib, large_repeats=args.large_repeats)
     result["fsspec_repeats"] = min(args.fsspec_repeats, args.repeats)
     if any(c.fsspec for c in selected):
         result["fsspec_versions"] = h.package_versions(
@@ -459,87 +390,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.tb_config:
         result["tb_config"] = args.tb_config
 
-    rows = []
-    for c in selected:
-        for op in ("save", "load"):
-            rows.append({"contender": c.label, "op": op, **summary[c.key][op]})
-    h.print_table(
-        f"{args.size_mib} MiB state dict (medians of {args.repeats}; extra RSS: the largest):",
-        rows,
-        [
-            ("contender", "contender", "s"),
-            ("op", "op", "s"),
-            ("wall_s", "s", ".2f"),
-            ("mb_per_s", "MB/s", ",.0f"),
-            ("client_cpu_s", "client CPU s", ".2f"),
-            ("server_cpu_s", "server CPU s", ".2f"),
-            ("server_busy", "server busy", ".2f"),
-            ("requests", "requests", ",.0f"),
-            ("rss_baseline_mib", "RSS before MiB", ",.0f"),
-            ("rss_peak_mib", "peak MiB", ",.0f"),
-            ("rss_extra_mib", "extra MiB", ",.0f"),
-            ("rss_extra_fraction", "extra/ckpt", ".2f"),
-            ("rss_extra_fraction_held", "extra/held", ".2f"),
-            ("mismatched_tensors", "tensors differing", "d"),
-        ],
-    )
-    print(
-        "\nDCP rows: time of the slowest rank, CPU summed over ranks, RSS of the largest rank;"
-        " extra/held: over that rank's own part of the state dict."
-        "\nserver busy: the emulator's CPU seconds over the wall time (its one process); near 1,"
-        " the server, not the client, set the pace."
-        "\nspeedups (dataflux's median over torchbucket's): "
-        f"save {result['save_speedup_vs_dataflux']}x (goal {GOALS['save']}), "
-        f"load {result['load_speedup_vs_dataflux']}x (goal {GOALS['load']}), "
-        f"DCP save {result['dcp_save_speedup_vs_dataflux']}x, "
-        f"DCP load {result['dcp_load_speedup_vs_dataflux']}x (goals {GOALS['dcp_save']}); "
-        f"torchbucket's extra RSS during a save {result['save_peak_extra_rss_fraction']} "
-        f"of the checkpoint (goal <= {GOALS['extra_rss']})"
-        "\nvs gcsfs / torch's fsspec DCP: "
-        f"save {result['save_speedup_vs_gcsfs']}x, load {result['load_speedup_vs_gcsfs']}x, "
-        f"DCP save {result['dcp_save_speedup_vs_fsspec']}x, "
-        f"DCP load {result['dcp_load_speedup_vs_fsspec']}x (goals {GOALS_FSSPEC['save']}); "
-        f"torchbucket's extra RSS during a load {result['load_peak_extra_rss_fraction']} of the "
-        f"checkpoint (goal <= {GOAL_LOAD_RSS}), during a DCP load "
-        f"{result['dcp_load_peak_extra_rss_fraction']} of a rank's part (goal <= "
-        f"{GOAL_DCP_LOAD_RSS})"
-    )
+    report.print_report(args, selected, large, summary, large_summary, result)
 
-    labels = [c.label for c in selected]
-
-    def values(op: str, field_name: str, dcp: bool) -> tuple[list[str], list[float | None]]:
-        keys = [c for c in selected if c.dcp == dcp]
-        return [c.label for c in keys], [summary[c.key][op].get(field_name) for c in keys]
-
-    panels = []
-    for dcp in (False, True):
-        for op in ("save", "load"):
-            names, vals = values(op, "wall_s", dcp)
-            if names:
-                kind = f"DCP, {args.ranks} ranks" if dcp else "torch.save/torch.load"
-                panels.append(h.Panel(f"{op} ({kind})", names, vals, "seconds (median)"))
-    panels.append(
-        h.Panel(
-            "extra RSS during save / state dict held (DCP: per rank)",
-            labels,
-            [summary[c.key]["save"].get("rss_extra_fraction_held") for c in selected],
-            "fraction",
-            goal=GOALS["extra_rss"],
-            goal_label=f"goal {GOALS['extra_rss']} (torchbucket)",
-        )
-    )
-    png = h.bar_chart(
-        NAME,
-        panels,
-        ncols=3,
-        suptitle=f"{args.size_mib} MiB state dict, same-region latency model",
-    )
+    png = report.figure(args, selected, summary)
     path = h.write_json(
         NAME,
         {
             "result": result,
             "summary": summary,
             "summary_by_latency": summaries,
+            "summary_large": large_summary,
+            "runs_large": large_runs,
             "figure": h.rel(png),
             "contenders": {c.key: c.label for c in selected},
             "runs": runs,

@@ -1,4 +1,11 @@
-"""Checkpoint contender: torchbucket's ``BucketCheckpoint`` writer/reader with torch.save/torch.load."""
+"""Checkpoint contender: torchbucket's ``BucketCheckpoint.save`` and ``.load``.
+
+A save is ``torch.save`` into ``BucketCheckpoint.writer``, without torch's zip
+CRC32 (``CheckpointConfig.torch_zip_crc32``; the CRC32C of every byte guards
+the object). A load is ``BucketCheckpoint.load(uri, weights_only=True)``: the download into
+an in-memory file that ``torch.load(..., mmap=True)`` maps (no copy of the
+tensors' bytes), as the docs recommend.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +13,6 @@ import os
 import sys
 from types import SimpleNamespace
 from typing import Any
-
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckpt_common import main_single
@@ -24,13 +29,11 @@ def prepare(args: SimpleNamespace) -> BucketCheckpoint:
 
 
 def save(ckpt: BucketCheckpoint, args: SimpleNamespace, state_dict: dict[str, Any]) -> None:
-    with ckpt.writer(f"gs://{args.bucket}/{args.name}") as f:
-        torch.save(state_dict, f)
+    ckpt.save(state_dict, f"gs://{args.bucket}/{args.name}")
 
 
 def load(ckpt: BucketCheckpoint, args: SimpleNamespace) -> dict[str, Any]:
-    with ckpt.reader(f"gs://{args.bucket}/{args.name}") as f:
-        return torch.load(f, weights_only=True)  # type: ignore[no-any-return]
+    return ckpt.load(f"gs://{args.bucket}/{args.name}", weights_only=True)  # type: ignore[no-any-return]
 
 
 if __name__ == "__main__":
