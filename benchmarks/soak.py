@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         dataset = BucketMapDataset.from_prefix(
             f"gs://{BUCKET}/{PREFIX}",
             gcs=gcs,
-            compose=ComposeConfig(disable=True),
+            compose=ComposeConfig(enabled=False),
             fetch=fetch,
             data_format_fn=Tagged(endpoint),
         )

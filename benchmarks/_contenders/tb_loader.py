@@ -49,7 +49,7 @@ def main() -> None:
     # adds FetchConfig fields.
     compose: ComposeConfig | None = None
     if spec.get("compose") is not None:
-        compose = ComposeConfig(disable=not spec["compose"], **spec.get("compose_config", {}))
+        compose = ComposeConfig(enabled=spec["compose"], **spec.get("compose_config", {}))
     fetch: FetchConfig | None = None
     if "output" in spec or spec.get("compose") is not None or "fetch_config" in spec:
         fetch = FetchConfig(

@@ -74,7 +74,7 @@ def test_epochs_through_workers_in_the_samplers_order_each_object_read_once(
     emulator: Emulator, bucket: str, context: str, compose: bool | None, persistent: bool
 ) -> None:
     # None: the default, which composes when reading ahead.
-    config = None if compose is None else ComposeConfig(disable=not compose)
+    config = None if compose is None else ComposeConfig(enabled=compose)
     ds = _dataset(emulator, bucket, compose=config, fetch=FetchConfig(prefetch=24))
     sampler = BucketBatchSampler(ds, batch_size=16, seed=21)
     loader = DataLoader(
@@ -105,7 +105,7 @@ def test_epochs_through_workers_in_the_samplers_order_each_object_read_once(
 
 def test_reads_ahead_of_the_batch_asked_for_over_http(emulator: Emulator, bucket: str) -> None:
     ds = _dataset(
-        emulator, bucket, compose=ComposeConfig(disable=True), fetch=FetchConfig(prefetch=16)
+        emulator, bucket, compose=ComposeConfig(enabled=False), fetch=FetchConfig(prefetch=16)
     )
     batches = list(BucketBatchSampler(ds, batch_size=8, seed=2))
     before = _gets(emulator)
@@ -135,7 +135,7 @@ def test_a_batch_does_not_wait_for_the_next_batchs_reads(emulator: Emulator, buc
     ds = BucketMapDataset.from_prefix(
         f"gs://{bucket}/train/",
         gcs=gcs,
-        compose=ComposeConfig(disable=True),
+        compose=ComposeConfig(enabled=False),
         fetch=FetchConfig(prefetch=64),
     )
     batches = list(BucketBatchSampler(ds, batch_size=20, seed=3))

@@ -74,7 +74,7 @@ def test_epoch_through_workers_reads_each_object_once_and_leaves_no_composite(
     emulator: Emulator, bucket: str, kind: str, context: str, compose: bool
 ) -> None:
     uri = f"gs://{bucket}/train/"
-    config = ComposeConfig(disable=not compose, max_composite_object_size=2000)
+    config = ComposeConfig(enabled=compose, max_composite_object_size=2000)
     ds: Any
     if kind == "map":
         ds = BucketMapDataset.from_prefix(uri, gcs=_gcs(emulator), compose=config)

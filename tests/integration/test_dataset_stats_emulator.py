@@ -74,7 +74,7 @@ def test_iterable_last_epoch_stats_equal_the_servers(
     ds = BucketIterableDataset.from_prefix(
         uri,
         gcs=_gcs(emulator),
-        compose=ComposeConfig(disable=not compose, max_composite_object_size=1500),
+        compose=ComposeConfig(enabled=compose, max_composite_object_size=1500),
         shuffle=True,
         fetch=FetchConfig(prefetch=16),
     )

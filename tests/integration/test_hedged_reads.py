@@ -170,7 +170,7 @@ def test_a_map_batch_hedges_its_last_straggler_before_the_reads_own_wait(
     ds = BucketMapDataset.from_prefix(
         f"gs://{store.bucket}/s/",
         gcs=GCSConfig(endpoint=emulator.endpoint, anonymous=True, retry=ONE_ATTEMPT, hedge=config),
-        compose=ComposeConfig(disable=True),
+        compose=ComposeConfig(enabled=False),
     )
     emulator.add_fault("get", "stall", match="s/07", stall_seconds=60.0)
     before = accounting.snapshot()

@@ -172,7 +172,7 @@ def test_tensor_output_of_objects_read_one_by_one_shares_a_few_segments(
     emulator.seed(name, objects)
     uri = f"gs://{name}/s/"
     fetch = FetchConfig(output="tensor")
-    compose = ComposeConfig(disable=True)
+    compose = ComposeConfig(enabled=False)
     loader_kwargs: dict[str, Any] = {"batch_size": 16}
     ds: Any
     if kind == "iterable":

@@ -86,7 +86,7 @@ def test_dataset_epoch(
     emulator: Emulator, bucket: str, mode: str, kind: str, compose: bool
 ) -> None:
     uri = f"gs://{bucket}/train/"
-    config = ComposeConfig(disable=not compose, max_composite_object_size=4000)
+    config = ComposeConfig(enabled=compose, max_composite_object_size=4000)
     ds: Any
     if kind == "map":
         ds = BucketMapDataset.from_prefix(uri, gcs=gcs(emulator, mode), compose=config)

@@ -198,7 +198,7 @@ def test_tensor_output_of_gzip_objects_in_workers_is_the_decoded_bytes(
     config = GCSConfig(endpoint=emu.endpoint, anonymous=True, retry=EMULATOR_RETRY)
     uri = f"gs://{bucket.name}/train/"
     fetch = FetchConfig(output="tensor")
-    off = ComposeConfig(disable=True)
+    off = ComposeConfig(enabled=False)
     ds: Any
     if kind == "map":
         ds = BucketMapDataset.from_prefix(uri, gcs=config, compose=off, fetch=fetch)

@@ -114,7 +114,7 @@ class Bucket:
         return BucketIterableDataset.from_prefix(
             self.uri("d/"),
             gcs=self.gcs(retry),
-            compose=ComposeConfig(disable=not compose, throttle_cooldown=0.0),
+            compose=ComposeConfig(enabled=compose, throttle_cooldown=0.0),
             fetch=FetchConfig(prefetch=64),
             **kw,
         )

@@ -233,7 +233,7 @@ def test_reads_the_next_batches_before_they_are_asked_for(bucket: str, compose: 
     ds, store = _recording_dataset(
         bucket,
         later,
-        compose=ComposeConfig(disable=not compose, max_composite_object_size=1000),
+        compose=ComposeConfig(enabled=compose, max_composite_object_size=1000),
         fetch=FetchConfig(prefetch=32),
     )
     sampler = BucketBatchSampler(ds, batch_size=8, seed=4)
@@ -253,7 +253,7 @@ def test_read_ahead_stays_within_its_bounds(bucket: str) -> None:
     sampler_batches = list(BucketBatchSampler(Sized(N), batch_size=4, seed=4))
     watch = f"train/{sampler_batches[1][1]:04d}"
     ds, store = _recording_dataset(
-        bucket, watch, compose=ComposeConfig(disable=True), fetch=FetchConfig(prefetch=3)
+        bucket, watch, compose=ComposeConfig(enabled=False), fetch=FetchConfig(prefetch=3)
     )
     sampler = BucketBatchSampler(ds, batch_size=4, seed=4)
     assert list(sampler) == sampler_batches

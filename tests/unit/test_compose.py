@@ -156,10 +156,14 @@ def test_config_rejects_bad_values(kwargs: dict[str, object]) -> None:
         ComposeConfig(**kwargs)  # type: ignore[arg-type]
 
 
-def test_disable_and_zero_cap_turn_compose_off() -> None:
+def test_enabled_is_the_one_switch() -> None:
     assert ComposeConfig().enabled
-    assert not ComposeConfig(disable=True).enabled
-    assert not ComposeConfig(max_composite_object_size=0).enabled
+    assert not ComposeConfig(enabled=False).enabled
+    # A cap of 0 is dataflux's way (torchbucket.dataflux maps it); here it is refused.
+    with pytest.raises(ConfigError, match="max_composite_object_size must be"):
+        ComposeConfig(max_composite_object_size=0)
+    with pytest.raises(ConfigError, match=r"ComposeConfig\.enabled must be True or False"):
+        ComposeConfig(enabled="no")  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------- fetching

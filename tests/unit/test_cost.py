@@ -88,7 +88,7 @@ def test_the_first_objects_read_directly_follow_the_windows_rule() -> None:
     comp = _plans([1000] * 100, epochs=1, workers=0, fetch=FetchConfig(prefetch=8))["compose"]
     assert comp.per_epoch.by_op["get"] == 8 + 3
     # Compose off: the iterable dataset reads every object.
-    off = ComposeConfig(disable=True)
+    off = ComposeConfig(enabled=False)
     comp = _plans([1000] * 100, epochs=1, workers=0, compose=off)["compose"]
     assert comp.per_epoch.by_op == {"get": 100}
     assert comp.once.by_op == {"list": 1}

@@ -57,7 +57,7 @@ def test_shuffle_is_seeded_and_changes_per_epoch(bucket: str, compose: bool) -> 
             f"memory://{bucket}/train/",
             shuffle=True,
             seed=42,
-            compose=ComposeConfig(disable=not compose),
+            compose=ComposeConfig(enabled=compose),
             fetch=FetchConfig(prefetch=7),
         )
 
@@ -115,7 +115,7 @@ class SlowStore(MemoryStore):
 def _slow_dataset(bucket: str, fetch: FetchConfig) -> BucketIterableDataset:
     infos = runtime.run(MemoryStore(bucket).list_page("train/")).objects
     catalog = Catalog([SlowStore(bucket)], [0] * len(infos), infos)
-    return BucketIterableDataset(catalog, fetch=fetch, compose=ComposeConfig(disable=True))
+    return BucketIterableDataset(catalog, fetch=fetch, compose=ComposeConfig(enabled=False))
 
 
 def test_window_keeps_many_reads_in_flight_and_no_more_than_prefetch(bucket: str) -> None:
@@ -211,7 +211,7 @@ def test_resumes_directly(bucket: str, compose: bool) -> None:
             shuffle=True,
             seed=7,
             fetch=FetchConfig(prefetch=5),
-            compose=ComposeConfig(disable=not compose, max_composite_object_size=200),
+            compose=ComposeConfig(enabled=compose, max_composite_object_size=200),
         )
 
     check_resumable(make, epochs=2, set_epoch=_set_epoch)
@@ -341,7 +341,9 @@ def test_a_slow_consumer_holds_at_most_a_chunk_beyond_the_window(bucket: str) ->
     infos = runtime.run(MemoryStore(bucket).list_page("train/")).objects
     catalog = Catalog([MemoryStore(bucket)], [0] * len(infos), infos)
     order = np.arange(len(infos))
-    window = PrefetchWindow(catalog, order, 0, FetchConfig(prefetch=8), ComposeConfig(disable=True))
+    window = PrefetchWindow(
+        catalog, order, 0, FetchConfig(prefetch=8), ComposeConfig(enabled=False)
+    )
     window.start()
     try:
         pos = 0

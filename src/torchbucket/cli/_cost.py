@@ -68,7 +68,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.compose_cap is not None:
         from torchbucket.compose import ComposeConfig
 
-        compose = ComposeConfig(max_composite_object_size=args.compose_cap)
+        compose = (
+            ComposeConfig(max_composite_object_size=args.compose_cap)
+            if args.compose_cap > 0
+            else ComposeConfig(enabled=False)
+        )
     plans = cost.plan_strategies(
         sizes,
         epochs=args.epochs,
@@ -192,7 +196,8 @@ def add_cost(
         type=parse_size,
         default=None,
         metavar="SIZE",
-        help="ComposeConfig.max_composite_object_size (default: ComposeConfig's)",
+        help="ComposeConfig.max_composite_object_size, 0 for compose off "
+        "(default: ComposeConfig's)",
     )
     parser.add_argument(
         "--cache",

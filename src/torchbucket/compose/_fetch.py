@@ -117,7 +117,7 @@ async def _compose_and_read(
             "refused",
             "compose refused on %s (%s): reading objects one by one from now on in this "
             "process; grant storage.objects.create and .delete, or set "
-            "ComposeConfig(disable=True) to silence this",
+            "ComposeConfig(enabled=False) to silence this",
             key,
             exc,
         )

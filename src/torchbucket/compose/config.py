@@ -74,11 +74,12 @@ class ComposeConfig:
     dataset's 184 A + 312 B cost about 0.44x the 6,000 B of direct reads.
 
     Attributes:
-        max_composite_object_size: Cap on a composite's size in bytes; ``0``
-            turns coalescing off. Default 4 MiB (see
+        enabled: Coalesce at all. Default ``True`` (the map-style dataset
+            batch at a time uses ``ComposeConfig(enabled=False)`` unless given
+            one).
+        max_composite_object_size: Cap on a composite's size in bytes, at
+            least 1. Default 4 MiB (see
             :data:`DEFAULT_MAX_COMPOSITE_OBJECT_SIZE` for the measurement).
-        disable: Turn coalescing off; the same as a cap of ``0``. Default
-            ``False``.
         max_sources: Objects per composite, 2 to 32 (the GCS limit). Default 32.
         composite_prefix: Where composites are written. Must lie under
             ``"dataflux-composed-objects/"`` so that listings skip it and
@@ -131,8 +132,8 @@ class ComposeConfig:
             Default ``True``.
     """
 
-    max_composite_object_size: int = size(DEFAULT_MAX_COMPOSITE_OBJECT_SIZE, minimum=0)
-    disable: bool = switch(False)
+    enabled: bool = switch(True)
+    max_composite_object_size: int = size(DEFAULT_MAX_COMPOSITE_OBJECT_SIZE)
     max_sources: int = count(COMPOSE_MAX_SOURCES, minimum=2, maximum=COMPOSE_MAX_SOURCES)
     composite_prefix: str = text(COMPOSITE_PREFIX, starts_with=(COMPOSITE_PREFIX,), ends_with="/")
     throttle_cooldown: float = seconds(30.0)
@@ -145,8 +146,3 @@ class ComposeConfig:
 
     def __post_init__(self) -> None:
         check_config(self)
-
-    @property
-    def enabled(self) -> bool:
-        """Whether coalescing is on."""
-        return not self.disable and self.max_composite_object_size > 0

@@ -128,12 +128,15 @@ class ConfigBase:
 
         ``max_composite_object_size`` ``None`` (the default) is torchbucket's
         measured default (on for the iterable dataset, off for the map-style
-        one); ``0`` or ``disable_compose`` turn compose off.
+        one); ``0`` or ``disable_compose`` turn compose off, as in dataflux
+        (``ComposeConfig`` itself says so with ``enabled=False``).
         """
         cap = self.max_composite_object_size
+        if self.disable_compose or cap == 0:
+            return ComposeConfig(enabled=False)
         if cap is None:
-            return ComposeConfig(disable=bool(self.disable_compose))
-        return ComposeConfig(max_composite_object_size=int(cap), disable=bool(self.disable_compose))
+            return ComposeConfig()
+        return ComposeConfig(max_composite_object_size=int(cap))
 
     def retry(self) -> RetryConfig | None:
         """The retry policy: ``download_retry_config`` wins, as one store serves both."""

@@ -39,7 +39,7 @@ __all__ = ["BucketMapDataset"]
 
 # Measured: see the class docstring. Batch at a time, compose off; reading
 # ahead with a BucketBatchSampler, compose on.
-_DEFAULT_COMPOSE = ComposeConfig(disable=True)
+_DEFAULT_COMPOSE = ComposeConfig(enabled=False)
 _DEFAULT_AHEAD_COMPOSE = ComposeConfig()
 
 
@@ -97,7 +97,7 @@ class BucketMapDataset(Dataset[Any]):
             object's URI (shown in the traceback, and in the message the
             DataLoader re-raises a worker's error with).
         compose: Small-object coalescing; default ``ComposeConfig()`` when
-            reading ahead, ``ComposeConfig(disable=True)`` batch at a time
+            reading ahead, ``ComposeConfig(enabled=False)`` batch at a time
             (see above).
         fetch: Bounds of the read-ahead with a ``BucketBatchSampler``, the
             output (``bytes`` or a tensor handed over without a copy) and
