@@ -31,8 +31,10 @@ __all__ = [
 COMPOSE_MAX_SOURCES = 32
 #: GCS's XML multipart API (like S3's) accepts at most 10,000 parts.
 MULTIPART_MAX_PARTS = 10_000
-#: Object name prefixes that torchbucket itself writes and that listings skip.
-HIDDEN_PREFIXES = ("dataflux-composed-objects/",)
+#: Object name prefixes that torchbucket itself writes and that listings skip:
+#: composites, and the data objects of a zonal bucket's pointers (see
+#: ``storage/gcs/_zonal.py``).
+HIDDEN_PREFIXES = ("dataflux-composed-objects/", "torchbucket-zonal-objects/")
 #: ``Content-Encoding`` values whose objects are read decoded: GCS serves a
 #: ``gzip`` object decompressed ("decompressive transcoding",
 #: https://cloud.google.com/storage/docs/transcoding), and torchbucket returns

@@ -34,6 +34,7 @@ from torchbucket.storage._common import check_range
 from torchbucket.storage.base import ListPage, MultipartUpload, ObjectInfo, Part
 from torchbucket.storage.gcs import _bucket, _objects, _reads, _resumable, _simple
 from torchbucket.storage.gcs._multipart import XMLMultipart
+from torchbucket.storage.gcs._route import Router
 from torchbucket.storage.gcs._transport import GCSTransport
 from torchbucket.storage.gcs.config import GCSConfig
 
@@ -57,21 +58,24 @@ class GCSStore:
         config: Endpoint, credentials, retries and concurrency. Default
             ``GCSConfig()``.
 
+    On a zonal (Rapid) bucket reads and writes take gRPC bidi streams (see
+    ``GCSConfig.transport`` and :mod:`._zonal`).
+
     Attributes:
-        unchecked_multipart_assembly: Always true: GCS checks each part against
+        unchecked_multipart_assembly: True on a regional bucket: GCS checks each part against
             its ``x-goog-hash`` but nothing checks the object a completion
             assembles (its request carries no hash:
             https://cloud.google.com/storage/docs/xml-api/post-object-complete),
             so a checkpoint writer assembles under a staging name and checks
-            before the object takes the checkpoint's name.
+            before the object takes the checkpoint's name. False on a zonal
+            bucket, which has no multipart upload.
     """
-
-    unchecked_multipart_assembly = True
 
     def __init__(self, bucket: str, *, config: GCSConfig | None = None) -> None:
         self._config = config or GCSConfig()
         self._transport = GCSTransport(bucket, self._config)
         self._multipart = XMLMultipart(self._transport)
+        self._router = Router(self._transport, self._config)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (GCSStore, (self.bucket,), self._config)
@@ -81,6 +85,18 @@ class GCSStore:
 
     def __repr__(self) -> str:
         return f"GCSStore({self.bucket!r}, endpoint={self.endpoint!r})"
+
+    @property
+    def unchecked_multipart_assembly(self) -> bool:
+        """True on a regional bucket; false on a zonal one, which has no multipart upload."""
+        return not self._router.zonal_now()
+
+    async def zonal(self) -> bool:
+        """Whether reads and writes take the gRPC path (a zonal bucket: see ``GCSConfig.transport``).
+
+        Found out once per process (one ``buckets.get``) when ``transport`` is ``"auto"``.
+        """
+        return await self._router.grpc() is not None
 
     @property
     def config(self) -> GCSConfig:
@@ -117,6 +133,10 @@ class GCSStore:
         page_token: str | None = None,
         page_size: int = 1000,
     ) -> ListPage:
+        if await self._router.grpc() is not None:
+            return await self._router.list_page(
+                prefix, page_token, page_size, startOffset=start_offset, endOffset=end_offset
+            )
         return await _bucket.list_page(
             self._transport,
             prefix,
@@ -130,11 +150,16 @@ class GCSStore:
     async def list_folder(
         self, prefix: str, *, page_token: str | None = None, page_size: int = 1000
     ) -> ListPage:
+        if await self._router.grpc() is not None:
+            return await self._router.list_page(prefix, page_token, page_size, delimiter="/")
         return await _bucket.list_page(
             self._transport, prefix, _bucket.FOLDER_FIELDS, page_token, page_size, delimiter="/"
         )
 
     async def head(self, key: str) -> ObjectInfo:
+        grpc = await self._router.grpc()
+        if grpc is not None:
+            return await grpc.head(key)
         return await self._transport.head(key)
 
     async def get(
@@ -149,6 +174,9 @@ class GCSStore:
         if end == start:
             await self._check_exists(key, generation, "get")
             return b""
+        grpc = await self._router.grpc()
+        if grpc is not None:
+            return await grpc.get(key, start, end, generation)
         transport = self._transport
         return await _reads.read(
             transport, transport.object_url(key, _media_query(generation)), key, start, end
@@ -161,6 +189,9 @@ class GCSStore:
         if len(buffer) == 0:
             await self._check_exists(key, generation, "get")
             return 0
+        grpc = await self._router.grpc()
+        if grpc is not None:
+            return await grpc.get_into(key, buffer, start, generation)
         transport = self._transport
         return await _reads.read_into(
             transport, transport.object_url(key, _media_query(generation)), key, start, buffer
@@ -172,6 +203,11 @@ class GCSStore:
         check_range(start, end)
         if end == start:
             await self._check_exists(key, None, "stream")
+            return
+        grpc = await self._router.grpc()
+        if grpc is not None:
+            async for chunk in grpc.stream(key, start, end, chunk_size):
+                yield chunk
             return
         transport = self._transport
         async for chunk in _reads.stream(
@@ -185,7 +221,7 @@ class GCSStore:
             yield chunk
 
     async def _check_exists(self, key: str, generation: int | None, operation: str) -> None:
-        info = await self._transport.head(key)
+        info = await self.head(key)
         if generation is not None and info.generation != generation:
             raise NotFoundError(
                 f"generation {generation} is gone",
@@ -204,6 +240,11 @@ class GCSStore:
         if_generation_match: int | None = None,
         content_type: str | None = None,
     ) -> ObjectInfo:
+        grpc = await self._router.grpc()
+        if grpc is not None:
+            return await grpc.put(
+                key, data, if_generation_match=if_generation_match, content_type=content_type
+            )
         size = data.nbytes if isinstance(data, memoryview) else len(data)
         if size > self._config.resumable_threshold:
             return await _resumable.put(
@@ -221,6 +262,9 @@ class GCSStore:
     async def put_stream(
         self, key: str, chunks: AsyncIterator[bytes], *, content_type: str | None = None
     ) -> ObjectInfo:
+        grpc = await self._router.grpc()
+        if grpc is not None:
+            return await grpc.put_stream(key, chunks, content_type=content_type)
         return await _resumable.put_stream(
             self._transport, key, chunks, content_type, self._config.chunk_size
         )
@@ -232,14 +276,16 @@ class GCSStore:
         *,
         if_generation_match: int | None = None,
     ) -> ObjectInfo:
+        await self._router.refuse("compose", destination)
         return await _objects.compose(
             self._transport, destination, sources, if_generation_match=if_generation_match
         )
 
     async def delete(self, key: str, *, generation: int | None = None) -> None:
-        await _objects.delete(self._transport, key, generation)
+        await self._router.delete(key, generation)
 
     async def copy(self, source: str, destination: str) -> ObjectInfo:
+        await self._router.refuse("copy", destination)
         return await _objects.copy(self._transport, source, destination)
 
     async def created(self, key: str, *, generation: int | None = None) -> float | None:
@@ -259,6 +305,7 @@ class GCSStore:
     # ------------------------------------------------------------ multipart (XML API)
 
     async def multipart_initiate(self, key: str, *, content_type: str | None = None) -> str:
+        await self._router.refuse("mpu_initiate", key)
         return await self._multipart.initiate(key, content_type=content_type)
 
     async def multipart_upload_part(
@@ -275,6 +322,8 @@ class GCSStore:
         await self._multipart.abort(key, upload_id)
 
     async def multipart_list(self, prefix: str = "") -> list[MultipartUpload]:
+        if await self._router.grpc() is not None:
+            return []  # a zonal bucket has no multipart uploads
         return await self._multipart.list_uploads(prefix)
 
     # ------------------------------------------------------------ the bucket
@@ -323,4 +372,5 @@ class GCSStore:
         return await _bucket.soft_delete_retention(self._transport)
 
     async def close(self) -> None:
+        await self._router.close()
         await self._transport.close()

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from torchbucket._checks import check_config, field_check, nested, seconds, size, text
+from torchbucket._checks import check_config, field_check, nested, one_of, seconds, size, text
 from torchbucket.config import ConcurrencyConfig, HedgeConfig, RetryConfig
 from torchbucket.errors import ConfigError
 from torchbucket.runtime.budget import BudgetConfig
@@ -53,6 +53,18 @@ class GCSConfig:
             DataLoader workers and across ranks (see
             :mod:`torchbucket.runtime.budget`; ``$TORCHBUCKET_BUDGET`` wins).
             Default ``BudgetConfig()`` (off).
+        transport: Which API reads and writes take: ``"auto"`` (gRPC bidi
+            streams on a zonal (Rapid) bucket, found out once per process from
+            the bucket's metadata; the JSON API elsewhere), ``"grpc"`` (gRPC
+            whatever the bucket; a zonal bucket's rules: no compose, copy or
+            multipart) or ``"http"`` (the JSON API whatever the bucket).
+            gRPC needs ``torchbucket[rapid]``. Default ``"auto"``.
+        grpc_endpoint: Where gRPC goes: ``https://host[:port]`` (TLS) or
+            ``http://host:port`` (plaintext, an emulator's gRPC port). Default
+            ``None``: ``$TORCHBUCKET_GCS_GRPC_ENDPOINT`` where set, else
+            Google's (``storage.googleapis.com:443``) for Google's endpoint,
+            and none for an emulator (``"auto"`` then takes the JSON API
+            without asking the bucket).
     """
 
     endpoint: str | None = text(None, starts_with=("http://", "https://"), optional=True)
@@ -71,6 +83,8 @@ class GCSConfig:
     connect_timeout: float = seconds(10.0, positive=True)
     hedge: HedgeConfig = nested(HedgeConfig)
     budget: BudgetConfig = nested(BudgetConfig)
+    transport: str = one_of("auto", ("auto", "grpc", "http"))
+    grpc_endpoint: str | None = text(None, starts_with=("http://", "https://"), optional=True)
 
     def __post_init__(self) -> None:
         check_config(self)

@@ -1,0 +1,341 @@
+"""Reads over ``BidiReadObject``: many ranges of one object on one stream.
+
+A :class:`ReadStreams` keeps, per object generation, the bidi read stream that
+its reads in flight share: the parallel ranges of a checkpoint load go out as
+``ReadRange`` messages on one stream (one round trip to open it, none per
+range), and a dataset's small objects each get a stream of their own, all of
+them multiplexed on the channel's HTTP/2 connection. A stream ends as soon as
+it has no read left; the next read opens another (one message: the object and
+its first range), with the read handle of the last one (GCS skips the lookup).
+
+Every chunk is checked against the CRC32C the server sent with it, and a read
+of a whole object against the object's CRC32C (from the metadata on the
+stream's first message), combined from the chunks' checksums. Each read is one
+:func:`torchbucket.retry.call` (limiter, job budget, backoff, deadline); a
+broken stream fails the attempt of every read on it, and each retry asks only
+for what it has not received yet (from the last byte received), on a new
+stream opened with the old one's read handle (or the handle and routing token
+of a redirect, ``BidiReadObjectRedirectedError``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchbucket.errors import IntegrityError, StorageError, TransientError
+from torchbucket.runtime import accounting
+from torchbucket.storage import crc32c
+from torchbucket.storage.gcs._grpc_wire import EOF, Channels, bucket_path, error_for_rpc, pb
+
+__all__ = ["Meta", "RangeRead", "ReadStreams"]
+
+logger = logging.getLogger(__name__)
+
+#: Ranges one stream carries at once before another stream is opened beside it.
+MAX_RANGES_PER_STREAM = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """What the first message of a read stream says about the object."""
+
+    size: int
+    generation: int
+    crc32c: int | None
+    metadata: dict[str, str]
+    content_type: str
+    finalized: bool
+
+
+def meta_of(obj: Any) -> Meta:
+    """A :class:`Meta` from a v2 ``Object``."""
+    return Meta(
+        size=obj.size,
+        generation=obj.generation,
+        crc32c=obj.checksums.crc32c if obj.checksums.HasField("crc32c") else None,
+        metadata=dict(obj.metadata),
+        content_type=obj.content_type,
+        finalized=obj.HasField("finalize_time"),
+    )
+
+
+@dataclass(eq=False, slots=True)
+class RangeRead:
+    """One range being read: ``[pos, end)`` is still to come (``end`` None: to the end).
+
+    ``sink(offset, data)`` receives each checked chunk at its object offset.
+    """
+
+    start: int
+    end: int | None
+    sink: Callable[[int, bytes], None]
+    pos: int = -1
+    crc: int = 0
+    whole_crc: bool = False
+    done: asyncio.Future[Meta] | None = None
+    read_id: int = 0
+    meta: Meta | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if self.pos < 0:
+            self.pos = self.start
+        self.whole_crc = self.start == 0 and self.end is None
+
+    @property
+    def remaining(self) -> int:
+        """Bytes still to read, 0 for "to the end of the object"."""
+        return 0 if self.end is None else self.end - self.pos
+
+
+_ids = itertools.count(1)
+
+
+class _Stream:
+    """One ``BidiReadObject`` call and the reads on it."""
+
+    def __init__(
+        self,
+        owner: ReadStreams,
+        key: str,
+        generation: int | None,
+        on_meta: Callable[[str, Meta], None] | None,
+    ) -> None:
+        self.owner = owner
+        self.on_meta = on_meta
+        self.key = key
+        self.generation = generation
+        self.reads: dict[int, RangeRead] = {}
+        self.closed = False
+        self.call: Any = None
+        self._lock = asyncio.Lock()
+        self.meta: Meta | None = None
+        self.first: asyncio.Future[Meta] = asyncio.get_running_loop().create_future()
+        self.task: asyncio.Task[None] | None = None
+
+    def _range(self, read: RangeRead) -> Any:
+        read.read_id = next(_ids)
+        length = read.remaining
+        return pb().ReadRange(read_offset=read.pos, read_length=length, read_id=read.read_id)
+
+    async def open(self, read: RangeRead) -> None:
+        m = pb()
+        owner = self.owner
+        spec = m.BidiReadObjectSpec(bucket=owner.bucket_name, object_=self.key)
+        if self.generation is not None:
+            spec.generation = self.generation
+        handle, token = owner.handles.get(self.key, (None, None))
+        if handle is not None:
+            spec.read_handle.handle = handle
+        if token:
+            spec.routing_token = token
+        request = m.BidiReadObjectRequest(read_object_spec=spec)
+        request.read_ranges.append(self._range(read))
+        self.reads[read.read_id] = read
+        metadata = await owner.metadata()
+        self.call = owner.channels.method("BidiReadObject")(metadata=metadata)
+        self.task = asyncio.get_running_loop().create_task(self._pump())
+        async with self._lock:
+            await self.call.write(request)
+
+    async def add(self, read: RangeRead) -> None:
+        request = pb().BidiReadObjectRequest()
+        request.read_ranges.append(self._range(read))
+        self.reads[read.read_id] = read
+        async with self._lock:
+            await self.call.write(request)
+
+    def drop(self, read: RangeRead) -> None:
+        """Forget ``read`` (done, failed or cancelled); end the stream once idle."""
+        self.reads.pop(read.read_id, None)
+        if not self.reads and not self.closed:
+            self.closed = True
+            self.owner.forget(self)
+            if self.call is not None:
+                self.call.cancel()
+
+    async def _pump(self) -> None:
+        error: StorageError | None = None
+        try:
+            while True:
+                resp = await self.call.read()
+                if resp is EOF:
+                    break
+                self._receive(resp)
+        except asyncio.CancelledError:
+            if not self.closed:
+                raise
+        except StorageError as exc:
+            error = exc
+        except Exception as exc:  # grpc.aio.AioRpcError and friends
+            self.owner.note_redirect(self.key, exc)
+            error = error_for_rpc(exc, operation="get", uri=self.owner.uri(self.key))
+        finally:
+            self.closed = True
+            self.owner.forget(self)
+            if self.reads:
+                self.call.cancel()
+            if error is None:
+                error = TransientError(
+                    "the read stream ended before the range did",
+                    operation="get",
+                    uri=self.owner.uri(self.key),
+                )
+            if not self.first.done():
+                self.first.set_exception(error)
+                self.first.exception()  # retrieved: the reads raise it
+            for read in list(self.reads.values()):
+                if read.done is not None and not read.done.done():
+                    read.done.set_exception(error)
+            self.reads.clear()
+
+    def _receive(self, resp: Any) -> None:
+        if resp.HasField("metadata"):
+            self.meta = meta_of(resp.metadata)
+            if not self.first.done():
+                self.first.set_result(self.meta)
+            if self.on_meta is not None:
+                self.on_meta(self.key, self.meta)
+        if resp.HasField("read_handle"):
+            self.owner.handles[self.key] = (resp.read_handle.handle, None)
+        for data in resp.object_data_ranges:
+            read = self.reads.get(data.read_range.read_id)
+            if read is None:
+                continue  # a read cut short by its attempt's timeout
+            content = data.checksummed_data.content
+            offset = data.read_range.read_offset
+            uri = self.owner.uri(self.key)
+            if offset != read.pos:
+                raise TransientError(
+                    f"range data at {offset}, expected {read.pos}", operation="get", uri=uri
+                )
+            accounting.received(len(content))
+            if data.checksummed_data.HasField("crc32c"):
+                sent = data.checksummed_data.crc32c
+                if crc32c.extend(0, content) != sent:
+                    raise IntegrityError(
+                        f"a chunk at offset {offset} does not match its CRC32C",
+                        operation="get",
+                        uri=uri,
+                    )
+                if read.whole_crc:
+                    read.crc = crc32c.combine(read.crc, sent, len(content))
+            elif read.whole_crc:
+                read.crc = crc32c.extend(read.crc, content)
+            read.sink(offset, content)
+            read.pos += len(content)
+            if data.range_end:
+                self._finish(read)
+
+    def _finish(self, read: RangeRead) -> None:
+        meta = self.meta
+        if meta is None:
+            raise TransientError("range data before the object's metadata", operation="get")
+        if (
+            read.whole_crc
+            and meta.crc32c is not None
+            and meta.finalized
+            and (read.pos != meta.size or read.crc != meta.crc32c)
+        ):
+            raise IntegrityError(
+                f"read {read.pos} bytes with CRC32C {crc32c.b64(read.crc)}; the object "
+                f"has {meta.size} with {crc32c.b64(meta.crc32c)}",
+                operation="get",
+                uri=self.owner.uri(self.key),
+            )
+        if read.end is not None and read.pos < min(read.end, meta.size):
+            raise TransientError(
+                f"range ended at {read.pos}, short of {min(read.end, meta.size)}",
+                operation="get",
+                uri=self.owner.uri(self.key),
+            )
+        self.reads.pop(read.read_id, None)
+        if read.done is not None and not read.done.done():
+            read.done.set_result(meta)
+
+
+class ReadStreams:
+    """The read streams of one bucket on one channel, shared by concurrent reads.
+
+    Args:
+        channels: The endpoint's channel (per process and loop).
+        bucket: The bucket name.
+        metadata: Makes the call metadata (routing and authorization).
+        uri: ``gs://bucket/key`` of a key, for errors.
+    """
+
+    def __init__(
+        self,
+        channels: Channels,
+        bucket: str,
+        metadata: Callable[[], Any],
+        uri: Callable[[str], str],
+    ) -> None:
+        self.channels = channels
+        self.bucket_name = bucket_path(bucket)
+        self.metadata = metadata
+        self.uri = uri
+        #: Last read handle (and routing token) per object name.
+        self.handles: dict[str, tuple[bytes | None, str | None]] = {}
+        self._open: dict[tuple[str, int | None], _Stream] = {}
+
+    def forget(self, stream: _Stream) -> None:
+        """Stop handing ``stream`` to new reads."""
+        k = (stream.key, stream.generation)
+        if self._open.get(k) is stream:
+            del self._open[k]
+
+    def note_redirect(self, key: str, exc: BaseException) -> None:
+        """Keep the read handle and routing token a redirect carries, for the next open."""
+        trailing = getattr(exc, "trailing_metadata", None)
+        if not callable(trailing):
+            return
+        try:
+            pairs = trailing() or ()
+        except Exception:  # a call that never reached the server has none
+            return
+        for name, value in pairs:
+            if name != "grpc-status-details-bin":
+                continue
+            from google.rpc import status_pb2
+
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                redirect = pb().BidiReadObjectRedirectedError()
+                if detail.Unpack(redirect):
+                    self.handles[key] = (
+                        redirect.read_handle.handle or None,
+                        redirect.routing_token or None,
+                    )
+
+    async def read(
+        self,
+        key: str,
+        generation: int | None,
+        read: RangeRead,
+        on_meta: Callable[[str, Meta], None] | None = None,
+    ) -> Meta:
+        """One attempt at ``read``: from ``read.pos`` on, on a shared stream.
+
+        ``read.pos`` keeps what arrived, so another attempt resumes there.
+        ``on_meta(key, meta)`` sees the object's metadata before any of its
+        bytes, and may raise to stop every read of the stream.
+        """
+        read.done = asyncio.get_running_loop().create_future()
+        stream = self._open.get((key, generation))
+        if stream is None or stream.closed or len(stream.reads) >= MAX_RANGES_PER_STREAM:
+            stream = _Stream(self, key, generation, on_meta)
+            self._open[(key, generation)] = stream
+            accounting.count("get")
+            await stream.open(read)
+        else:
+            accounting.count("get")
+            await stream.add(read)
+        try:
+            return await read.done
+        finally:
+            stream.drop(read)

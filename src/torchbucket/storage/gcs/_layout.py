@@ -1,0 +1,88 @@
+"""Which path a bucket takes: zonal (Rapid, gRPC) or regional (the JSON API).
+
+A zonal bucket (Rapid storage) is served over gRPC bidi streams and has no
+compose, copy/rewrite or XML multipart upload. The store learns the bucket's
+kind once per process and endpoint, from the JSON API's bucket resource
+(``locationType`` ``"zone"``, or storage class ``RAPID``; one ``buckets.get``,
+class B), unless ``GCSConfig.transport`` says which path to take.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import yarl
+
+from torchbucket.errors import PermissionDeniedError
+from torchbucket.storage.gcs import _errors
+from torchbucket.storage.gcs._transport import GCSTransport
+from torchbucket.storage.gcs._wire import quote_name
+
+__all__ = ["Layout", "bucket_layout", "known_layout"]
+
+logger = logging.getLogger(__name__)
+
+_FIELDS = "locationType,storageClass,hierarchicalNamespace"
+# (endpoint, bucket) -> its layout, for the process's life.
+_cache: dict[tuple[str, str], Layout] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What the store knows of a bucket's storage layout.
+
+    Attributes:
+        zonal: A zonal (Rapid) bucket: gRPC, appendable objects, no compose.
+        hierarchical: Hierarchical namespace is on (zonal buckets require it).
+        known: Asked of the bucket (``False``: the credentials may not read
+            its metadata, and it is taken for regional).
+    """
+
+    zonal: bool
+    hierarchical: bool
+    known: bool = True
+
+
+def known_layout(transport: GCSTransport) -> Layout | None:
+    """The layout found earlier in this process, or ``None``."""
+    return _cache.get((transport.endpoint, transport.bucket))
+
+
+async def bucket_layout(transport: GCSTransport) -> Layout:
+    """The bucket's layout, asked once per process (``buckets.get``).
+
+    Raises:
+        BucketNotFoundError: The bucket does not exist.
+    """
+    key = (transport.endpoint, transport.bucket)
+    layout = _cache.get(key)
+    if layout is not None:
+        return layout
+    url = yarl.URL(f"{transport.json_base}?fields={quote_name(_FIELDS)}", encoded=True)
+    uri = transport.uri()
+
+    async def attempt() -> Layout:
+        _, _, body = await transport.request(
+            "GET", url, operation="bucket_get", uri=uri, bucket_op=True
+        )
+        doc = _errors.parse_body(json.loads, body, operation="bucket_get", uri=uri)
+        return Layout(
+            zonal=doc.get("locationType") == "zone" or doc.get("storageClass") == "RAPID",
+            hierarchical=bool((doc.get("hierarchicalNamespace") or {}).get("enabled")),
+        )
+
+    try:
+        layout = await transport.call(attempt, "bucket_get", uri)
+    except PermissionDeniedError:
+        logger.info(
+            "%s: may not read the bucket's metadata; taking it for a regional bucket "
+            "(GCSConfig(transport='grpc') for a zonal one)",
+            uri,
+        )
+        layout = Layout(zonal=False, hierarchical=False, known=False)
+    _cache[key] = layout
+    if layout.zonal:
+        logger.info("%s is a zonal (Rapid) bucket: reads and writes go over gRPC", uri)
+    return layout
