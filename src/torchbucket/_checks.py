@@ -8,13 +8,10 @@ as an ``AttributeError`` deep inside the first save or read.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 import math
 import numbers
-import warnings
 from collections.abc import Callable, Collection
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, cast
 
 from torchbucket.errors import ConfigError
 
@@ -33,18 +30,11 @@ __all__ = [
     "nested",
     "number",
     "one_of",
-    "renamed_configs",
     "seconds",
     "size",
     "switch",
     "text",
 ]
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-# (owner, old name) pairs already warned about: each warns once per process.
-_WARNED: set[tuple[str, str]] = set()
 
 
 def _shown(value: Any) -> str:
@@ -121,80 +111,6 @@ def check_int(value: Any, *, owner: str, parameter: str, minimum: int) -> None:
         )
     if value < minimum:
         raise ConfigError(f"{owner}: {parameter} must be >= {minimum}, got {value!r}")
-
-
-def _warn_once(owner: str, old: str, message: str) -> None:
-    if (owner, old) in _WARNED:
-        return
-    _WARNED.add((owner, old))
-    # FutureWarning, not DeprecationWarning: Python shows it by default
-    # wherever the call is, so the training script's author sees it; a
-    # DeprecationWarning is hidden unless the call is in ``__main__``.
-    # stacklevel 4: warnings.warn <- _warn_once <- the wrapper <- the caller.
-    warnings.warn(message, FutureWarning, stacklevel=4)
-
-
-def renamed_configs(
-    *, positional: tuple[str, ...] = (), **renamed: str
-) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
-    """Accept, for one release, the config parameters a signature had before.
-
-    The config rule (README, "Configuration") made config parameters
-    keyword-only and named them after their type (``gcs=``, ``listing=``).
-    The decorated function keeps the old spellings working, each with a
-    ``FutureWarning`` once per process: ``renamed`` maps an old keyword to
-    its new name, and ``positional`` names, in order, the parameters that
-    used to be passed by position after the fixed positional ones.
-
-    Raises:
-        TypeError: An old and a new name were both given, or more positional
-            arguments than the old signature had.
-    """
-
-    def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
-        owner = fn.__qualname__.removesuffix(".__init__")
-        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        fixed = sum(p.kind in kinds for p in inspect.signature(fn).parameters.values())
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> _R:
-            if len(args) > fixed and positional:
-                extra = args[fixed:]
-                if len(extra) > len(positional):
-                    raise TypeError(
-                        f"{owner}() takes at most {len(positional)} configs by position "
-                        f"({', '.join(positional)}), got {len(extra)}"
-                    )
-                names = positional[: len(extra)]
-                _warn_once(
-                    owner,
-                    "*positional",
-                    f"{owner}(): passing {', '.join(names)} by position is deprecated and "
-                    f"will be removed in the next release; pass "
-                    f"{', '.join(n + '=' for n in names)} by keyword",
-                )
-                for name, value in zip(names, extra, strict=True):
-                    if name in kwargs:
-                        raise TypeError(f"{owner}() got multiple values for {name}")
-                    kwargs[name] = value
-                args = args[:fixed]
-            for old, new in renamed.items():
-                if old not in kwargs:
-                    continue
-                if new in kwargs:
-                    raise TypeError(f"{owner}() got both {old}= and {new}=; pass only {new}=")
-                _warn_once(
-                    owner,
-                    old,
-                    f"{owner}(): {old}= is deprecated and will be removed in the next "
-                    f"release; pass {new}=",
-                )
-                kwargs[new] = kwargs.pop(old)
-            return fn(*args, **kwargs)
-
-        return cast(Callable[_P, _R], wrapper)
-
-    return decorate
 
 
 # -- Declared checks of config fields ---------------------------------------

@@ -8,7 +8,7 @@ import threading
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from torchbucket import runtime
-from torchbucket._checks import check_instance, renamed_configs
+from torchbucket._checks import check_instance
 from torchbucket._uri import parse_uri
 from torchbucket.checkpoint import _mapped as mapped
 from torchbucket.checkpoint._reader import CheckpointReader
@@ -43,9 +43,7 @@ class BucketCheckpoint:
     Args:
         config: Part sizes, parallelism and checks. Default ``CheckpointConfig()``.
         gcs: Endpoint, credentials and retries for ``gs://`` URIs.
-            Default: ``GCSConfig()``. (``gcs_config=``, and both configs by
-            position, are accepted with a ``FutureWarning`` until the next
-            release.)
+            Default: ``GCSConfig()``.
 
     Raises:
         ConfigError: ``config`` or ``gcs`` is not a config object (for
@@ -54,7 +52,6 @@ class BucketCheckpoint:
             :class:`torchbucket.dataflux.dataflux_checkpoint.DatafluxCheckpoint`).
     """
 
-    @renamed_configs(positional=("config", "gcs"), gcs_config="gcs")
     def __init__(
         self, *, config: CheckpointConfig | None = None, gcs: GCSConfig | None = None
     ) -> None:
