@@ -55,7 +55,7 @@ def main() -> None:
     rank = dist.get_rank()
     config = GCSConfig(endpoint=endpoint, anonymous=True, retry=RetryConfig(deadline=30.0))
     store = Counting(GCSStore(bucket, config=config))
-    listing = ListingConfig(progress=False, page_size=100)
+    listing = ListingConfig(progress=False, objects_per_page=100)
     report: dict[str, Any] = {}
 
     objects = runtime.run(alist_objects(store, "data/", config=listing))
@@ -74,7 +74,7 @@ def main() -> None:
 
     store.calls = 0
     store.refuse = False
-    alone = ListingConfig(progress=False, page_size=100, broadcast=False)
+    alone = ListingConfig(progress=False, objects_per_page=100, broadcast=False)
     report["alone"] = len(runtime.run(alist_objects(store, "data/", config=alone)))
     report["calls_alone"] = store.calls
 

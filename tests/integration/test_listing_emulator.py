@@ -46,7 +46,7 @@ def test_parallel_listing_over_http(
     names = _hashed(2500) + [f"s/{i:05d}.jpg" for i in range(2500)] + ODD_NAMES
     names += ["dataflux-composed-objects/h/1", "h/"]
     emulator.seed(store.bucket, {n: b"ab" for n in names})
-    config = ListingConfig(progress=False, page_size=100)
+    config = ListingConfig(progress=False, objects_per_page=100)
     for prefix in ("h/", "s/", "d/"):
         emulator.reset_stats()
         stats = ListingStats()
@@ -86,7 +86,7 @@ def test_transient_page_failures_are_retried(
     emulator.seed(store.bucket, {f"r/{i:04d}": b"" for i in range(1500)})
     emulator.add_fault("list", "503", nth=3, count=2)
     emulator.add_fault("list", "reset", nth=6)
-    config = ListingConfig(progress=False, page_size=100)
+    config = ListingConfig(progress=False, objects_per_page=100)
     objects = runtime.run(alist_objects(store, "r/", config=config))
     assert [o.name for o in objects] == [f"r/{i:04d}" for i in range(1500)]
 
@@ -99,7 +99,9 @@ def test_a_page_that_keeps_failing_fails_the_listing(
     emulator.seed(store.bucket, {f"f/{i:04d}": b"" for i in range(1500)})
     emulator.add_fault("list", "503", nth=4, count=None)
     with pytest.raises(DeadlineExceededError) as caught:
-        runtime.run(alist_objects(store, "f/", config=ListingConfig(progress=False, page_size=100)))
+        runtime.run(
+            alist_objects(store, "f/", config=ListingConfig(progress=False, objects_per_page=100))
+        )
     assert caught.value.uri == f"gs://{store.bucket}/f/"
     assert f"gs://{store.bucket}/f/" in str(caught.value)
 
@@ -128,7 +130,7 @@ def test_cache_in_the_bucket(emulator: Emulator, gcs_bucket_factory: Callable[..
     store = gcs_bucket_factory(emulator, hedge=HedgeConfig(enabled=False))
     emulator.seed(store.bucket, {f"c/{i:03d}": b"" for i in range(250)})
     manifest = f"gs://{store.bucket}/c/_listing.json.gz"
-    config = ListingConfig(progress=False, page_size=50, cache=manifest)
+    config = ListingConfig(progress=False, objects_per_page=50, cache=manifest)
     first = runtime.run(alist_objects(store, "c/", config=config))
     assert len(first) == 250
     emulator.reset_stats()
@@ -143,7 +145,7 @@ def test_fake_gcs_server_agrees(fake_gcs: Emulator, gcs_bucket_factory: Callable
     names = _hashed(300) + [n.replace("d/", "h/", 1) for n in ODD_NAMES if not n.endswith("/")]
     fake_gcs.seed(store.bucket, {n: b"z" for n in names})
     objects = runtime.run(
-        alist_objects(store, "h/", config=ListingConfig(progress=False, page_size=20))
+        alist_objects(store, "h/", config=ListingConfig(progress=False, objects_per_page=20))
     )
     assert [o.name for o in objects] == sorted(names, key=lambda n: n.encode())
 
@@ -163,7 +165,7 @@ def test_folders_listed_folder_by_folder_over_http(
     emulator.seed(store.bucket, {n: b"ab" for n in names})
     emulator.reset_stats()
     stats = ListingStats()
-    config = ListingConfig(progress=False, page_size=100)
+    config = ListingConfig(progress=False, objects_per_page=100)
     objects = runtime.run(alist_objects(store, "i/", config=config, stats=stats))
     assert [o.name for o in objects] == sorted(names)
     assert all(o.size == 2 and o.generation for o in objects)
@@ -178,7 +180,7 @@ def test_fake_gcs_server_agrees_on_folders(
     names = _folders(5, 60)
     fake_gcs.seed(store.bucket, {n: b"z" for n in names})
     stats = ListingStats()
-    config = ListingConfig(progress=False, page_size=40)
+    config = ListingConfig(progress=False, objects_per_page=40)
     objects = runtime.run(alist_objects(store, "i/", config=config, stats=stats))
     assert [o.name for o in objects] == sorted(names)
     assert stats.requests <= 2 * 5 + 2

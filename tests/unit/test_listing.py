@@ -141,7 +141,7 @@ def test_exactly_one_page_costs_one_request(bucket: MemoryStore) -> None:
     names = [f"p/{i:03d}" for i in range(10)]
     seed(bucket, names)
     counting = CountingStore(bucket)
-    assert names_of(listing(counting, "p/", replace(QUIET, page_size=10))) == names
+    assert names_of(listing(counting, "p/", replace(QUIET, objects_per_page=10))) == names
     assert counting.calls == 1
 
 
@@ -149,7 +149,7 @@ def test_a_page_plus_one(bucket: MemoryStore) -> None:
     names = [f"p/{i:03d}" for i in range(11)]
     seed(bucket, names)
     counting = CountingStore(bucket)
-    assert names_of(listing(counting, "p/", replace(QUIET, page_size=10))) == names
+    assert names_of(listing(counting, "p/", replace(QUIET, objects_per_page=10))) == names
     # The first page, its continuation, and two probes past it (near the end
     # of the key space and midway), which come back empty.
     assert counting.calls <= 4
@@ -165,7 +165,7 @@ def test_nothing_under_the_prefix_is_an_empty_list(bucket: MemoryStore) -> None:
 def test_empty_prefix_lists_the_whole_bucket(bucket: MemoryStore) -> None:
     names = ["a", "b/c", "dataflux-composed-objects/x", "z/y/x", "~tilde"]
     seed(bucket, names)
-    assert names_of(listing(bucket, "", replace(QUIET, page_size=2))) == [
+    assert names_of(listing(bucket, "", replace(QUIET, objects_per_page=2))) == [
         "a",
         "b/c",
         "z/y/x",
@@ -226,7 +226,7 @@ def test_the_listing_fans_out_in_its_second_or_third_round(bucket: MemoryStore, 
     names = sorted(make(i) for i in range(20_000))
     seed(bucket, names)
     counting = RoundCountingStore(bucket, latency=0.01)
-    assert names_of(listing(counting, "img/", replace(QUIET, page_size=200))) == names
+    assert names_of(listing(counting, "img/", replace(QUIET, objects_per_page=200))) == names
     per_round = collections.Counter(counting.rounds)
     fanned_out = min(r for r, n in per_round.items() if n >= 8)
     assert fanned_out <= (3 if counted_up(names[:200]) else 2), sorted(per_round.items())
@@ -276,7 +276,7 @@ def test_the_end_of_counted_names_is_found_in_few_rounds(
     names = [f"img/{i:06d}.jpg" for i in range(count)]
     seed(bucket, names)
     counting = RoundCountingStore(bucket, latency=0.01)
-    assert names_of(listing(counting, "img/", replace(QUIET, page_size=page_size))) == names
+    assert names_of(listing(counting, "img/", replace(QUIET, objects_per_page=page_size))) == names
     assert max(counting.rounds) <= 5, sorted(collections.Counter(counting.rounds).items())
     assert counting.calls <= 1.3 * (len(names) // page_size + 1)
 
@@ -319,7 +319,7 @@ def test_names_that_stop_and_resume_far_on(bucket: MemoryStore) -> None:
     names = [f"k/0{i:05d}" for i in range(3000)] + [f"k/9{i:05d}" for i in range(2000)]
     seed(bucket, names)
     counting = CountingStore(bucket, latency=0.001)
-    config = replace(QUIET, page_size=100)
+    config = replace(QUIET, objects_per_page=100)
     assert names_of(listing(counting, "k/", config)) == names
     # Each end of a cluster costs an exponential search past it: a few empty
     # requests, not a page's worth per stretch of empty key space.
@@ -379,7 +379,7 @@ def test_a_prefix_holding_one_folder_lists_as_the_folder_does(
         f"d/2024-01-01/{_hashed(i) if hashed else f'{i:06d}'}.jpg" for i in range(20_000)
     )
     seed(bucket, names)
-    config = replace(QUIET, page_size=200)
+    config = replace(QUIET, objects_per_page=200)
     direct = RoundCountingStore(bucket, latency=0.005)
     assert names_of(listing(direct, "d/2024-01-01/", config)) == names
     parent = FolderCountingStore(bucket, latency=0.005)
@@ -407,7 +407,7 @@ def test_more_folders_than_a_page_are_listed_as_one_key_space(bucket: MemoryStor
     names = sorted(f"f/{c:03d}/{j:03d}" for c in range(12) for j in range(20))
     seed(bucket, names)
     counting = FolderCountingStore(bucket)
-    config = replace(QUIET, page_size=10)  # 12 folders: more than a page
+    config = replace(QUIET, objects_per_page=10)  # 12 folders: more than a page
     assert names_of(listing(counting, "f/", config)) == names
     assert counting.folder_calls == 1
 
@@ -432,7 +432,7 @@ def test_a_prefix_of_a_few_pages_costs_a_few_requests(bucket: MemoryStore) -> No
     names = [f"p/{i:04d}" for i in range(35)]
     seed(bucket, names)
     counting = CountingStore(bucket, latency=0.001)
-    assert names_of(listing(counting, "p/", replace(QUIET, page_size=10))) == names
+    assert names_of(listing(counting, "p/", replace(QUIET, objects_per_page=10))) == names
     # Four pages: a probe or two past the names come back empty, no more.
     assert counting.calls <= 10
 
@@ -441,7 +441,7 @@ def test_short_pages_from_the_store(bucket: MemoryStore) -> None:
     names = [f"s/{i:05d}" for i in range(500)]
     seed(bucket, names)
     counting = CountingStore(bucket, max_page=7)
-    assert names_of(listing(counting, "s/", replace(QUIET, page_size=50))) == names
+    assert names_of(listing(counting, "s/", replace(QUIET, objects_per_page=50))) == names
 
 
 # -- names of any shape ---------------------------------------------------------
@@ -450,20 +450,20 @@ def test_short_pages_from_the_store(bucket: MemoryStore) -> None:
 def test_one_character_alphabet(bucket: MemoryStore) -> None:
     names = ["a" * k for k in range(1, 400)]
     seed(bucket, names)
-    assert names_of(listing(bucket, "a", replace(QUIET, page_size=7))) == names
+    assert names_of(listing(bucket, "a", replace(QUIET, objects_per_page=7))) == names
 
 
 def test_multibyte_utf8_names(bucket: MemoryStore) -> None:
     names = [f"数据/{c}{i}" for c in ("a", "é", "中", "\U0001f600", "~") for i in range(40)]
     seed(bucket, names)
-    got = names_of(listing(bucket, "数据/", replace(QUIET, page_size=9)))
+    got = names_of(listing(bucket, "数据/", replace(QUIET, objects_per_page=9)))
     assert got == sorted(names, key=lambda n: n.encode("utf-8"))
 
 
 def test_names_that_are_prefixes_of_others(bucket: MemoryStore) -> None:
     names = ["k", "k/", "k/a", "k/a/", "k/a/b", "k0", "ka", "kab", "kabc"]
     seed(bucket, names)
-    config = replace(QUIET, page_size=2, include_folders=True)
+    config = replace(QUIET, objects_per_page=2, include_folders=True)
     assert names_of(listing(bucket, "k", config)) == sorted(names)
 
 
@@ -471,7 +471,7 @@ def test_characters_below_zero_and_above_z_and_long_shared_prefixes(bucket: Memo
     stem = "deep/" + "x" * 300 + "/"
     names = [stem + c * k for c in "!#%+-.{|}~" for k in range(1, 25)]
     seed(bucket, names)
-    assert names_of(listing(bucket, stem, replace(QUIET, page_size=8))) == sorted(names)
+    assert names_of(listing(bucket, stem, replace(QUIET, objects_per_page=8))) == sorted(names)
 
 
 # -- what is left out -----------------------------------------------------------
@@ -516,7 +516,7 @@ def test_a_failing_page_fails_the_listing_cleanly(bucket: MemoryStore, error: St
     seed(bucket, [f"f/{i:05d}" for i in range(3000)])
     counting = CountingStore(bucket, fail_call=4, error=error, latency=0.002)
     with pytest.raises(type(error)) as caught:
-        listing(counting, "f/", replace(QUIET, page_size=100))
+        listing(counting, "f/", replace(QUIET, objects_per_page=100))
     assert caught.value.uri == bucket.uri("f/")
     assert "listing failed" in str(caught.value) and bucket.uri("f/") in str(caught.value)
     assert caught.value.__cause__ is not None
@@ -540,9 +540,9 @@ def test_parallel_and_sequential_listings_agree(bucket: MemoryStore) -> None:
 
     names = [f"h/{hashlib.sha1(str(i).encode()).hexdigest()[:12]}" for i in range(5000)]
     seed(bucket, names)
-    config = replace(QUIET, page_size=50)
+    config = replace(QUIET, objects_per_page=50)
     parallel = listing(bucket, "h/", config)
-    assert parallel == listing(bucket, "h/", replace(config, parallelism=1))
+    assert parallel == listing(bucket, "h/", replace(config, pages_in_flight=1))
     assert parallel == listing(bucket, "h/", config)
     assert names_of(parallel) == sorted(names)
 
@@ -575,7 +575,9 @@ def test_property_folder_listing_equals_sequential(
     names |= {f"p/{n}" for n in loose}
     with memory_bucket("prop", ((n, b"x") for n in names)) as bucket_name:
         store = MemoryStore(bucket_name)
-        config = ListingConfig(progress=False, page_size=page_size, parallelism=parallelism)
+        config = ListingConfig(
+            progress=False, objects_per_page=page_size, pages_in_flight=parallelism
+        )
         assert names_of(listing(FolderCountingStore(store), "p/", config)) == sorted(names)
 
 
@@ -595,7 +597,9 @@ def test_property_parallel_equals_sequential(
 ) -> None:
     with memory_bucket("prop", ((prefix + n, b"x") for n in names)) as bucket_name:
         expected = sorted(prefix + n for n in names if not (prefix + n).endswith("/"))
-        config = ListingConfig(progress=False, page_size=page_size, parallelism=parallelism)
+        config = ListingConfig(
+            progress=False, objects_per_page=page_size, pages_in_flight=parallelism
+        )
         assert names_of(listing(MemoryStore(bucket_name), prefix, config)) == expected
 
 
@@ -620,7 +624,9 @@ def test_property_counted_names_list_whole(
         names |= {f"img/{i:06d}.jpg" for i in range(at, at + count)}
         at += count
     with memory_bucket("prop", ((n, b"x") for n in names)) as bucket_name:
-        config = ListingConfig(progress=False, page_size=page_size, parallelism=parallelism)
+        config = ListingConfig(
+            progress=False, objects_per_page=page_size, pages_in_flight=parallelism
+        )
         assert names_of(listing(MemoryStore(bucket_name), "img/", config)) == sorted(names)
 
 
@@ -629,7 +635,7 @@ def test_property_counted_names_list_whole(
 
 def test_progress_bar_when_asked(bucket: MemoryStore, capsys: pytest.CaptureFixture[str]) -> None:
     seed(bucket, [f"b/{i}" for i in range(30)])
-    listing(bucket, "b/", replace(QUIET, page_size=10), progress=True)
+    listing(bucket, "b/", replace(QUIET, objects_per_page=10), progress=True)
     err = capsys.readouterr().err
     assert "listing memory://" in err and "30" in err
 
@@ -652,7 +658,7 @@ def test_progress_into_the_callers_bar(bucket: MemoryStore) -> None:
             self.total += n
 
     bar = Bar()
-    listing(bucket, "b/", replace(QUIET, page_size=4), progress=bar)
+    listing(bucket, "b/", replace(QUIET, objects_per_page=4), progress=bar)
     assert bar.total == 25
 
 
@@ -661,7 +667,7 @@ def test_progress_into_the_callers_bar(bucket: MemoryStore) -> None:
 
 def test_cache_skips_the_listing_of_a_restarted_job(bucket: MemoryStore, tmp_path: Any) -> None:
     seed(bucket, [f"c/{i:03d}" for i in range(120)])
-    config = replace(QUIET, page_size=10, cache=str(tmp_path / "m" / "listing.json.gz"))
+    config = replace(QUIET, objects_per_page=10, cache=str(tmp_path / "m" / "listing.json.gz"))
     first = listing(bucket, "c/", config)
     broken = CountingStore(bucket, fail_call=1)  # any list request would fail
     assert listing(broken, "c/", config) == first
@@ -709,7 +715,7 @@ def test_local_store(tmp_path: Any) -> None:
     (root / "a" / "empty").mkdir()
     store = LocalStore()
     prefix = str(root).lstrip("/") + "/"
-    objects = listing(store, prefix, replace(QUIET, page_size=16))
+    objects = listing(store, prefix, replace(QUIET, objects_per_page=16))
     assert [o.name[len(prefix) :] for o in objects] == sorted(names)
     assert {o.size for o in objects} == {3}
     assert names_of(list_objects(f"file://{root}/b/", config=QUIET)) == [
@@ -720,9 +726,9 @@ def test_local_store(tmp_path: Any) -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"parallelism": 0},
-        {"page_size": 0},
-        {"page_size": 1001},
+        {"pages_in_flight": 0},
+        {"objects_per_page": 0},
+        {"objects_per_page": 1001},
         {"storage_classes": "STANDARD"},
         {"storage_classes": set()},
         {"progress": "yes"},
@@ -737,7 +743,7 @@ def test_bad_config_is_refused(kwargs: dict[str, Any]) -> None:
 
 def test_config_defaults() -> None:
     config = ListingConfig()
-    assert config.parallelism == 64 and config.page_size == 1000
+    assert config.pages_in_flight == 64 and config.objects_per_page == 1000
     assert config.storage_classes is None and config.progress == "auto"
     assert not config.include_hidden and config.cache is None
 
@@ -776,7 +782,7 @@ def test_the_garbage_collector_is_left_as_it_was(bucket: MemoryStore, enabled: b
     import gc
 
     seed(bucket, [f"g/{i:04d}" for i in range(300)])
-    config = replace(QUIET, page_size=10)
+    config = replace(QUIET, objects_per_page=10)
     was = gc.isenabled()
     try:
         if not enabled:

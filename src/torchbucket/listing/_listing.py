@@ -11,7 +11,7 @@ prefix that fits in one page costs one request. Beyond it, key ranges of the
 prefix are listed with ``startOffset``/``endOffset`` in one event loop: a probe
 looks past the last name seen, and once names are known past a range, the
 range is cut into pieces of about a page each from the density of the names
-listed, up to :attr:`ListingConfig.parallelism` requests at a time.
+listed, up to :attr:`ListingConfig.pages_in_flight` requests at a time.
 
 What is left out by default: objects under ``dataflux-composed-objects/``
 (torchbucket's own temporary composites), the local store's multipart staging
@@ -163,8 +163,8 @@ async def _list_here(
         objects = await list_parallel(
             store,
             prefix,
-            parallelism=config.parallelism,
-            page_size=config.page_size,
+            parallelism=config.pages_in_flight,
+            page_size=config.objects_per_page,
             on_page=on_page,
             stats=stats,
         )

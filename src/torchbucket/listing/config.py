@@ -25,14 +25,14 @@ class ListingConfig:
     """How a prefix is listed.
 
     Attributes:
-        parallelism: Most page requests in flight at once. Default 64: at 60 ms
+        pages_in_flight: Most page requests in flight at once. Default 64: at 60 ms
             a page, parsing the pages (about 2 ms of CPU each) rather than the
             round trips sets the pace, so 100k objects list in about 0.45 s
             (0.49 s at 32; emulator, same-region latency); that is about 1,000
             list calls/s while it lasts, a small fraction of what a bucket
             serves. Requests go out only for ranges the names seen so far
             call for, so a small prefix never sees 64.
-        page_size: Objects asked for per page. Default 1000, the most GCS
+        objects_per_page: Objects asked for per page. Default 1000, the most GCS
             returns.
         include_hidden: Also list torchbucket's temporary composites
             (``dataflux-composed-objects/``) and the local store's multipart
@@ -61,8 +61,8 @@ class ListingConfig:
             listed again, or ``None`` for no limit. Default ``None``.
     """
 
-    parallelism: int = in_flight(64)
-    page_size: int = count(1000, maximum=1000)
+    pages_in_flight: int = in_flight(64)
+    objects_per_page: int = count(1000, maximum=1000)
     include_hidden: bool = switch(False)
     include_folders: bool = switch(False)
     storage_classes: frozenset[str] | None = field_check(
