@@ -25,23 +25,19 @@ that an object is encoded read it whole, once, instead of by ranges.
 
 from __future__ import annotations
 
-import asyncio
-import functools
+import contextlib
 import logging
 import zlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING
 
-import aiohttp
 import yarl
 
 from torchbucket.errors import IntegrityError, StorageError
-from torchbucket.runtime import accounting
+from torchbucket.storage.gcs._resume import ResumingStream
 from torchbucket.storage.gcs._wire import (
-    content_range,
     crc_b64,
     extend_crc,
-    hash_header_crc32c,
     verify_crc32c,
 )
 
@@ -53,7 +49,6 @@ __all__ = ["GzipDecoder", "gunzip", "read_decoded", "served_gzip", "stream_decod
 logger = logging.getLogger(__name__)
 
 _GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer, not zlib's
-_MAX_RESUMES = 10
 
 
 def served_gzip(headers: Mapping[str, str]) -> bool:
@@ -156,74 +151,37 @@ async def stream_decoded(
     bytes' CRC32C is checked once all of them have arrived.
     """
     uri = transport.uri(key)
-    decoder = GzipDecoder(uri)
-    raw = 0  # stored bytes received
-    out = 0  # decoded bytes produced
-    crc = 0
-    total: int | None = None
-    checksum_headers: Mapping[str, str] | None = None
-    resumes = 0
-    while True:
-        headers = None if raw == 0 else {"Range": f"bytes={raw}-"}
-        resp = await transport.call(
-            functools.partial(transport.open_stream, url_for(generation), headers, uri),
-            "stream",
-            uri,
-        )
-        broken: BaseException | None = None
-        try:
-            if not served_gzip(resp.headers):
-                raise IntegrityError(
-                    "the server stopped serving the object's stored gzip bytes",
-                    operation="stream",
-                    uri=uri,
-                )
-            if generation is None and resp.headers.get("x-goog-generation"):
-                generation = int(resp.headers["x-goog-generation"])
-            span = content_range(resp.headers)
-            if raw and (resp.status != 206 or span is None or span[0] != raw):
-                raise IntegrityError(
-                    f"asked for stored bytes from {raw}, got {resp.headers.get('Content-Range')}",
-                    operation="stream",
-                    uri=uri,
-                )
-            if span is not None and span[2] is not None:
-                total = span[2]
-            elif resp.status == 200:
-                total = resp.content_length
-            if hash_header_crc32c(resp.headers) is not None:
-                checksum_headers = resp.headers
-            try:
-                async for chunk in resp.content.iter_chunked(chunk_size):
-                    raw += len(chunk)
-                    accounting.received(len(chunk))
-                    crc = extend_crc(crc, chunk)
-                    piece = decoder.feed(chunk)
-                    lo, hi = max(start - out, 0), len(piece)
-                    if end is not None:
-                        hi = min(hi, end - out)
-                    out += len(piece)
-                    if hi > lo:
-                        yield piece[lo:hi] if (lo, hi) != (0, len(piece)) else piece
-                    if end is not None and out >= end:
-                        return  # a part only: the stored bytes' CRC32C cannot be checked
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                broken = exc
-        finally:
-            resp.release()
-        if broken is None and (total is None or raw >= total):
-            break
-        resumes += 1
-        if resumes > _MAX_RESUMES:
+
+    def stored_bytes(headers: Mapping[str, str]) -> None:
+        if not served_gzip(headers):
             raise IntegrityError(
-                f"stream of the stored gzip bytes ended at byte {raw}, expected {total}",
+                "the server stopped serving the object's stored gzip bytes",
                 operation="stream",
                 uri=uri,
-            ) from broken
-        logger.debug("stream of %s broke at stored byte %d; resuming", uri, raw)
+            )
+
+    # The stored bytes, all of them: offsets into the decoded ones are not theirs.
+    reader = ResumingStream(
+        transport, url_for, uri, 0, None, generation=generation, check=stored_bytes
+    )
+    decoder = GzipDecoder(uri)
+    out = 0  # decoded bytes produced
+    crc = 0
+    async with contextlib.aclosing(reader.chunks(chunk_size)) as chunks:
+        async for chunk in chunks:
+            crc = extend_crc(crc, chunk)
+            piece = decoder.feed(chunk)
+            lo, hi = max(start - out, 0), len(piece)
+            if end is not None:
+                hi = min(hi, end - out)
+            out += len(piece)
+            if hi > lo:
+                yield piece[lo:hi] if (lo, hi) != (0, len(piece)) else piece
+            if end is not None and out >= end:
+                return  # a part only: the stored bytes' CRC32C cannot be checked
     tail = decoder.finish()
-    if checksum_headers is not None:
-        verify_crc32c(checksum_headers, crc_b64(crc), uri)
+    if reader.hash_headers is not None:
+        verify_crc32c(reader.hash_headers, crc_b64(crc), uri)
     lo, hi = max(start - out, 0), len(tail)
     if end is not None:
         hi = min(hi, end - out)

@@ -11,6 +11,7 @@ decoded here (:mod:`._gzip`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,6 +21,7 @@ import yarl
 from torchbucket.errors import IntegrityError, StorageError
 from torchbucket.runtime import accounting
 from torchbucket.storage.gcs import _errors, _gzip, _rawget
+from torchbucket.storage.gcs._resume import ResumingStream
 from torchbucket.storage.gcs._transport import TRANSPORT_ERRORS, GCSTransport
 from torchbucket.storage.gcs._wire import (
     check_span,
@@ -27,15 +29,12 @@ from torchbucket.storage.gcs._wire import (
     crc_b64,
     extend_crc,
     range_header,
-    stream_end,
     verify_crc32c,
 )
 
 __all__ = ["read", "read_into", "stream"]
 
 logger = logging.getLogger(__name__)
-
-_MAX_STREAM_RESUMES = 10
 
 
 async def read(
@@ -222,79 +221,24 @@ async def stream(
     the chunks never mix two versions of the object.
     """
     uri = transport.uri(key)
-    pos = start
-    generation: int | None = None
-    total: int | None = None
+    reader = ResumingStream(transport, url_for, uri, start, end, allow=(416,))
+    first = await reader.open()
+    if _gzip.served_gzip(first.headers):
+        # Stored gzip bytes: streamed decoded, from the stored offset 0 (_gzip).
+        generation = first.headers.get("x-goog-generation")
+        # Dropped unread, but sent (and billed): counted as the server counts it.
+        accounting.received(first.content_length or 0)
+        first.release()
+        async for piece in _gzip.stream_decoded(
+            transport, url_for, key, start, end, chunk_size, int(generation) if generation else None
+        ):
+            yield piece
+        return
     crc: int | None = 0 if start == 0 and end is None else None
-    resumes = 0
-    while True:
-        url = url_for(generation)
-        headers = range_header(pos, end)
-
-        resp = await transport.call(
-            functools.partial(transport.open_stream, url, headers, uri, allow=(416,)),
-            "stream",
-            uri,
-        )
-        if pos == start and _gzip.served_gzip(resp.headers):
-            # Stored gzip bytes: streamed decoded, from the stored offset 0 (_gzip).
-            first = resp.headers.get("x-goog-generation")
-            # Dropped unread, but sent (and billed): counted as the server counts it.
-            accounting.received(resp.content_length or 0)
-            resp.release()
-            async for piece in _gzip.stream_decoded(
-                transport, url_for, key, start, end, chunk_size, int(first) if first else None
-            ):
-                yield piece
-            return
-        broken: BaseException | None = None
-        try:
-            if resp.status == 416:
-                return
-            if generation is None and resp.headers.get("x-goog-generation"):
-                generation = int(resp.headers["x-goog-generation"])
-            span = content_range(resp.headers)
-            if span is not None and span[2] is not None:
-                total = span[2]
-            elif resp.status == 200 and resp.content_length is not None:
-                total = resp.content_length
-            if resp.status == 206 and span is not None and span[0] != pos:
-                raise IntegrityError(
-                    f"asked for bytes from {pos}, got them from {span[0]}",
-                    operation="stream",
-                    uri=uri,
-                )
-            skip = pos if resp.status == 200 else 0  # the server ignored Range
-            try:
-                async for chunk in resp.content.iter_chunked(chunk_size):
-                    if skip:
-                        cut = min(skip, len(chunk))
-                        chunk, skip = chunk[cut:], skip - cut
-                    if end is not None and pos + len(chunk) > end:
-                        chunk = chunk[: end - pos]
-                    if not chunk:
-                        continue
-                    pos += len(chunk)
-                    accounting.received(len(chunk))
-                    if crc is not None:
-                        crc = extend_crc(crc, chunk)
-                    yield chunk
-                    if end is not None and pos >= end:
-                        break
-            except TRANSPORT_ERRORS as exc:
-                broken = exc
-        finally:
-            resp.release()
-        stop = stream_end(end, total)
-        if broken is None and (stop is None or pos >= stop):
-            break
-        resumes += 1
-        if resumes > _MAX_STREAM_RESUMES:
-            if broken is not None:
-                raise transport.transport_error(broken, "stream", uri) from broken
-            raise IntegrityError(
-                f"stream ended at byte {pos}, expected {stop}", operation="stream", uri=uri
-            )
-        logger.debug("stream of %s broke at byte %d; resuming", uri, pos)
-    if crc is not None:
-        verify_crc32c(resp.headers, crc_b64(crc), uri)
+    async with contextlib.aclosing(reader.chunks(chunk_size, first)) as chunks:
+        async for chunk in chunks:
+            if crc is not None:
+                crc = extend_crc(crc, chunk)
+            yield chunk
+    if crc is not None and reader.hash_headers is not None:
+        verify_crc32c(reader.hash_headers, crc_b64(crc), uri)
