@@ -23,6 +23,7 @@ from torchbucket.storage import (
     SupportsCreationTime,
     SupportsFolders,
     SupportsSoftDelete,
+    SupportsZonal,
     UncheckedMultipartAssembly,
 )
 from torchbucket.storage.gcs import GCSStore
@@ -37,6 +38,7 @@ GCS = {
     SupportsCreationTime,
     UncheckedMultipartAssembly,
     RemoteStore,
+    SupportsZonal,
 }
 CLAIMS: dict[str, set[type]] = {
     "memory": {SupportsBuckets, SupportsFolders},
@@ -103,3 +105,9 @@ def test_remote_store_names_its_endpoint_and_retries(s: SyncStore) -> None:
     assert s.emulator is not None
     assert s.store.endpoint == s.emulator.endpoint
     assert isinstance(s.store.retry, RetryConfig)
+
+
+def test_an_emulator_bucket_is_not_zonal(s: SyncStore) -> None:
+    _claims(s, SupportsZonal)
+    assert isinstance(s.store, SupportsZonal)
+    assert s.run(s.store.zonal()) is False

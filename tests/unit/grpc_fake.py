@@ -82,6 +82,11 @@ class FakeStorage:
             r.finalize_time.seconds = 1
         return r
 
+    def _opened(self, name: str, obj: Obj) -> Any:
+        resp = WriteResp(resource=self.resource(name, obj))
+        resp.write_handle.handle = b"w-" + name.encode()
+        return resp
+
     async def get_object(self, req: Any, ctx: grpc.aio.ServicerContext) -> Any:
         self._count("GetObject")
         obj = self.objects.get(req.object_)
@@ -165,6 +170,7 @@ class FakeStorage:
                 )
                 # An appendable object is live from its first message.
                 self.objects[name] = obj
+                yield self._opened(name, obj)
             elif req.HasField("append_object_spec"):
                 spec = req.append_object_spec
                 name = spec.object_
@@ -173,6 +179,7 @@ class FakeStorage:
                     await ctx.abort(grpc.StatusCode.NOT_FOUND, "no such appendable object")
                 if obj.finalized:
                     await ctx.abort(grpc.StatusCode.FAILED_PRECONDITION, "finalized")
+                yield self._opened(name, obj)
             assert obj is not None and name is not None
             if req.HasField("checksummed_data"):
                 data = req.checksummed_data.content
@@ -202,8 +209,6 @@ class FakeStorage:
             elif req.flush or req.state_lookup:
                 resp = WriteResp(persisted_size=len(obj.data))
                 resp.write_handle.handle = b"w-" + name.encode()
-                if req.HasField("write_object_spec"):
-                    resp.resource.CopyFrom(self.resource(name, obj))
                 yield resp
 
 

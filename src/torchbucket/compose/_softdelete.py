@@ -19,7 +19,7 @@ import logging
 
 from torchbucket.compose.config import ComposeConfig
 from torchbucket.storage.base import ObjectStore
-from torchbucket.storage.capabilities import SupportsSoftDelete
+from torchbucket.storage.capabilities import SupportsSoftDelete, SupportsZonal
 
 __all__ = ["known_retention", "soft_delete_allows", "soft_delete_blocked"]
 
@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 _retention: dict[str, int | None] = {}
 _pending: dict[str, asyncio.Future[int | None]] = {}
 _told: set[str] = set()
+_told_zonal: set[str] = set()
 
 
 async def _lookup(store: ObjectStore) -> int | None:
@@ -55,6 +56,27 @@ async def _lookup(store: ObjectStore) -> int | None:
     return seconds
 
 
+async def _zonal(store: ObjectStore, config: ComposeConfig) -> bool:
+    """Whether ``store``'s bucket is zonal; says once that compose is off there."""
+    if not config.enabled or not isinstance(store, SupportsZonal):
+        return False
+    try:
+        zonal = await store.zonal()
+    except Exception as exc:  # the compose path then finds out what is wrong
+        logger.debug("%s: could not tell whether the bucket is zonal: %r", store.uri(), exc)
+        return False
+    key = store.uri()
+    if zonal and key not in _told_zonal:
+        _told_zonal.add(key)
+        logger.info(
+            "compose is off for %s: a zonal (Rapid) bucket has no compose; small objects are "
+            "read directly instead, each on a gRPC bidi stream of its own, many at once on "
+            "one connection (the ComposeConfig given does not apply there)",
+            key,
+        )
+    return zonal
+
+
 def soft_delete_blocked(store: ObjectStore, config: ComposeConfig) -> bool:
     """Whether compose is known to be off for ``store`` because of soft delete."""
     if config.allow_with_soft_delete:
@@ -66,7 +88,11 @@ async def soft_delete_allows(store: ObjectStore, config: ComposeConfig) -> bool:
     """Whether compose may go ahead on ``store`` as far as soft delete goes.
 
     Reads the bucket's policy on first use (once per process and bucket).
+    A zonal bucket (GCS Rapid storage) has no compose at all: there compose
+    is off whatever the config says (see :func:`_zonal`).
     """
+    if await _zonal(store, config):
+        return False
     if config.allow_with_soft_delete:
         return True
     seconds = await _lookup(store)

@@ -28,6 +28,7 @@ from torchbucket.storage.capabilities import (
     SupportsCreationTime,
     SupportsFolders,
     SupportsSoftDelete,
+    SupportsZonal,
     UncheckedMultipartAssembly,
 )
 from torchbucket.storage.memory import MemoryStore
@@ -48,6 +49,7 @@ __all__ = [
     "SupportsCreationTime",
     "SupportsFolders",
     "SupportsSoftDelete",
+    "SupportsZonal",
     "UncheckedMultipartAssembly",
     "store_for",
 ]

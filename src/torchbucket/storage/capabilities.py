@@ -17,6 +17,7 @@ SupportsSoftDelete          no      no     yes
 SupportsCreationTime        no      no     yes
 UncheckedMultipartAssembly  no      no     yes
 RemoteStore                 no      no     yes
+SupportsZonal               no      no     yes
 ==========================  ======  =====  =====
 """
 
@@ -34,6 +35,7 @@ __all__ = [
     "SupportsCreationTime",
     "SupportsFolders",
     "SupportsSoftDelete",
+    "SupportsZonal",
     "UncheckedMultipartAssembly",
 ]
 
@@ -168,4 +170,22 @@ class RemoteStore(Protocol):
     @property
     def retry(self) -> RetryConfig:
         """How the store's requests are retried."""
+        ...
+
+
+@runtime_checkable
+class SupportsZonal(Protocol):
+    """A store whose bucket may be zonal (GCS Rapid storage).
+
+    Optional: a zonal bucket has no compose, copy/rewrite or multipart upload,
+    so compose turns itself off there (``compose/_softdelete.py``), with one
+    INFO line, and small objects are read directly, each on a bidi stream of
+    its own multiplexed on one connection. A store without it is not zonal.
+    """
+
+    async def zonal(self) -> bool:
+        """Whether the bucket is zonal (or the store is told to treat it so).
+
+        Asked of the bucket at most once per process.
+        """
         ...

@@ -95,15 +95,17 @@ class Writer:
                 spec.appendable = True
             if self.if_generation_match is not None:
                 spec.if_generation_match = self.if_generation_match
-            first = m.BidiWriteObjectRequest(write_object_spec=spec, flush=True, state_lookup=True)
+            first = m.BidiWriteObjectRequest(write_object_spec=spec)
         else:
-            first = m.BidiWriteObjectRequest(state_lookup=True, flush=True)
+            first = m.BidiWriteObjectRequest()
             aspec = first.append_object_spec
             aspec.bucket = self.bucket
             aspec.object_ = self.key
             aspec.generation = self.generation
             if self.handle:
                 aspec.write_handle.handle = self.handle
+        # Opening an appendable object (new, or again) is answered with its
+        # resource and a write handle, as google-cloud-storage's writer expects.
         await self._call.write(first)
         resp = await self._read()
         self._learn(resp)
@@ -352,14 +354,20 @@ async def write_once(writer: Writer, data: bytes) -> Meta:
     try:
         await call.write(request)
         await call.done_writing()
-        resp = await call.read()
+        # The opening answer (the new object, empty) may come before the
+        # finalized one: the last resource is the object.
+        resp, last = None, await call.read()
+        while last is not EOF:
+            if last.HasField("resource"):
+                resp = last
+            last = await call.read()
     except asyncio.CancelledError:
         call.cancel()
         raise
     except Exception as exc:
         call.cancel()
         raise error_for_rpc(exc, operation="put", uri=writer.uri) from exc
-    if resp is EOF or not resp.HasField("resource"):
+    if resp is None:
         raise TransientError("finalizing named no object", operation="put", uri=writer.uri)
     meta = meta_of(resp.resource)
     if meta.size != len(data) or meta.crc32c not in (None, crc):
