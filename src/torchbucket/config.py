@@ -122,12 +122,11 @@ class HedgeConfig:
         initial_wait: The wait until then for reads under 1 MiB (or whole
             objects), seconds: long enough not to hedge a read that is merely
             slow, short enough to rescue one that stalls; longer ranges are
-            not hedged until their class is known. Default 0.2 (was 0.5: a
-            first batch of 64 GETs that met a 2 s stall under the emulator's
-            ``same-region-tail`` waited 0.57 s, against ~0.2 s without).
+            not hedged until their class is known. Default 0.2.
         window: Recent reads remembered per size class. Default 512.
-        max_bytes: Ranges longer than this are never hedged (a hedge of a
-            range holds a second buffer of its size). Default 32 MiB.
+        max_read_size: Reads (ranges, objects) longer than this are never
+            hedged (a hedge holds a second buffer of the read's size).
+            Default 32 MiB.
     """
 
     enabled: bool = switch(True)
@@ -139,7 +138,7 @@ class HedgeConfig:
     min_samples: int = count(32)
     initial_wait: float = seconds(0.2)
     window: int = count(512)
-    max_bytes: int = size(32 << 20)
+    max_read_size: int = size(32 << 20)
 
     def __post_init__(self) -> None:
         check_config(self)

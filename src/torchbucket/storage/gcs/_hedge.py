@@ -266,7 +266,11 @@ class Hedger:
             wait = config.initial_wait
         task = asyncio.current_task()
         race: _Race[S] | None = None
-        if wait is not None and task is not None and (nbytes is None or nbytes <= config.max_bytes):
+        if (
+            wait is not None
+            and task is not None
+            and (nbytes is None or nbytes <= config.max_read_size)
+        ):
             race = _Race(self, spare, task, wait, started)
             race.timer = loop.call_later(wait, race.launch)
         batch = current_batch()
