@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import os
 import random
 import time
@@ -32,6 +33,7 @@ from torchbucket.errors import (
     UnreachableError,
 )
 from torchbucket.runtime import accounting, watchdog
+from torchbucket.runtime.budget import Budget, budget_class
 
 __all__ = ["AdaptiveLimiter", "backoff_delay", "call", "get_limiter", "is_retryable"]
 
@@ -110,10 +112,19 @@ class AdaptiveLimiter:
 
     Must be used on one event loop only; :func:`get_limiter` gives each process
     (and each loop) its own.
+
+    Args:
+        config: Limits and growth.
+        clock: Monotonic seconds (a simulation passes its own clock).
     """
 
-    def __init__(self, config: ConcurrencyConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: ConcurrencyConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config or ConcurrencyConfig()
+        self._clock = clock
         self._limit = float(self.config.initial)
         self._in_flight = 0
         self._successes = 0
@@ -171,23 +182,28 @@ class AdaptiveLimiter:
                 self._in_flight += 1
                 waiter.set_result(None)
 
-    def on_success(self) -> None:
-        """Record a request that was not throttled."""
+    def on_success(self, n: int = 1) -> None:
+        """Record ``n`` requests that were not throttled (as ``n`` calls of one)."""
         if not self.config.adaptive:
             return
-        self._successes += 1
-        if self._successes >= self._limit:
-            self._successes = 0
-            if self._limit < self.config.maximum:
-                self._limit += 1
-                self._wake()
+        self._successes += n
+        grew = False
+        while self._successes >= self._limit:
+            self._successes = max(0, self._successes - math.ceil(self._limit))
+            if self._limit >= self.config.maximum:
+                self._successes = 0
+                break
+            self._limit += 1
+            grew = True
+        if grew and self._waiters:
+            self._wake()
 
     def on_throttle(self) -> None:
         """Record a 429/503: halve the limit unless it was just halved."""
         self.throttle_events += 1
         if not self.config.adaptive:
             return
-        now = time.monotonic()
+        now = self._clock()
         if now - self._last_decrease < self.config.decrease_interval:
             return
         self._last_decrease = now
@@ -239,6 +255,7 @@ async def call(
     idempotent: bool = True,
     limiter: AdaptiveLimiter | None = None,
     rng: random.Random | None = None,
+    budget: Budget | None = None,
 ) -> T:
     """Run ``fn`` (one request) with retries, under ``limiter``.
 
@@ -250,6 +267,8 @@ async def call(
         idempotent: Whether a repeat is safe (see :func:`is_retryable`).
         limiter: Concurrency limit to hold a slot of during each attempt.
         rng: Randomness for jitter.
+        budget: The job-wide request budget to spend one request of before
+            each attempt (its turn waited for first), or ``None``.
 
     Raises:
         UnreachableError: A local endpoint still refused connections after
@@ -267,7 +286,10 @@ async def call(
     attempt = 0
     last: StorageError | None = None  # the previous attempt's error
     dog = watchdog.watchdog()
+    spend = budget_class(operation) if budget is not None else 0
     while True:
+        if budget is not None:
+            await budget.turn(spend)
         remaining = deadline - time.monotonic()
         # The attempt's own limit, or what is left before the deadline if less.
         cut_by_deadline = remaining < config.attempt_timeout
@@ -333,6 +355,8 @@ async def call(
             limiter.on_throttle()
         if isinstance(error, ThrottledError):
             accounting.throttle()
+            if budget is not None:
+                budget.throttled(spend)
         if not is_retryable(error, idempotent=idempotent):
             raise error
         attempt += 1

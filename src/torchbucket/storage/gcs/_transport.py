@@ -29,7 +29,7 @@ from torchbucket.errors import (
     StorageError,
     TransientError,
 )
-from torchbucket.runtime import accounting, retry, watchdog
+from torchbucket.runtime import accounting, budget, retry, watchdog
 from torchbucket.storage.base import ObjectInfo
 from torchbucket.storage.gcs import _errors, _hedge, _rawget, _session
 from torchbucket.storage.gcs._credentials import shared_credentials
@@ -80,6 +80,10 @@ class GCSTransport:
         self.project = config.project
         self._retry_config = config.retry
         self._concurrency = config.concurrency
+        self._budget_config = config.budget
+        # Made here, where the dataset is built (the rank's main process), so
+        # that its DataLoader workers find it, even if this rank never reads.
+        budget.job_budget(bucket, config.budget)
         self._session_key = session_key = _session.SessionKey(
             limit=config.concurrency.maximum,
             read_timeout=config.retry.read_timeout,
@@ -188,6 +192,7 @@ class GCSTransport:
             uri=uri,
             idempotent=idempotent,
             limiter=self.loop_state()[2],
+            budget=budget.job_budget(self._bucket, self._budget_config),
         )
 
     async def headers(

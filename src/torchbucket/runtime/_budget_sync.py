@@ -1,0 +1,194 @@
+"""The controller thread of one rank's budget: local signals, the job's store, the rates.
+
+See :mod:`torchbucket.runtime.budget` for the design. One thread per segment
+(bucket) in the process that made it; it never holds the segment's lock while
+it talks to the store.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+from torchbucket.runtime.budget import (
+    _C_JOB_RATE,
+    _C_JOB_THROTTLED,
+    _C_RATE,
+    _C_SENT,
+    _C_TAT,
+    _C_THROTTLED,
+    _H_BEAT,
+    _H_MAGIC,
+    _H_MODE,
+    _H_OWNER,
+    _H_WORLD,
+    _HEAD,
+    _MAGIC,
+    _ROW,
+    CLASSES,
+    BudgetConfig,
+    RateController,
+    _Segment,
+)
+
+__all__ = ["Sync"]
+
+logger = logging.getLogger("torchbucket.runtime.budget")
+
+
+class Sync:
+    """The controller thread of one segment: local signals, the store, the rates."""
+
+    def __init__(self, segment: _Segment, config: BudgetConfig, bucket: str) -> None:
+        self.segment = segment
+        self.config = config
+        self.key = f"torchbucket/budget/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{bucket}"
+        initial = (config.read_rate, config.write_rate)
+        self.controllers = [
+            RateController(r, doubling=config.doubling, minimum=config.minimum_rate)
+            for r in initial
+        ]
+        self._local = [0.0] * (2 * len(CLASSES))  # last sent, throttled per class
+        self._job: dict[int, float] = {}  # the job's counters when last read
+        self._busy = False
+        self.active = 0  # ranks with requests to send, at the last tick
+        self._store: Any = None
+        self._store_failed = False
+        self.world = 1
+        self.stop = threading.Event()
+
+    def start(self) -> None:
+        with self.segment.locked() as c:
+            c[_H_MAGIC], c[_H_OWNER], c[_H_WORLD], c[_H_MODE] = _MAGIC, os.getpid(), 1, 1
+            for i, ctl in enumerate(self.controllers):
+                c[_HEAD + _ROW * i + _C_RATE] = ctl.rate
+                c[_HEAD + _ROW * i + _C_JOB_RATE] = ctl.rate
+            c[_H_BEAT] = time.time()
+        self._thread = threading.Thread(target=self._run, name="torchbucket-budget", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """Stop the thread and let its store client go (at exit: a thread still
+        inside a store call when the interpreter ends aborts the process)."""
+        self.stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(self.config.store_timeout + 1.0)
+        self._store = None
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            tick = self.config.tick(self.world)
+            now = time.time()
+            if self.stop.wait(tick - now % tick):  # on the wall clock's ticks: ranks step together
+                break
+            try:
+                self.step(time.time())
+            except Exception:  # never let the thread die: processes would skip the budget
+                logger.debug("budget tick failed", exc_info=True)
+
+    def _signals(self) -> tuple[list[float], list[bool]]:
+        """Per class: the attempts and throttled answers so far; whether requests wait."""
+        with self.segment.locked() as c:
+            now = time.monotonic()
+            out, waiting = [], []
+            for i in range(len(CLASSES)):
+                row = _HEAD + _ROW * i
+                out += [c[row + _C_SENT], c[row + _C_THROTTLED]]
+                waiting.append(c[row + _C_TAT] > now)
+        return out, waiting
+
+    def step(self, now: float) -> None:
+        """One tick: exchange the counts, update each class's rate, publish."""
+        totals, waiting = self._signals()
+        deltas = [t - last for t, last in zip(totals, self._local, strict=True)]
+        self._local = totals
+        busy = [deltas[2 * i] > 0 or waiting[i] for i in range(len(CLASSES))]
+        job = self._exchange(deltas, busy)
+        # A rank spends its share of the job's rate: the rate over the ranks
+        # with requests to send (a rank that is done leaves its share to the rest).
+        share = max(1, self.active) if job is not None else self.world
+        rates = []
+        for i, ctl in enumerate(self.controllers):
+            if job is not None:
+                sent, throttled = job[2 * i], job[2 * i + 1]
+            else:  # local mode: this rank's signals stand for the job's
+                sent, throttled = deltas[2 * i] * self.world, deltas[2 * i + 1]
+            if sent or throttled or ctl._last is None:
+                ctl.update(now, sent, throttled)
+            else:
+                ctl._last = now  # idle: neither grow nor cut
+            rates.append(ctl.rate)
+        with self.segment.locked() as c:
+            for i, rate in enumerate(rates):
+                row = _HEAD + _ROW * i
+                c[row + _C_JOB_RATE] = rate
+                c[row + _C_RATE] = max(rate / share, 1e-3)
+                if job is not None:
+                    c[row + _C_JOB_THROTTLED] += job[2 * i + 1]
+            c[_H_WORLD], c[_H_MODE], c[_H_BEAT] = share, 2 if job is not None else 1, time.time()
+
+    def _exchange(self, deltas: list[float], busy: list[bool]) -> list[float] | None:
+        """Add this rank's deltas to the job's counters; the job's deltas, or ``None``.
+
+        A class this rank neither sent nor waits on is not exchanged (its job
+        deltas read 0: its controller holds). The count of busy ranks is one
+        more counter, changed by +1/-1 when this rank turns busy or idle.
+        """
+        store = self._connect()
+        if store is None:
+            return None
+        try:
+            busy_now = any(busy)
+            change = int(busy_now) - int(self._busy)
+            self.active = int(store.add(f"{self.key}/active", change))
+            self._busy = busy_now
+            out = [0.0] * len(deltas)
+            for i in range(len(deltas)):
+                cls = i // 2
+                if not busy[cls] and not deltas[i]:
+                    self._job.pop(i, None)  # on return, its first tick reads 0
+                    continue
+                name = f"{self.key}/{CLASSES[cls]}/{('sent', 'throttled')[i % 2]}"
+                total = float(store.add(name, int(deltas[i])))
+                last = self._job.get(i)
+                self._job[i] = total
+                out[i] = total - last if last is not None else 0.0
+        except Exception as exc:  # a dead store or rank 0: local mode from now on
+            logger.warning("request budget: the job's store failed (%s); local mode", exc)
+            self._store, self._store_failed = None, True
+            return None
+        return out
+
+    def _connect(self) -> Any:
+        if self._store is not None or self._store_failed:
+            return self._store
+        try:
+            import torch.distributed as dist
+        except ImportError:  # pragma: no cover - torch is a dependency
+            return None
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return None
+        host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        if not host or not port:
+            self._store_failed = True
+            return None
+        try:
+            self._store = dist.TCPStore(  # type: ignore[attr-defined]
+                host,
+                int(port),
+                is_master=False,
+                timeout=timedelta(seconds=self.config.store_timeout),
+                wait_for_workers=False,
+            )
+        except Exception as exc:
+            logger.warning("request budget: no store at %s:%s (%s); local mode", host, port, exc)
+            self._store_failed = True
+            return None
+        self.world = dist.get_world_size()
+        return self._store

@@ -1,0 +1,120 @@
+"""The job-wide request budget: its controller, the shared token cell, local mode."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from torchbucket.errors import ConfigError
+from torchbucket.runtime import budget
+from torchbucket.runtime.budget import BudgetConfig, RateController, budget_class
+
+
+def test_controller_ramps_while_used_and_cuts_to_what_was_admitted() -> None:
+    ctl = RateController(100.0, doubling=10.0)
+    t = 0.0
+    ctl.update(t, 0, 0)
+    for _ in range(40):  # 10 s of full use, no throttles: one doubling
+        t += 0.25
+        ctl.update(t, ctl.rate * 0.25, 0)
+    assert ctl.rate == pytest.approx(200.0, rel=0.01)
+    t += 0.25
+    ctl.update(t, 50.0, 10.0)  # 160/s admitted over the tick, 10 refused
+    assert ctl.admitted is not None
+    cut = ctl.rate
+    assert cut == pytest.approx(0.95 * ctl.admitted)  # just under what was admitted lately
+    assert 100.0 <= cut <= 180.0  # between 0.5 and 0.9 of the rate
+    t += 0.25
+    ctl.update(t, 45.0, 5.0)  # the next tick's throttles answer requests sent before
+    assert ctl.rate == cut
+    assert ctl.cuts == 1
+    for _ in range(40):  # used at a tenth of its rate: neither grows nor falls
+        t += 0.25
+        ctl.update(t, ctl.rate * 0.025, 0)
+    assert ctl.rate == cut
+
+
+def test_controller_probes_slowly_near_the_last_throttle() -> None:
+    ctl = RateController(100.0, doubling=10.0)
+    ctl.update(0.0, 0, 0)
+    ctl.update(0.25, 25, 1)  # cut: ceiling 100, rate 90
+    ctl.update(0.5, 22, 0)
+    slow = ctl.rate
+    ctl.update(0.75, slow * 0.25, 0)
+    assert ctl.rate / slow == pytest.approx(2 ** (0.25 / 10 / RateController.CAREFUL))
+
+
+def test_write_operations_are_budgeted_apart() -> None:
+    assert budget_class("get") == 0
+    assert budget_class("list") == 0
+    assert budget_class("compose") == 1
+    assert budget_class("multipart upload part") == 1
+    assert budget_class("put") == 1
+
+
+def test_config_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHBUCKET_BUDGET", json.dumps({"read_rate": 50}))
+    resolved = BudgetConfig().resolved()
+    assert resolved.enabled and resolved.read_rate == 50
+    monkeypatch.setenv("TORCHBUCKET_BUDGET", "0")
+    assert not BudgetConfig(enabled=True).resolved().enabled
+    monkeypatch.setenv("TORCHBUCKET_BUDGET", "{nope")
+    with pytest.raises(ConfigError):
+        BudgetConfig().resolved()
+    with pytest.raises(ConfigError):
+        BudgetConfig(read_rate=0)
+
+
+def _spend(n: int, out: multiprocessing.Queue[float]) -> None:  # type: ignore[type-arg]
+    b = budget.job_budget("shared-bucket", BudgetConfig(enabled=True, read_rate=200))
+    assert b is not None
+    waited = 0.0
+    for _ in range(n):
+        while (w := b.take(0)) < 0:
+            time.sleep(-w)
+            waited -= w
+        time.sleep(w)
+        waited += w
+    out.put(waited)
+
+
+def test_forked_workers_share_one_rate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Four forked processes draw 200 requests from one 200/s cell: about a second."""
+    monkeypatch.setenv("TORCHBUCKET_BUDGET_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCHBUCKET_BUDGET", raising=False)
+    main = budget.job_budget("shared-bucket", BudgetConfig(enabled=True, read_rate=200))
+    assert main is not None
+    ctx = multiprocessing.get_context("fork")
+    out: multiprocessing.Queue[float] = ctx.Queue()  # type: ignore[assignment]
+    start = time.monotonic()
+    procs = [ctx.Process(target=_spend, args=(50, out)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    elapsed = time.monotonic() - start
+    assert all(p.exitcode == 0 for p in procs)
+    status = budget.status()["shared-bucket"]
+    assert status["mode"] == "local"
+    assert status["read"]["sent"] == 200
+    assert status["read"]["rank_rate"] >= 200  # untroubled, used: it grows (slowly)
+    # Not a timing assertion on speed: the budget must have made them wait at all.
+    assert elapsed > 0.5
+    assert os.listdir(tmp_path)
+
+
+def test_a_stale_controller_is_skipped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TORCHBUCKET_BUDGET_DIR", str(tmp_path))
+    b = budget.job_budget("stale-bucket", BudgetConfig(enabled=True, read_rate=1, stale_after=0.2))
+    assert b is not None
+    for sync in budget._syncs:
+        if sync.segment is b.segment:
+            sync.close()
+    time.sleep(0.5)
+    assert all(b.take(0) == 0.0 for _ in range(10))  # no waiting on a dead controller
+    assert b.status()["mode"] == "off"
