@@ -4,7 +4,7 @@ A save uploads a preallocated buffer of the checkpoint's size (its pages
 already touched) straight through the writer's upload session
 (``torchbucket.checkpoint._upload.open_session``): parts of
 ``CheckpointConfig.part_size`` that are views of the buffer, at most
-``max_parts_in_flight`` of them at once, the running CRC32C of the whole
+``parts_in_flight`` of them at once, the running CRC32C of the whole
 object computed as each part is handed over, as the writer does; no part
 buffer, so no copy. A load is the reader's raw ranged download
 (``torchbucket.checkpoint._reader.download``): metadata first, every range
@@ -60,7 +60,7 @@ def touched_buffer(size: int, fill: bool) -> memoryview:
 async def upload(store: ObjectStore, key: str, buffer: memoryview, config: CheckpointConfig) -> Any:
     """The buffer through a multipart session, views of it as parts, CRC32C as handed over."""
     session = open_session(store, key, "multipart")
-    slots = asyncio.Semaphore(config.max_parts_in_flight)
+    slots = asyncio.Semaphore(config.parts_in_flight)
     crc = Crc32c()
     size, part = len(buffer), config.part_size
     for number, start in enumerate(range(0, size, part), 1):

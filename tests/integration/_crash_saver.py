@@ -19,7 +19,7 @@ PART = 64 * 1024
 def main() -> None:
     endpoint, uri = sys.argv[1:3]
     checkpoint = BucketCheckpoint(
-        config=CheckpointConfig(part_size=PART, min_part_size=1, max_parts_in_flight=2),
+        config=CheckpointConfig(part_size=PART, min_part_size=1, parts_in_flight=2),
         gcs=GCSConfig(endpoint=endpoint, anonymous=True),
     )
     chunk = bytes(range(256)) * 64  # 16 KiB

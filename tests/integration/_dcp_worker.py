@@ -23,7 +23,7 @@ from torchbucket.checkpoint import CheckpointConfig
 from torchbucket.dcp import BucketStorageReader, BucketStorageWriter
 from torchbucket.storage.gcs import GCSConfig
 
-CONFIG = CheckpointConfig(part_size=16 * 1024, min_part_size=1, read_chunk_size=16 * 1024)
+CONFIG = CheckpointConfig(part_size=16 * 1024, min_part_size=1, range_size=16 * 1024)
 
 
 def full_state() -> dict[str, torch.Tensor]:

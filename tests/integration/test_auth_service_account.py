@@ -187,10 +187,10 @@ def test_a_checkpoint_saved_and_loaded_over_several_token_lifetimes(
         config=CheckpointConfig(
             part_size=part,
             min_part_size=part,
-            max_parts_in_flight=2,
+            parts_in_flight=2,
             upload_method=upload_method,  # type: ignore[arg-type]
-            read_chunk_size=part,
-            read_parallelism=2,
+            range_size=part,
+            reads_in_flight=2,
         ),
         gcs=_config(emu, chunk_size=part, resumable_threshold=part),
     )

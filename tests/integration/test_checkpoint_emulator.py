@@ -23,8 +23,8 @@ def config(**overrides: Any) -> CheckpointConfig:
     options: dict[str, Any] = {
         "part_size": PART,
         "min_part_size": 1,
-        "max_parts_in_flight": 4,
-        "read_chunk_size": PART,
+        "parts_in_flight": 4,
+        "range_size": PART,
     }
     options.update(overrides)
     return CheckpointConfig(**options)

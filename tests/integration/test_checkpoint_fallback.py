@@ -28,8 +28,8 @@ def checkpoint_for(store: Any, **overrides: Any) -> BucketCheckpoint:
     options: dict[str, Any] = {
         "part_size": PART,
         "min_part_size": 1,
-        "max_parts_in_flight": 4,
-        "read_chunk_size": PART,
+        "parts_in_flight": 4,
+        "range_size": PART,
     }
     options.update(overrides)
     return BucketCheckpoint(config=CheckpointConfig(**options), gcs=store.config)
@@ -136,7 +136,7 @@ def test_the_fallback_reaches_the_bytes_in_order(
 ) -> None:
     """Raw bytes, many small parts: the resumable upload holds them in write order."""
     store = gcs_bucket_factory(emulator, prefix="nompu")
-    checkpoint = checkpoint_for(store, part_size=4096, max_parts_in_flight=8)
+    checkpoint = checkpoint_for(store, part_size=4096, parts_in_flight=8)
     emulator.add_fault("mpu_initiate", "501", count=None)
     data = bytes(range(251)) * 997  # 250 KB in 61 parts of 4 KiB
     uri = f"gs://{store.bucket}/raw.bin"

@@ -29,7 +29,7 @@ pytestmark = [
 ]
 
 PART = 64 * 1024
-CONFIG = CheckpointConfig(part_size=PART, min_part_size=1, read_chunk_size=PART, read_parallelism=1)
+CONFIG = CheckpointConfig(part_size=PART, min_part_size=1, range_size=PART, reads_in_flight=1)
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
 ]
 
-CONFIG = CheckpointConfig(part_size=32 * 1024, min_part_size=1, read_chunk_size=16 * 1024)
+CONFIG = CheckpointConfig(part_size=32 * 1024, min_part_size=1, range_size=16 * 1024)
 
 
 def state(seed: int) -> dict[str, Any]:

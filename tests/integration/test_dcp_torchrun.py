@@ -58,7 +58,7 @@ def test_two_ranks_save_and_load_then_one_rank_reshards(
         "model": {"w": torch.zeros_like(full["w"]), "b": torch.zeros_like(full["b"])},
         "step": -1,
     }
-    config = CheckpointConfig(read_chunk_size=16 * 1024)
+    config = CheckpointConfig(range_size=16 * 1024)
     gcs = GCSConfig(endpoint=emulator.endpoint, anonymous=True)
     reader = BucketStorageReader(uri, checkpoint=config, gcs=gcs)
     dcp.load(target, storage_reader=reader)

@@ -118,7 +118,7 @@ def _state() -> dict[str, Any]:
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_checkpoint_load(emulator: Emulator, bucket: str, mode: str) -> None:
-    config = CheckpointConfig(part_size=64 * 1024, min_part_size=1, read_chunk_size=64 * 1024)
+    config = CheckpointConfig(part_size=64 * 1024, min_part_size=1, range_size=64 * 1024)
     checkpoint = BucketCheckpoint(config=config, gcs=gcs(emulator, mode))
     uri = f"gs://{bucket}/ck/c.pt"
     original = _state()
@@ -178,7 +178,7 @@ def test_dcp_load(emulator: Emulator, bucket: str, mode: str) -> None:
 
     from torchbucket.dcp import BucketStorageReader, BucketStorageWriter
 
-    config = CheckpointConfig(part_size=32 * 1024, min_part_size=1, read_chunk_size=16 * 1024)
+    config = CheckpointConfig(part_size=32 * 1024, min_part_size=1, range_size=16 * 1024)
     uri = f"gs://{bucket}/dcp"
     g = torch.Generator().manual_seed(3)
     original = {"w": torch.randn(128, 128, generator=g), "b": torch.randn(128, generator=g)}

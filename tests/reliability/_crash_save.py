@@ -71,7 +71,7 @@ def main() -> int:
         config=CheckpointConfig(
             part_size=PART,
             min_part_size=1024,
-            max_parts_in_flight=2,
+            parts_in_flight=2,
             upload_method=args.method,
         ),
         gcs=GCSConfig(endpoint=args.endpoint, anonymous=True, retry=RETRY, chunk_size=CHUNK),

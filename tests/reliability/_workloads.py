@@ -128,8 +128,8 @@ class Bucket:
         options: dict[str, Any] = {
             "part_size": PART,
             "min_part_size": 1024,
-            "max_parts_in_flight": 4,
-            "read_chunk_size": PART,
+            "parts_in_flight": 4,
+            "range_size": PART,
             "upload_method": method,
         }
         options.update(kw)

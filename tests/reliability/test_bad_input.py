@@ -150,7 +150,7 @@ def test_permission_denied_on_read_and_list(model_bucket: Bucket) -> None:
     emu = model_bucket.emu
     g = gcs(emu)
     ds = BucketIterableDataset.from_prefix(model_bucket.uri("d/"), gcs=g)
-    ckpt = BucketCheckpoint(config=CheckpointConfig(read_chunk_size=64 * 1024), gcs=g)
+    ckpt = BucketCheckpoint(config=CheckpointConfig(range_size=64 * 1024), gcs=g)
     ckpt.save(state(1), model_bucket.uri("c.pt"))
     emu.add_fault("get", "403", count=None)
     raises(PermissionDeniedError, model_bucket.uri("d/"), lambda: list(ds))
@@ -226,7 +226,7 @@ def test_object_changed_between_listing_and_reading(
 
 
 def test_checkpoint_rewritten_during_load_is_never_mixed(model_bucket: Bucket) -> None:
-    ckpt = model_bucket.checkpoint(PATIENT, read_chunk_size=16 * 1024)
+    ckpt = model_bucket.checkpoint(PATIENT, range_size=16 * 1024)
     uri = model_bucket.uri("c.pt")
     ckpt.save(state(1), uri)
     # The third range read is refused as if the object had been replaced
@@ -270,9 +270,7 @@ def test_dataset_objects_larger_than_the_composite_cap(model_bucket: Bucket) -> 
 def test_checkpoint_beyond_part_and_range_limits_over_http(model_bucket: Bucket) -> None:
     uri = model_bucket.uri("big.pt")
     # 600 KB in 4 KiB parts (about 150) and 8 KiB ranges (about 75).
-    ckpt = model_bucket.checkpoint(
-        PATIENT, part_size=4096, max_parts_in_flight=8, read_chunk_size=8192
-    )
+    ckpt = model_bucket.checkpoint(PATIENT, part_size=4096, parts_in_flight=8, range_size=8192)
     ckpt.save(state(5), uri)
     assert same_state(ckpt.load(uri, weights_only=True), state(5))
     # A single upload beyond GCSConfig.resumable_threshold goes resumable.
@@ -310,7 +308,7 @@ def part_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_parts_grow_so_a_checkpoint_fits_the_part_limit(part_sizes: list[int]) -> None:
     # Scaled down: 1-byte parts make the 10,000-part limit bite at about 1 MB.
     ckpt = BucketCheckpoint(
-        config=CheckpointConfig(part_size=1, min_part_size=1, max_parts_in_flight=64)
+        config=CheckpointConfig(part_size=1, min_part_size=1, parts_in_flight=64)
     )
     uri = f"memory://rel-{uuid.uuid4().hex[:8]}/c.pt"
     data = bytes(range(256)) * 80
@@ -324,7 +322,7 @@ def test_parts_grow_so_a_checkpoint_fits_the_part_limit(part_sizes: list[int]) -
 
 def test_a_checkpoint_beyond_the_part_limit_fails_naming_it(part_sizes: list[int]) -> None:
     ckpt = BucketCheckpoint(
-        config=CheckpointConfig(part_size=1, min_part_size=1, max_parts_in_flight=64)
+        config=CheckpointConfig(part_size=1, min_part_size=1, parts_in_flight=64)
     )
     uri = f"memory://rel-{uuid.uuid4().hex[:8]}/c.pt"
     with (
@@ -341,7 +339,7 @@ def test_a_checkpoint_beyond_the_part_limit_fails_naming_it(part_sizes: list[int
 
 def test_a_torch_save_beyond_the_part_limit_fails_naming_it(part_sizes: list[int]) -> None:
     ckpt = BucketCheckpoint(
-        config=CheckpointConfig(part_size=1, min_part_size=1, max_parts_in_flight=64)
+        config=CheckpointConfig(part_size=1, min_part_size=1, parts_in_flight=64)
     )
     uri = f"memory://rel-{uuid.uuid4().hex[:8]}/c.pt"
     error = raises(StorageError, uri, lambda: ckpt.save({"w": torch.zeros(300_000)}, uri))

@@ -35,7 +35,7 @@ from torchbucket.errors import (
 from torchbucket.storage import MemoryStore, ObjectInfo, Part
 
 PART = 64 * 1024
-TINY = CheckpointConfig(part_size=PART, min_part_size=1, max_parts_in_flight=3)
+TINY = CheckpointConfig(part_size=PART, min_part_size=1, parts_in_flight=3)
 
 
 @pytest.fixture
@@ -213,7 +213,7 @@ def test_memory_is_bounded_by_parts_in_flight(bucket: str) -> None:
     store = RecordingStore(bucket)
     gate = runtime.run(_make_event())
     store.gate = gate
-    config = CheckpointConfig(part_size=PART, min_part_size=1, max_parts_in_flight=2)
+    config = CheckpointConfig(part_size=PART, min_part_size=1, parts_in_flight=2)
     checkpoint = checkpoint_on(store, config)
     uri = f"memory://{bucket}/bounded.pt"
     payload = bytes(range(256)) * (20 * PART // 256)
@@ -291,7 +291,7 @@ class RewritingStore(RecordingStore):
 
 
 def test_rewrite_during_load_fails_instead_of_mixing(bucket: str) -> None:
-    config = CheckpointConfig(read_chunk_size=PART, read_parallelism=1)
+    config = CheckpointConfig(range_size=PART, reads_in_flight=1)
     checkpoint = checkpoint_on(RewritingStore(bucket), config)
     uri = f"memory://{bucket}/moving.pt"
     runtime.run(MemoryStore(bucket).put("moving.pt", b"q" * (3 * PART)))
@@ -365,12 +365,12 @@ def test_a_save_aborts_stale_uploads_to_the_same_object(bucket: str) -> None:
 def test_config_is_validated() -> None:
     with pytest.raises(ConfigError, match="part_size"):
         CheckpointConfig(part_size=1 << 20)  # below the 5 MiB minimum
-    with pytest.raises(ConfigError, match="max_parts_in_flight"):
-        CheckpointConfig(max_parts_in_flight=0)
+    with pytest.raises(ConfigError, match="parts_in_flight"):
+        CheckpointConfig(parts_in_flight=0)
     with pytest.raises(ConfigError, match="upload_method"):
         CheckpointConfig(upload_method="ftp")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="read_parallelism"):
-        CheckpointConfig(read_parallelism=0)
+    with pytest.raises(ConfigError, match="reads_in_flight"):
+        CheckpointConfig(reads_in_flight=0)
 
 
 def test_size_hint_grows_parts_to_fit_the_part_limit() -> None:

@@ -68,7 +68,7 @@ def test_a_multi_range_load_equals_what_was_saved(bucket: str) -> None:
     buffer = io.BytesIO()
     torch.save(state, buffer)
     runtime.run(MemoryStore(bucket).put("ckpt.pt", buffer.getvalue()))
-    config = CheckpointConfig(read_chunk_size=MiB // 2, read_parallelism=3)
+    config = CheckpointConfig(range_size=MiB // 2, reads_in_flight=3)
     with BucketCheckpoint(config=config).reader(f"memory://{bucket}/ckpt.pt") as f:
         loaded = torch.load(f, weights_only=True)
     assert torch.equal(loaded["w"], state["w"]) and torch.equal(loaded["b"], state["b"])

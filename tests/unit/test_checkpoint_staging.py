@@ -50,7 +50,7 @@ def store() -> Iterator[UncheckedAssembly]:
     yield UncheckedAssembly(f"staging-{uuid.uuid4().hex[:8]}")
 
 
-CONFIG = CheckpointConfig(part_size=64 * 1024, min_part_size=1024, max_parts_in_flight=4)
+CONFIG = CheckpointConfig(part_size=64 * 1024, min_part_size=1024, parts_in_flight=4)
 
 
 def save(store: MemoryStore, state: dict[str, torch.Tensor]) -> ObjectInfo:

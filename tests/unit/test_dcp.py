@@ -24,7 +24,7 @@ from torchbucket.storage import MemoryStore
 # Single-process DCP warns that it assumes a single process: it is meant here.
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
-SMALL = CheckpointConfig(part_size=32 * 1024, min_part_size=1, read_chunk_size=16 * 1024)
+SMALL = CheckpointConfig(part_size=32 * 1024, min_part_size=1, range_size=16 * 1024)
 
 
 @pytest.fixture

@@ -325,8 +325,8 @@ def download_range(
                 store,
                 [(key, view, start)],
                 generation=info.generation,
-                chunk_size=config.read_chunk_size,
-                parallelism=config.read_parallelism,
+                chunk_size=config.range_size,
+                parallelism=config.reads_in_flight,
             )
         )
     except NotFoundError as exc:
@@ -356,11 +356,11 @@ def download(
                     store,
                     [(key, buffer, 0)],
                     generation=info.generation,
-                    chunk_size=config.read_chunk_size,
-                    parallelism=config.read_parallelism,
+                    chunk_size=config.range_size,
+                    parallelism=config.reads_in_flight,
                 ),
                 buffer,
-                config.read_chunk_size,
+                config.range_size,
             )
         except NotFoundError as exc:
             raise NotFoundError(

@@ -2,8 +2,8 @@
 
 ``torch.save`` (or anything that writes a file object) writes into part buffers;
 each full buffer is handed to the background loop and uploads while the next
-one fills. When ``max_parts_in_flight`` parts are pending, ``write`` blocks until
-one finishes, so memory stays at ``(max_parts_in_flight + 1) * part_size``.
+one fills. When ``parts_in_flight`` parts are pending, ``write`` blocks until
+one finishes, so memory stays at ``(parts_in_flight + 1) * part_size``.
 
 Closing the writer normally commits: the last part goes up and the upload
 completes, so the object appears whole, at once. Leaving a ``with`` block by an
@@ -124,7 +124,7 @@ class CheckpointWriter(io.BufferedIOBase):
         self._session: UploadSession = open_session(
             store, self._staging or key, config.upload_method, self._content_type
         )
-        self._slots = threading.Semaphore(config.max_parts_in_flight)
+        self._slots = threading.Semaphore(config.parts_in_flight)
         self._pool = BufferPool()
         self._base_part_size = first_part_size(config, size_hint)
         self._buffer: bytearray | None = None
@@ -161,7 +161,7 @@ class CheckpointWriter(io.BufferedIOBase):
     def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
         """Copy ``data`` into part buffers, handing over each one that fills.
 
-        Blocks while ``max_parts_in_flight`` parts are uploading. Once a part
+        Blocks while ``parts_in_flight`` parts are uploading. Once a part
         has failed, or the checkpoint has outgrown the store's part limit,
         writes are dropped and ``close`` raises the failure: raising here would
         not reach the caller of ``torch.save``, whose zip writer replaces any

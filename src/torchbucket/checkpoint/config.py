@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from torchbucket.errors import ConfigError
+from torchbucket._checks import check_config, config_error, in_flight, one_of, seconds, size, switch
 
 __all__ = ["CheckpointConfig", "MiB"]
 
@@ -18,9 +18,9 @@ _UPLOAD_METHODS = ("multipart", "resumable")
 class CheckpointConfig:
     """How checkpoints are written to and read from a bucket.
 
-    A save holds at most ``max_parts_in_flight + 1`` part buffers (the one being
+    A save holds at most ``parts_in_flight + 1`` part buffers (the one being
     filled and those uploading), so its extra memory is about
-    ``(max_parts_in_flight + 1) * part_size`` however large the checkpoint (95 MiB
+    ``(parts_in_flight + 1) * part_size`` however large the checkpoint (95 MiB
     with the defaults), plus up to 256 KiB per part in flight that the HTTP
     stack holds while sending it.
 
@@ -43,17 +43,17 @@ class CheckpointConfig:
             first size up front when the size is known.
         min_part_size: The smallest part the store accepts (all but the last).
             Default 5 MiB, the floor of GCS's XML multipart API; tests lower it.
-        max_parts_in_flight: Parts uploading at once; the writer blocks
+        parts_in_flight: Parts uploading at once; the writer blocks
             ``torch.save`` when this many are pending. Default 18.
         upload_method: ``"multipart"`` (default): parts upload in parallel and
             the object appears when the upload completes (the XML multipart API
             on GCS, the backend's own multipart elsewhere). ``"resumable"``: one
             sequential stream (a resumable upload on GCS), for buckets where
             multipart uploads are not allowed.
-        read_chunk_size: Bytes per ranged GET when loading. Default 8 MiB:
+        range_size: Bytes per ranged GET when loading. Default 8 MiB:
             with 20 ms to the first byte and 200 MB/s per response a range
             takes ~60 ms, and more of them in flight keep the link busy.
-        read_parallelism: Ranged GETs in flight per load. Default 32.
+        reads_in_flight: Ranged GETs in flight per load. Default 32.
         verify_crc32c: Check the CRC32C of everything written against what the
             store reports after the save, and of everything read against the
             object's CRC32C on load. Default ``True``.
@@ -70,46 +70,19 @@ class CheckpointConfig:
             ``torchbucket cleanup``. Default 3600.
     """
 
-    part_size: int = 5 * MiB
-    min_part_size: int = 5 * MiB
-    max_parts_in_flight: int = 18
-    upload_method: Literal["multipart", "resumable"] = "multipart"
-    read_chunk_size: int = 8 * MiB
-    read_parallelism: int = 32
-    verify_crc32c: bool = True
-    torch_zip_crc32: bool = False
-    stale_upload_age: float | None = 3600.0
+    part_size: int = size(5 * MiB)
+    min_part_size: int = size(5 * MiB)
+    parts_in_flight: int = in_flight(18)
+    upload_method: Literal["multipart", "resumable"] = one_of("multipart", _UPLOAD_METHODS)
+    range_size: int = size(8 * MiB)
+    reads_in_flight: int = in_flight(32)
+    verify_crc32c: bool = switch(True)
+    torch_zip_crc32: bool = switch(False)
+    stale_upload_age: float | None = seconds(3600.0, optional=True)
 
     def __post_init__(self) -> None:
-        if self.min_part_size < 1:
-            raise ConfigError(
-                f"CheckpointConfig.min_part_size must be >= 1, got {self.min_part_size!r}"
-            )
+        check_config(self)
         if self.part_size < self.min_part_size:
-            raise ConfigError(
-                f"CheckpointConfig.part_size must be >= min_part_size ({self.min_part_size}), "
-                f"got {self.part_size!r}"
-            )
-        if self.max_parts_in_flight < 1:
-            raise ConfigError(
-                "CheckpointConfig.max_parts_in_flight must be >= 1, "
-                f"got {self.max_parts_in_flight!r}"
-            )
-        if self.upload_method not in _UPLOAD_METHODS:
-            raise ConfigError(
-                f"CheckpointConfig.upload_method must be one of {_UPLOAD_METHODS}, "
-                f"got {self.upload_method!r}"
-            )
-        if self.read_chunk_size < 1:
-            raise ConfigError(
-                f"CheckpointConfig.read_chunk_size must be >= 1, got {self.read_chunk_size!r}"
-            )
-        if self.read_parallelism < 1:
-            raise ConfigError(
-                f"CheckpointConfig.read_parallelism must be >= 1, got {self.read_parallelism!r}"
-            )
-        if self.stale_upload_age is not None and self.stale_upload_age < 0:
-            raise ConfigError(
-                "CheckpointConfig.stale_upload_age must be >= 0 or None, "
-                f"got {self.stale_upload_age!r}"
+            raise config_error(
+                self, "part_size", self.part_size, f">= min_part_size ({self.min_part_size})"
             )

@@ -204,7 +204,7 @@ class BucketStorageReader(StorageReader):
                 # Each piece reaches the next one's start (the range's end for
                 # the last): the padding between items is read too, so that a
                 # file read whole can be checked against its CRC32C.
-                pieces = cut_pieces(inside, self.checkpoint.config.read_chunk_size)
+                pieces = cut_pieces(inside, self.checkpoint.config.range_size)
                 starts = [piece[0][0][0] for piece in pieces]
                 for n, piece in enumerate(pieces):
                     lo = starts[n]
@@ -315,8 +315,8 @@ class BucketStorageReader(StorageReader):
                 await fetch_ranges(
                     store,
                     jobs,
-                    chunk_size=config.read_chunk_size,
-                    parallelism=config.read_parallelism,
+                    chunk_size=config.range_size,
+                    parallelism=config.reads_in_flight,
                     on_job_done=ready.put,
                     admit=window.admit,
                 )

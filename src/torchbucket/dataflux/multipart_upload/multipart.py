@@ -72,7 +72,7 @@ def upload_chunks_concurrently_from_bytesio(
     owner = "upload_chunks_concurrently_from_bytesio"
     check_instance(bytesio, io.BytesIO, owner=owner, parameter="bytesio", optional=False)
     check_int(max_workers, owner=owner, parameter="max_workers", minimum=1)
-    config = CheckpointConfig(part_size=max(chunk_size, 5 << 20), max_parts_in_flight=max_workers)
+    config = CheckpointConfig(part_size=max(chunk_size, 5 << 20), parts_in_flight=max_workers)
     checkpoint = BucketCheckpoint(config=config, gcs=gcs_config_for(owner, None))
     try:
         with checkpoint.writer(_uri(blob), content_type=content_type) as writer:
