@@ -51,8 +51,9 @@ def _plans(sizes: list[int], **kw: Any) -> dict[str, cost.StrategyPlan]:
 
 
 def test_plan_of_a_fixed_example_against_a_hand_computation() -> None:
-    # 10,000 objects of 100 KiB, 3 epochs, 1 rank x 2 workers, 7-day soft delete.
-    plans = _plans([100 << 10] * 10_000, epochs=3, workers=2, soft_delete_seconds=7 * 86400)
+    # 10,000 objects of 32 KiB, 3 epochs, 1 rank x 2 workers, 7-day soft delete.
+    # (Objects of 64 KiB and more are read directly: datasets/_units.COMPOSE_BELOW.)
+    plans = _plans([32 << 10] * 10_000, epochs=3, workers=2, soft_delete_seconds=7 * 86400)
     direct = plans["direct"]
     assert (direct.per_epoch.class_a, direct.per_epoch.class_b) == (0, 10_000)
     assert direct.once.by_op == {"list": 10}
@@ -61,7 +62,7 @@ def test_plan_of_a_fixed_example_against_a_hand_computation() -> None:
     # Compose, per worker shard of 5,000: min(64, prefetch 128, 5,000 // 4)
     # = 64 read directly; the window plans 2,048 positions at a time, so
     # 1,984, 2,048 and 904 objects in groups of 31 (the anchor takes a
-    # compose's first source; 3.1 MiB <= 4 MiB): 64 + 67 + 30 = 161 composes,
+    # compose's first source; 0.97 MiB <= 4 MiB): 64 + 67 + 30 = 161 composes,
     # 161 GETs of composites, 161 deletes; the anchor's upload and delete.
     comp = plans["compose"]
     assert comp.per_epoch.by_op == {
@@ -72,7 +73,7 @@ def test_plan_of_a_fixed_example_against_a_hand_computation() -> None:
     }
     # The listing, and the bucket's soft-delete policy read once by the rank.
     assert comp.once.by_op == {"list": 10, "bucket_get": 1}
-    composite_gib = 2 * 4936 * (100 << 10) / GIB
+    composite_gib = 2 * 4936 * (32 << 10) / GIB
     per_epoch = 324 * 0.005 / 1000 + 450 * 0.0004 / 1000 + composite_gib * 0.020 * 7 * 24 / 730
     assert comp.epoch.total_usd == pytest.approx(per_epoch)
     assert comp.run.total_usd == pytest.approx(3 * per_epoch + 11 * 0.0045 / 1000, rel=1e-3)

@@ -26,7 +26,12 @@ from torchbucket.datasets._receive import (
     read_object,
     to_output,
 )
-from torchbucket.datasets._units import plan_units, window_compose, window_units
+from torchbucket.datasets._units import (
+    COMPOSE_BELOW,
+    plan_units,
+    window_compose,
+    window_units,
+)
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig
 from torchbucket.datasets.sharding import IndexArray
@@ -214,10 +219,11 @@ class PrefetchWindow:
         cum = np.zeros(len(order) + 1, dtype=np.int64)
         np.cumsum(catalog.sizes[order], out=cum[1:])
         self._cum = cum
-        if compose.enabled:
+        mean = max(1.0, float(cum[-1]) / max(1, len(order)))
+        if compose.enabled and mean < COMPOSE_BELOW:
             # Groups of up to max_sources objects: fewer requests in flight hide
-            # the compose + GET latency for as many objects.
-            mean = max(1.0, float(cum[-1]) / max(1, len(order)))
+            # the compose + GET latency for as many objects. (Objects of
+            # COMPOSE_BELOW and more are read directly: no groups to size for.)
             group_bytes = min(compose.max_sources * mean, compose.max_composite_object_size)
             least = max(2, fetch.prefetch // _GROUPS_PER_PREFETCH)
             most = max(least, fetch.prefetch // _GROUPS_PER_PREFETCH_MOST)

@@ -15,7 +15,14 @@ from torchbucket.compose import ComposeConfig, compose_allowed, plan_groups
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig
 
-__all__ = ["direct_first", "plan_sizes", "plan_units", "window_compose", "window_units"]
+__all__ = [
+    "COMPOSE_BELOW",
+    "direct_first",
+    "plan_sizes",
+    "plan_units",
+    "window_compose",
+    "window_units",
+]
 
 # The window plans compose groups this many positions at a time, so an epoch's
 # first object does not wait for a plan of the whole shard.
@@ -29,10 +36,30 @@ _PLAN_CHUNK = 2048
 _DIRECT_START = 64
 
 
+# Objects of at least this many bytes are read directly, never composed.
+# Compose trades up to 31 GETs for a compose, one GET and a delete; the larger
+# the objects, the fewer GETs a composite saves and the longer its single
+# stream. Measured (issue 43: benchmarks/sizes.py's A/B runs, emulator
+# same-region model, 2 DataLoader workers, 2-3 runs on the shared 2-core VM;
+# iterable / map-style with a BucketBatchSampler, compose over direct
+# samples/s): 32 KiB 2.4x / 2.6x; 64 KiB 1.10x / 0.79x; 100 KiB 0.52-0.84x /
+# 1.03x; 128 KiB 0.52x / 0.71x; 256 KiB 0.74x / 0.80x; 1 MiB no difference
+# beyond the noise. From 64 KiB the composites' paths were slow enough on a
+# busy CPU that 40-50% of the objects were also read around them
+# (ComposeConfig.read_around_after), each read twice. See docs/benchmarks.md,
+# "Sizes".
+COMPOSE_BELOW = 64 << 10
+
+
 def plan_sizes(sizes: list[int], compose: ComposeConfig) -> list[range]:
-    """Units of consecutive objects of one store that compose is allowed on, by their sizes."""
+    """Units of consecutive objects of one store that compose is allowed on, by their sizes.
+
+    Objects of :data:`COMPOSE_BELOW` bytes and more are units of their own.
+    """
     if not compose.enabled or len(sizes) < 2:
         return [range(i, i + 1) for i in range(len(sizes))]
+    over = compose.max_composite_object_size + 1  # a unit of its own
+    sizes = [n if n < COMPOSE_BELOW else over for n in sizes]
     return plan_groups(
         sizes,
         max_composite_object_size=compose.max_composite_object_size,

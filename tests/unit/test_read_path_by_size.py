@@ -1,0 +1,22 @@
+"""The read path a dataset picks by object size (issue 43): compose only below COMPOSE_BELOW."""
+
+from __future__ import annotations
+
+from torchbucket.compose import ComposeConfig
+from torchbucket.datasets._units import COMPOSE_BELOW, plan_sizes
+
+
+def test_objects_below_the_crossover_are_grouped() -> None:
+    units = plan_sizes([COMPOSE_BELOW - 1] * 40, ComposeConfig())
+    assert [len(u) for u in units] == [32, 8]
+
+
+def test_objects_from_the_crossover_on_are_read_directly() -> None:
+    for size in (COMPOSE_BELOW, 256 << 10, 1 << 20):
+        units = plan_sizes([size] * 10, ComposeConfig())
+        assert [len(u) for u in units] == [1] * 10
+
+
+def test_a_large_object_splits_the_small_ones_around_it() -> None:
+    sizes = [100, 200, COMPOSE_BELOW, 300, 400]
+    assert plan_sizes(sizes, ComposeConfig()) == [range(0, 2), range(2, 3), range(3, 5)]
