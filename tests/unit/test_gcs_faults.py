@@ -212,15 +212,16 @@ def test_a_repeat_does_not_overwrite_another_writers_object(
     store = gcs_bucket_factory(emulator, prefix="fault")
     runtime.run(store.put("obj", b"old"))
     emulator.add_fault("put", "503")
-    transport = type(store._transport)
-    original = transport.head_once
+    from torchbucket.storage.gcs import _head
 
-    async def head_then_someone_writes(self: Any, key: str, operation: str) -> Any:
-        info = await original(self, key, operation)
+    original = _head.head_once
+
+    async def head_then_someone_writes(transport: Any, key: str, operation: str) -> Any:
+        info = await original(transport, key, operation)
         emulator.seed(store.bucket, {"obj": b"another writer"})
         return info
 
-    monkeypatch.setattr(transport, "head_once", head_then_someone_writes)
+    monkeypatch.setattr(_head, "head_once", head_then_someone_writes)
     with pytest.raises(PreconditionFailedError):
         runtime.run(store.put("obj", DATA))
     assert runtime.run(store.get("obj")) == b"another writer"

@@ -87,7 +87,7 @@ def _read(store: GCSStore, start: int, end: int | None, **kw: Any) -> tuple[byte
 
     def url_for(generation: int | None) -> yarl.URL:
         query = "alt=media" + ("" if generation is None else f"&generation={generation}")
-        return transport.object_url("obj", query)
+        return transport.urls.object_url("obj", query)
 
     async def collect() -> tuple[bytes, ResumingStream]:
         reader = ResumingStream(transport, url_for, store.uri("obj"), start, end, **kw)

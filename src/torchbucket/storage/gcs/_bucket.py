@@ -55,8 +55,8 @@ async def list_page(
     for name, value in {"prefix": prefix, **params, "pageToken": page_token}.items():
         if value:
             query += f"&{name}=" + quote_name(value)
-    url = yarl.URL(f"{transport.json_base}/o?{query}", encoded=True)
-    uri = transport.uri(prefix)
+    url = yarl.URL(f"{transport.urls.json_base}/o?{query}", encoded=True)
+    uri = transport.urls.uri(prefix)
 
     async def attempt() -> ListPage:
         _, _, body = await transport.request("GET", url, operation="list", uri=uri, bucket_op=True)
@@ -73,8 +73,8 @@ async def bucket_exists(transport: GCSTransport) -> bool | None:
         bucket's metadata (403: ``storage.buckets.get`` is in none of the
         object roles), so a bucket request cannot tell.
     """
-    url = yarl.URL(f"{transport.json_base}?fields=name", encoded=True)
-    uri = transport.uri()
+    url = yarl.URL(f"{transport.urls.json_base}?fields=name", encoded=True)
+    uri = transport.urls.uri()
 
     async def attempt() -> bool | None:
         status, _, _ = await transport.request(
@@ -101,8 +101,8 @@ async def soft_delete_retention(transport: GCSTransport) -> int | None:
     key = (transport.endpoint, transport.bucket)
     if key in _soft_delete_cache:
         return _soft_delete_cache[key]
-    url = yarl.URL(f"{transport.json_base}?fields=softDeletePolicy", encoded=True)
-    uri = transport.uri()
+    url = yarl.URL(f"{transport.urls.json_base}?fields=softDeletePolicy", encoded=True)
+    uri = transport.urls.uri()
 
     async def attempt() -> int | None:
         status, _, body = await transport.request(
@@ -136,7 +136,7 @@ def _project_for(transport: GCSTransport, project: str | None, google: bool) -> 
     if not google:
         return _EMULATOR_PROJECT
     raise ConfigError(
-        f"creating {transport.uri()} needs the project that will own it: pass it "
+        f"creating {transport.urls.uri()} needs the project that will own it: pass it "
         f"(torchbucket mb -p PROJECT, GCSConfig(project=...)) or set {PROJECT_VARIABLES[0]}"
     )
 
@@ -165,7 +165,7 @@ async def create_bucket(
     if location:
         resource["location"] = location
     body = json.dumps(resource).encode()
-    uri = transport.uri()
+    uri = transport.urls.uri()
     ambiguous = False
 
     async def attempt() -> None:

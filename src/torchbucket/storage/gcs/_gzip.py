@@ -150,7 +150,7 @@ async def stream_decoded(
     stored bytes), pinned to the generation of the first answer; the stored
     bytes' CRC32C is checked once all of them have arrived.
     """
-    uri = transport.uri(key)
+    uri = transport.urls.uri(key)
 
     def stored_bytes(headers: Mapping[str, str]) -> None:
         if not served_gzip(headers):

@@ -60,8 +60,8 @@ async def bucket_layout(transport: GCSTransport) -> Layout:
     layout = _cache.get(key)
     if layout is not None:
         return layout
-    url = yarl.URL(f"{transport.json_base}?fields={quote_name(_FIELDS)}", encoded=True)
-    uri = transport.uri()
+    url = yarl.URL(f"{transport.urls.json_base}?fields={quote_name(_FIELDS)}", encoded=True)
+    uri = transport.urls.uri()
 
     async def attempt() -> Layout:
         _, _, body = await transport.request(

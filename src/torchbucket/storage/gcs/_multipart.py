@@ -32,7 +32,7 @@ from torchbucket.errors import IntegrityError, NotFoundError, RetryableError, St
 from torchbucket.storage._common import check_part_number
 from torchbucket.storage.base import MultipartUpload, ObjectInfo, Part
 from torchbucket.storage.crc32c import combine
-from torchbucket.storage.gcs import _errors, _xml
+from torchbucket.storage.gcs import _errors, _head, _xml
 from torchbucket.storage.gcs._transport import GCSTransport
 from torchbucket.storage.gcs._wire import crc_b64, extend_crc, hash_header_crc32c, quote_name
 
@@ -117,11 +117,11 @@ class XMLMultipart:
         self._sent: dict[str, dict[int, tuple[int, int]]] = {}
 
     def _xml_url(self, key: str, query: str) -> yarl.URL:
-        return yarl.URL(f"{self._transport.xml_base}/{quote_name(key)}?{query}", encoded=True)
+        return yarl.URL(f"{self._transport.urls.xml_base}/{quote_name(key)}?{query}", encoded=True)
 
     async def initiate(self, key: str, *, content_type: str | None = None) -> str:
         url = self._xml_url(key, "uploads")
-        uri = self._transport.uri(key)
+        uri = self._transport.urls.uri(key)
         headers = {"Content-Type": content_type or "application/octet-stream"}
 
         started = time.time()
@@ -185,7 +185,7 @@ class XMLMultipart:
             logger.warning(
                 "could not abort the uploads that lost initiate answers left at %s; "
                 "`torchbucket cleanup` removes them",
-                self._transport.uri(key),
+                self._transport.urls.uri(key),
                 exc_info=True,
             )
             return
@@ -197,7 +197,7 @@ class XMLMultipart:
     ) -> Part:
         check_part_number(number)
         url = self._xml_url(key, f"partNumber={number}&uploadId={quote_name(upload_id)}")
-        uri = self._transport.uri(key)
+        uri = self._transport.urls.uri(key)
         crc = extend_crc(0, data)
         sent_crc = crc_b64(crc)
         headers = {"x-goog-hash": f"crc32c={sent_crc}"}
@@ -233,7 +233,7 @@ class XMLMultipart:
         if not parts:
             raise ValueError("multipart complete needs at least one part")
         url = self._xml_url(key, f"uploadId={quote_name(upload_id)}")
-        uri = self._transport.uri(key)
+        uri = self._transport.urls.uri(key)
         body = _xml.complete_body(parts)
         headers = {"Content-Type": "application/xml"}
         sent = self._sent.get(upload_id, {})
@@ -254,7 +254,7 @@ class XMLMultipart:
                 )
             except NotFoundError:
                 # NoSuchUpload on a retry: the lost first attempt completed it.
-                if ambiguous and await self._transport.head_or_none(key) is not None:
+                if ambiguous and await _head.head_or_none(self._transport, key) is not None:
                     return None
                 raise
             except RetryableError:
@@ -271,7 +271,7 @@ class XMLMultipart:
         self._sent.pop(upload_id, None)
         info = _answered_info(key, answer, expected)
         if info is None:
-            info = await self._transport.head(key)
+            info = await _head.head(self._transport, key)
         if expected is not None and info.size != expected[0]:
             raise IntegrityError(
                 f"completed object has {info.size} bytes, the parts held {expected[0]}",
@@ -282,11 +282,11 @@ class XMLMultipart:
 
     async def abort(self, key: str, upload_id: str) -> None:
         url = self._xml_url(key, f"uploadId={quote_name(upload_id)}")
-        await self._transport.delete_request(url, "multipart abort", self._transport.uri(key))
+        await self._transport.delete_request(url, "multipart abort", self._transport.urls.uri(key))
         self._sent.pop(upload_id, None)
 
     async def list_uploads(self, prefix: str = "") -> list[MultipartUpload]:
-        uri = self._transport.uri(prefix)
+        uri = self._transport.urls.uri(prefix)
         uploads: list[MultipartUpload] = []
         key_marker: str | None = None
         upload_marker: str | None = None
@@ -298,7 +298,7 @@ class XMLMultipart:
                 query += "&key-marker=" + quote_name(key_marker)
             if upload_marker:
                 query += "&upload-id-marker=" + quote_name(upload_marker)
-            url = yarl.URL(f"{self._transport.xml_base}?{query}", encoded=True)
+            url = yarl.URL(f"{self._transport.urls.xml_base}?{query}", encoded=True)
 
             async def attempt(url: yarl.URL = url) -> _xml.ListUploadsPage:
                 # Not a bucket_op: a 404 here is a missing bucket only when its

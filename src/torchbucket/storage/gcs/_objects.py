@@ -69,10 +69,10 @@ async def compose(
     if if_generation_match is not None:
         query += f"&ifGenerationMatch={if_generation_match}"
     url = yarl.URL(
-        f"{transport.object_base}{quote_name(destination)}/compose?{query}", encoded=True
+        f"{transport.urls.object_base}{quote_name(destination)}/compose?{query}", encoded=True
     )
     headers = {"Content-Type": "application/json"}
-    uri = transport.uri(destination)
+    uri = transport.urls.uri(destination)
 
     # GCS checks that the sources are correctly assembled itself and
     # documents no checksum of the result to send with a compose (an MD5 is
@@ -150,8 +150,8 @@ async def created(transport: GCSTransport, key: str, generation: int | None) -> 
         NotFoundError: No such object (or generation).
     """
     query = "fields=timeCreated" + ("" if generation is None else f"&generation={generation}")
-    url = transport.object_url(key, query)
-    uri = transport.uri(key)
+    url = transport.urls.object_url(key, query)
+    uri = transport.urls.uri(key)
 
     async def attempt() -> float | None:
         _, _, body = await transport.request("GET", url, operation="head", uri=uri)
@@ -161,19 +161,19 @@ async def created(transport: GCSTransport, key: str, generation: int | None) -> 
 
 
 async def delete(transport: GCSTransport, key: str, generation: int | None) -> None:
-    url = transport.object_url(key, "" if generation is None else f"generation={generation}")
+    url = transport.urls.object_url(key, "" if generation is None else f"generation={generation}")
     await transport.delete_request(
-        url, "delete", transport.uri(key), idempotent=generation is not None
+        url, "delete", transport.urls.uri(key), idempotent=generation is not None
     )
 
 
 async def copy(transport: GCSTransport, source: str, destination: str) -> ObjectInfo:
     base = (
-        f"{transport.object_base}{quote_name(source)}/rewriteTo/b/"
+        f"{transport.urls.object_base}{quote_name(source)}/rewriteTo/b/"
         f"{quote_name(transport.bucket)}/o/{quote_name(destination)}?fields="
         + quote_name(f"done,rewriteToken,resource({INFO_FIELDS})")
     )
-    uri = transport.uri(destination)
+    uri = transport.urls.uri(destination)
     headers = {"Content-Type": "application/json"}
     token: str | None = None
     while True:

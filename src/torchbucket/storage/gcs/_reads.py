@@ -20,7 +20,7 @@ import yarl
 
 from torchbucket.errors import IntegrityError, StorageError
 from torchbucket.runtime import accounting
-from torchbucket.storage.gcs import _errors, _gzip, _rawget
+from torchbucket.storage.gcs import _errors, _gzip, _head, _rawget
 from torchbucket.storage.gcs._resume import ResumingStream
 from torchbucket.storage.gcs._transport import TRANSPORT_ERRORS, GCSTransport
 from torchbucket.storage.gcs._wire import (
@@ -41,7 +41,7 @@ async def read(
     transport: GCSTransport, url: yarl.URL, key: str, start: int, end: int | None
 ) -> bytes:
     """GET ``url`` (``alt=media``), the range ``[start, end)``, verified."""
-    uri = transport.uri(key)
+    uri = transport.urls.uri(key)
     headers = range_header(start, end)
 
     async def attempt() -> bytes:
@@ -102,7 +102,7 @@ async def read_into(
     receives the body in place; an answer it does not read is asked for
     again through aiohttp.
     """
-    uri = transport.uri(key)
+    uri = transport.urls.uri(key)
     size = len(buffer)
     headers = {"Range": f"bytes={start}-{start + size - 1}"}
     raw = transport.raw_ok and size >= _rawget.MIN_BYTES
@@ -195,7 +195,7 @@ async def read_into(
 
 async def _transcoded(transport: GCSTransport, key: str) -> bool:
     """Whether ``key`` is served decoded (after a 416: its decoded bytes may go on)."""
-    info = await transport.head_once(key, "get")
+    info = await _head.head_once(transport, key, "get")
     return info is not None and info.transcoded
 
 
@@ -220,7 +220,7 @@ async def stream(
     A resumed read is pinned to the generation the first response named, so
     the chunks never mix two versions of the object.
     """
-    uri = transport.uri(key)
+    uri = transport.urls.uri(key)
     reader = ResumingStream(transport, url_for, uri, start, end, allow=(416,))
     first = await reader.open()
     if _gzip.served_gzip(first.headers):

@@ -50,11 +50,11 @@ async def _start(
     crc32c: str | None,
     size: int | None,
 ) -> yarl.URL:
-    uri = transport.uri(key)
+    uri = transport.urls.uri(key)
     query = "uploadType=resumable&name=" + quote_name(key)
     if if_generation_match is not None:
         query += f"&ifGenerationMatch={if_generation_match}"
-    url = yarl.URL(f"{transport.upload_base}?{query}", encoded=True)
+    url = yarl.URL(f"{transport.urls.upload_base}?{query}", encoded=True)
     meta: dict[str, Any] = {
         "name": key,
         "contentType": content_type or "application/octet-stream",
@@ -182,7 +182,7 @@ async def put(
     chunk_size: int,
 ) -> ObjectInfo:
     """Upload ``data`` through a resumable session, ``chunk_size`` bytes a request."""
-    uri = transport.uri(key)
+    uri = transport.urls.uri(key)
     view = memoryview(data).cast("B")
     total = len(view)
     crc = crc32c_of(view)
@@ -216,7 +216,7 @@ async def put_stream(
     chunk_size: int,
 ) -> ObjectInfo:
     """Upload a stream of chunks; nothing becomes visible if the stream fails."""
-    uri = transport.uri(key)
+    uri = transport.urls.uri(key)
     session_url = await _start(transport, key, content_type, None, None, None)
     crc = 0
     buf = bytearray()

@@ -79,7 +79,7 @@ class Router:
         mode = self._config.transport
         if mode == "http":
             return None
-        uri = self._t.uri()
+        uri = self._t.urls.uri()
         target = grpc_target(self._config, self._t.endpoint)
         if mode == "auto":
             # Only where gRPC could be taken is the bucket asked: an emulator
@@ -121,8 +121,8 @@ class Router:
         for name, value in {"prefix": prefix, **params, "pageToken": page_token}.items():
             if value:
                 query += f"&{name}=" + quote_name(value)
-        url = yarl.URL(f"{self._t.json_base}/o?{query}", encoded=True)
-        uri = self._t.uri(prefix)
+        url = yarl.URL(f"{self._t.urls.json_base}/o?{query}", encoded=True)
+        uri = self._t.urls.uri(prefix)
 
         def parse(body: bytes) -> ListPage:
             doc = json.loads(body)
@@ -159,7 +159,7 @@ class Router:
             raise StorageError(
                 "a zonal (Rapid) bucket has no compose, copy/rewrite or multipart upload",
                 operation=operation,
-                uri=self._t.uri(key),
+                uri=self._t.urls.uri(key),
                 status=501,
             )
 

@@ -47,11 +47,11 @@ async def put(
         )
     )
     headers = {"Content-Type": f"multipart/related; boundary={boundary}"}
-    uri = transport.uri(key)
+    uri = transport.urls.uri(key)
 
     async def send(precondition: int | None) -> ObjectInfo:
         q = query if precondition is None else f"{query}&ifGenerationMatch={precondition}"
-        url = yarl.URL(f"{transport.upload_base}?{q}", encoded=True)
+        url = yarl.URL(f"{transport.urls.upload_base}?{q}", encoded=True)
         # The crc32c in the metadata makes GCS refuse damaged bytes.
         # bucket_op: creating an object needs nothing but its bucket, so a 404 says that is missing.
         _, _, resp = await transport.upload_request(

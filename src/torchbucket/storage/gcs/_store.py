@@ -32,7 +32,7 @@ from torchbucket.config import RetryConfig
 from torchbucket.errors import NotFoundError
 from torchbucket.storage._common import check_range
 from torchbucket.storage.base import ListPage, MultipartUpload, ObjectInfo, Part
-from torchbucket.storage.gcs import _bucket, _objects, _reads, _resumable, _simple
+from torchbucket.storage.gcs import _bucket, _head, _objects, _reads, _resumable, _simple
 from torchbucket.storage.gcs._multipart import XMLMultipart
 from torchbucket.storage.gcs._route import Router
 from torchbucket.storage.gcs._transport import GCSTransport
@@ -120,7 +120,7 @@ class GCSStore:
 
     def uri(self, key: str = "") -> str:
         """``gs://bucket/key``."""
-        return self._transport.uri(key)
+        return self._transport.urls.uri(key)
 
     # ------------------------------------------------------------ reads
 
@@ -160,7 +160,7 @@ class GCSStore:
         grpc = await self._router.grpc()
         if grpc is not None:
             return await grpc.head(key)
-        return await self._transport.head(key)
+        return await _head.head(self._transport, key)
 
     async def get(
         self,
@@ -179,7 +179,7 @@ class GCSStore:
             return await grpc.get(key, start, end, generation)
         transport = self._transport
         return await _reads.read(
-            transport, transport.object_url(key, _media_query(generation)), key, start, end
+            transport, transport.urls.object_url(key, _media_query(generation)), key, start, end
         )
 
     async def get_into(
@@ -194,7 +194,7 @@ class GCSStore:
             return await grpc.get_into(key, buffer, start, generation)
         transport = self._transport
         return await _reads.read_into(
-            transport, transport.object_url(key, _media_query(generation)), key, start, buffer
+            transport, transport.urls.object_url(key, _media_query(generation)), key, start, buffer
         )
 
     async def stream(
@@ -212,7 +212,7 @@ class GCSStore:
         transport = self._transport
         async for chunk in _reads.stream(
             transport,
-            lambda generation: transport.object_url(key, _media_query(generation)),
+            lambda generation: transport.urls.object_url(key, _media_query(generation)),
             key,
             start,
             end,

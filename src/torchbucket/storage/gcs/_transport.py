@@ -7,8 +7,10 @@ aiohttp session of the running loop (:mod:`._session`), the credentials
 (:func:`torchbucket.retry.call`), the loop's watchdog, the one error mapping
 (:mod:`._errors`), request accounting, and the in-place ranged reader
 (:mod:`._rawget`). The operations themselves (reads, the upload protocols,
-compose, listing) live in their own modules and call :meth:`GCSTransport.call`
-around attempts made of :meth:`GCSTransport.request`.
+compose, listing, an object's metadata in :mod:`._head`) live in their own
+modules: they build their URLs from :attr:`GCSTransport.urls` (:mod:`._urls`)
+and call :meth:`GCSTransport.call` around attempts made of
+:meth:`GCSTransport.request`. The transport only sends what it is given.
 """
 
 from __future__ import annotations
@@ -30,10 +32,9 @@ from torchbucket.errors import (
     TransientError,
 )
 from torchbucket.runtime import accounting, budget, retry, watchdog
-from torchbucket.storage.base import ObjectInfo
 from torchbucket.storage.gcs import _errors, _hedge, _rawget, _session
 from torchbucket.storage.gcs._credentials import shared_credentials
-from torchbucket.storage.gcs._wire import INFO_FIELDS, quote_name
+from torchbucket.storage.gcs._urls import BucketURLs
 from torchbucket.storage.gcs.config import GCSConfig
 
 __all__ = ["TRANSPORT_ERRORS", "GCSTransport", "Response"]
@@ -49,7 +50,6 @@ TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 _LoopState = tuple[
     asyncio.AbstractEventLoop, aiohttp.ClientSession, retry.AdaptiveLimiter, watchdog.Watchdog
 ]
-_HEAD_QUERY = "fields=" + quote_name(INFO_FIELDS)
 
 
 def _sent_size(data: Any) -> int:
@@ -114,20 +114,8 @@ class GCSTransport:
         self._raw: _rawget.RawGetter | None = None
         #: Hedges slow reads (:mod:`._hedge`); ``None`` when hedging is off.
         self.hedger = _hedge.get_hedger(endpoint, config.hedge)
-        self._uri_prefix = f"gs://{bucket}/"
-        b = quote_name(bucket)
-        #: ``.../storage/v1/b/{bucket}``: the JSON API's bucket resource.
-        self.json_base = f"{endpoint}/storage/v1/b/{b}"
-        #: ``.../storage/v1/b/{bucket}/o/``: object resources, a quoted name after it.
-        self.object_base = f"{endpoint}/storage/v1/b/{b}/o/"
-        #: The JSON API's upload URL (simple and resumable uploads).
-        self.upload_base = f"{endpoint}/upload/storage/v1/b/{b}/o"
-        #: ``{endpoint}/{bucket}``: the XML API, path style (multipart uploads).
-        self.xml_base = f"{endpoint}/{b}"
-        parsed = yarl.URL(endpoint)
-        self._url_scheme = parsed.scheme
-        self._url_authority = parsed.raw_authority
-        self._object_path = f"{parsed.raw_path.rstrip('/')}/storage/v1/b/{b}/o/"
+        #: The bucket's URLs and ``gs://`` URIs, which the operations build requests from.
+        self.urls = BucketURLs(endpoint, bucket)
 
     @property
     def bucket(self) -> str:
@@ -138,21 +126,6 @@ class GCSTransport:
     def endpoint(self) -> str:
         """The base URL requests go to."""
         return self._endpoint
-
-    def uri(self, key: str = "") -> str:
-        """``gs://bucket/key``."""
-        return self._uri_prefix + key
-
-    def object_url(self, key: str, query: str = "") -> yarl.URL:
-        """The JSON API URL of object ``key``, with ``query`` (already encoded)."""
-        # URL.build from parts costs a third of parsing a whole URL string.
-        return yarl.URL.build(
-            scheme=self._url_scheme,
-            authority=self._url_authority,
-            path=self._object_path + quote_name(key),
-            query_string=query,
-            encoded=True,
-        )
 
     # ------------------------------------------------------------ one request
 
@@ -410,36 +383,3 @@ class GCSTransport:
             _rawget.release_getter(raw)
         if state is not None and state[0] is asyncio.get_running_loop():
             await _session.release_session(self._session_key, state[1])
-
-    # ------------------------------------------------------------ metadata
-
-    async def head(self, key: str) -> ObjectInfo:
-        """Metadata of one object, with retries.
-
-        Raises:
-            NotFoundError: No such object.
-        """
-        url = self.object_url(key, _HEAD_QUERY)
-        uri = self.uri(key)
-
-        async def attempt() -> ObjectInfo:
-            _, _, body = await self.request("GET", url, operation="head", uri=uri)
-            return _errors.parse_info(body, operation="head", uri=uri)
-
-        return await self.call(attempt, "head", uri)
-
-    async def head_or_none(self, key: str) -> ObjectInfo | None:
-        """:meth:`head`, ``None`` for no such object."""
-        try:
-            return await self.head(key)
-        except NotFoundError:
-            return None
-
-    async def head_once(self, key: str, operation: str) -> ObjectInfo | None:
-        """One metadata request, no retries of its own (it runs inside an attempt)."""
-        uri = self.uri(key)
-        url = self.object_url(key, _HEAD_QUERY)
-        status, _, body = await self.request("GET", url, operation=operation, uri=uri, allow=(404,))
-        if status == 404:
-            return None
-        return _errors.parse_info(body, operation=operation, uri=uri)

@@ -23,6 +23,7 @@ from torchbucket.errors import (
     ThrottledError,
 )
 from torchbucket.storage.base import ObjectInfo
+from torchbucket.storage.gcs import _head
 from torchbucket.storage.gcs._transport import GCSTransport
 
 __all__ = ["check_written", "holds", "uncertain", "write", "written_anyway"]
@@ -90,14 +91,14 @@ async def write(
         StorageError: The write failed and the object does not hold what
             was sent.
     """
-    uri = transport.uri(key)
+    uri = transport.urls.uri(key)
     precondition = if_generation_match
     unsure = False
 
     async def attempt() -> ObjectInfo:
         nonlocal precondition, unsure
         if unsure and precondition is None:
-            info = await transport.head_once(key, operation)
+            info = await _head.head_once(transport, key, operation)
             if info is not None and holds(info, size, crc32c):
                 logger.debug("%s %s: an earlier attempt took effect", operation, uri)
                 return info
@@ -106,7 +107,7 @@ async def write(
             return await send(precondition)
         except PreconditionFailedError:
             if unsure:
-                info = await transport.head_once(key, operation)
+                info = await _head.head_once(transport, key, operation)
                 if info is not None and holds(info, size, crc32c):
                     logger.debug("%s %s: an earlier attempt took effect", operation, uri)
                     return info
@@ -138,11 +139,11 @@ async def written_anyway(
         StorageError: ``error`` itself, when the object does not hold what
             was sent or cannot be read.
     """
-    uri = transport.uri(key)
+    uri = transport.urls.uri(key)
     if not uncertain(error):
         raise error
     try:
-        info = await transport.head_or_none(key)
+        info = await _head.head_or_none(transport, key)
     except StorageError:
         logger.debug("%s: could not check the object after a failed write", uri, exc_info=True)
         info = None

@@ -128,12 +128,14 @@ class GrpcPath:
         self._t = transport
         self._config = config
         self.channels = Channels(target[0], secure=target[1], bucket=transport.bucket)
-        self._reads = ReadStreams(self.channels, transport.bucket, self._metadata, transport.uri)
+        self._reads = ReadStreams(
+            self.channels, transport.bucket, self._metadata, transport.urls.uri
+        )
         #: name -> pointer target seen by head or a read, for pinned reads.
         self._pointers: dict[str, tuple[str, int, int, str | None]] = {}
 
     async def _metadata(self) -> tuple[tuple[str, str], ...]:
-        headers = await self._t.headers(None, "get", self._t.uri())
+        headers = await self._t.headers(None, "get", self._t.urls.uri())
         extra = tuple((k.lower(), v) for k, v in (headers or {}).items())
         return (self.channels.routing, *extra)
 
@@ -157,7 +159,7 @@ class GrpcPath:
             raise NotFoundError(
                 f"generation {generation} is gone",
                 operation="get",
-                uri=self._t.uri(key),
+                uri=self._t.urls.uri(key),
                 status=404,
             )
         for _ in range(3):
@@ -166,14 +168,14 @@ class GrpcPath:
                 meta = await self._t.call(
                     functools.partial(self._reads.read, name, gen, read, self._on_meta(key)),
                     "get",
-                    self._t.uri(key),
+                    self._t.urls.uri(key),
                 )
             except _Followed as followed:
                 if generation is not None and followed.target[1] != generation:
                     raise NotFoundError(
                         f"generation {generation} is gone",
                         operation="get",
-                        uri=self._t.uri(key),
+                        uri=self._t.urls.uri(key),
                         status=404,
                     ) from None
                 name, gen = followed.target[0], followed.target[1]
@@ -194,10 +196,10 @@ class GrpcPath:
                     return 0, None
                 if isinstance(exc, NotFoundError) and name != key:
                     self._pointers.pop(key, None)  # replaced since: ask the name again
-                    exc.uri = self._t.uri(key)
+                    exc.uri = self._t.urls.uri(key)
                 raise
             return read.pos - start, meta
-        raise StorageError("a pointer names a pointer", operation="get", uri=self._t.uri(key))
+        raise StorageError("a pointer names a pointer", operation="get", uri=self._t.urls.uri(key))
 
     def _on_meta(self, key: str) -> Any:
         def check(_name: str, meta: Meta) -> None:
@@ -244,7 +246,7 @@ class GrpcPath:
 
     async def head(self, key: str) -> ObjectInfo:
         """The object's metadata over ``GetObject``, a pointer's data object's for a pointer."""
-        uri = self._t.uri(key)
+        uri = self._t.urls.uri(key)
         m = pb()
 
         async def attempt() -> Any:
@@ -278,7 +280,7 @@ class GrpcPath:
             self._t.bucket,
             key,
             self._metadata,
-            self._t.uri(key),
+            self._t.urls.uri(key),
             flush_every=self._config.chunk_size,
             **kw,
         )
@@ -304,7 +306,7 @@ class GrpcPath:
         return await self._t.call(
             lambda: write_once(writer, data),
             "put",
-            self._t.uri(key),
+            self._t.urls.uri(key),
             idempotent=if_generation_match is None,
         )
 
@@ -377,7 +379,7 @@ class GrpcPath:
         Raises:
             NotFoundError: The first attempt found nothing to delete.
         """
-        uri = self._t.uri(key)
+        uri = self._t.urls.uri(key)
         request = pb().DeleteObjectRequest(bucket=bucket_path(self._t.bucket), object_=key)
         if generation is not None:
             request.generation = generation
@@ -410,7 +412,9 @@ class GrpcPath:
         except (NotFoundError, asyncio.CancelledError):
             pass
         except StorageError:
-            logger.warning("could not delete %s; it is left over", self._t.uri(name), exc_info=True)
+            logger.warning(
+                "could not delete %s; it is left over", self._t.urls.uri(name), exc_info=True
+            )
 
     async def after_delete(self, key: str) -> None:
         """``key`` was deleted: delete the data object it pointed at, if it was a pointer."""
