@@ -56,9 +56,10 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
+from torchbucket._checks import check_config, number, seconds, switch
 from torchbucket.errors import ConfigError
 
 __all__ = ["Budget", "BudgetConfig", "RateController", "budget_class", "job_budget", "status"]
@@ -100,23 +101,18 @@ class BudgetConfig:
         minimum_rate: Floor of the job's rate per class. Default 1.
     """
 
-    enabled: bool = False
-    read_rate: float = 5000.0
-    write_rate: float = 1000.0
-    doubling: float = 1200.0
-    interval: float = 0.25
-    store_ops: float = 20000.0
-    store_timeout: float = 2.0
-    stale_after: float = 5.0
-    minimum_rate: float = 1.0
+    enabled: bool = switch(False)
+    read_rate: float = number(5000.0, above=0)
+    write_rate: float = number(1000.0, above=0)
+    doubling: float = seconds(1200.0, positive=True)
+    interval: float = seconds(0.25, positive=True)
+    store_ops: float = number(20000.0, above=0)
+    store_timeout: float = seconds(2.0, positive=True)
+    stale_after: float = seconds(5.0, positive=True)
+    minimum_rate: float = number(1.0, above=0)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise ConfigError(f"BudgetConfig.enabled must be a bool, got {self.enabled!r}")
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name != "enabled" and not (isinstance(value, (int, float)) and value > 0):
-                raise ConfigError(f"BudgetConfig.{f.name} must be > 0, got {value!r}")
+        check_config(self)
 
     def resolved(self) -> BudgetConfig:
         """This config, or what ``$TORCHBUCKET_BUDGET`` says instead."""
