@@ -82,6 +82,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _ckpt_report as report
 import _harness as h
+from _ckpt_large import run_large
 
 NAME = "checkpoint"
 BUCKET = "bench-ckpt"
@@ -145,7 +146,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the floor loads into pages touched beforehand (default: fresh pages, as a load's)",
     )
     p.add_argument(
-        "--large-repeats", type=int, default=None, help="repeats of the large size (--repeats)"
+        "--large-repeats",
+        type=int,
+        default=None,
+        help="repeats of the large size (2 with --quick, else --repeats)",
     )
     p.add_argument("--ranks", type=int, default=2, help="DCP world size (2)")
     p.add_argument(
@@ -185,7 +189,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.large_mib is None:
         args.large_mib = 0 if args.smoke else 4096 if args.quick else 8192
     if args.large_repeats is None:
-        args.large_repeats = args.repeats
+        # Two in --quick: a 4 GiB run of the three takes about 7 minutes here.
+        args.large_repeats = min(args.repeats, 2) if args.quick else args.repeats
     return args
 
 
@@ -200,9 +205,14 @@ def run_one(
     args: argparse.Namespace,
     bench_py: str | None,
     size_mib: int,
+    *,
+    prefix: str | None = None,
 ) -> dict[str, Any]:
-    """One save or load by one contender; its figures (digests kept for checking)."""
-    name = f"{c.key}/rep{rep}" + ("" if c.dcp else ".pt")
+    """One save or load by one contender; its figures (digests kept for checking).
+
+    ``prefix``: the object's prefix, if not the contender's own key.
+    """
+    name = f"{prefix or c.key}/rep{rep}" + ("" if c.dcp else ".pt")
     spec = {
         "op": op,
         "endpoint": emu.endpoint,
@@ -257,8 +267,6 @@ def run_size(
     selected: list[Contender],
     presets: list[str],
     model: Any,
-    *,
-    large: bool = False,
 ) -> dict[str, dict[str, dict[str, list[dict[str, Any]]]]]:
     """Every save and load of one state dict size: runs by preset, contender and operation."""
     runs_by: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {
@@ -266,9 +274,8 @@ def run_size(
     }
     # The originals' digests: single-file and DCP (per rank), from the first saves.
     expected: dict[bool, Any] = {}
-    repeats = args.large_repeats if large else args.repeats
     for rep, preset, c in h.alternating_runs(
-        emu, presets, repeats, selected, latency=model, rotate=True
+        emu, presets, args.repeats, selected, latency=model, rotate=True
     ):
         runs = runs_by[preset]
         if c.fsspec and rep >= args.fsspec_repeats:
@@ -341,13 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     with h.emulator(latency=model(args.presets[0])) as emu:
         emu.create_bucket(BUCKET)
         runs_by = run_size(emu, args, bench_py, args.size_mib, selected, args.presets, model)
-        large_runs = (
-            run_size(
-                emu, args, bench_py, args.large_mib, large, args.presets[:1], model, large=True
-            )[args.presets[0]]
-            if large
-            else {}
-        )
+    large_runs = run_large(args, bench_py, large, model, run_one, BUCKET, notes) if large else {}
 
     summaries = {
         preset: {
@@ -379,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     result.update(mode=mode, size_mib=args.size_mib, repeats=args.repeats, ranks=args.ranks)
     if large_summary:
         result.update(large_mib=args.large_mib, large_repeats=args.large_repeats)
+        result["large_skipped"] = [n for n in notes if " skipped: " in n]
     result["fsspec_repeats"] = min(args.fsspec_repeats, args.repeats)
     if any(c.fsspec for c in selected):
         result["fsspec_versions"] = h.package_versions(

@@ -106,7 +106,11 @@ class BucketCheckpointIO(CheckpointIO):  # type: ignore[misc]
         map_location: Any | None = None,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
-        """``torch.load`` the checkpoint at ``path``.
+        """``torch.load`` the checkpoint at ``path`` (:meth:`BucketCheckpoint.load`).
+
+        The download goes into an in-memory file that torch maps, so the
+        tensors are the downloaded pages, not copies; ``map_location`` CPU
+        costs nothing more, a CUDA device one host-to-device copy per tensor.
 
         Raises:
             NotFoundError: No checkpoint there (a ``FileNotFoundError``).
