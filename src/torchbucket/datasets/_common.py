@@ -8,18 +8,18 @@ from typing import Any
 from torch.utils.data import get_worker_info
 
 from torchbucket import runtime
-from torchbucket._checks import check_callable, check_instance
+from torchbucket._checks import check_instance
 from torchbucket.compose import ComposeConfig, soft_delete_allows
 from torchbucket.compose.registry import install_sigterm_handler
 from torchbucket.datasets._receive import Sample
 from torchbucket.datasets.catalog import Catalog
-from torchbucket.storage.checks import check_gcs_config
+from torchbucket.datasets.checks import check_configs
+from torchbucket.datasets.format_fn import call_format_fn
 
 __all__ = [
     "DataFormatFn",
     "apply_format",
     "check_dataset_arguments",
-    "check_source_arguments",
     "prepare_compose",
     "raise_item",
     "read_compose_policies",
@@ -38,13 +38,7 @@ def apply_format(fn: DataFormatFn | None, data: Sample, catalog: Catalog, index:
     """
     if fn is None:
         return data
-    try:
-        return fn(data)
-    except Exception as exc:
-        add_note = getattr(exc, "add_note", None)
-        if add_note is not None:
-            add_note(f"torchbucket: data_format_fn failed on {catalog.uri(index)}")
-        raise
+    return call_format_fn(fn, data, catalog.uri(index))
 
 
 def raise_item(item: Sample | BaseException) -> Sample:
@@ -96,25 +90,4 @@ def check_dataset_arguments(
     name = type(owner).__name__
     hint = "build the dataset with from_prefix or from_objects"
     check_instance(catalog, Catalog, owner=name, parameter="catalog", optional=False, hint=hint)
-    check_callable(data_format_fn, owner=name, parameter="data_format_fn")
-    check_instance(compose, ComposeConfig, owner=name, parameter="compose")
-    for parameter, (value, expected) in configs.items():
-        check_instance(value, expected, owner=name, parameter=parameter)
-
-
-def check_source_arguments(
-    owner: str, gcs: Any, listing: Any = None, **configs: tuple[Any, type]
-) -> None:
-    """Check ``from_prefix`` / ``from_objects`` arguments before anything is listed.
-
-    ``configs`` maps a parameter's name to ``(value, type)``.
-
-    Raises:
-        ConfigError: An argument is not of its type, naming it.
-    """
-    from torchbucket.listing import ListingConfig
-
-    check_gcs_config(gcs, owner=owner)
-    check_instance(listing, ListingConfig, owner=owner, parameter="listing")
-    for parameter, (value, expected) in configs.items():
-        check_instance(value, expected, owner=owner, parameter=parameter)
+    check_configs(name, data_format_fn, compose=(compose, ComposeConfig), **configs)

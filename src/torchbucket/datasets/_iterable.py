@@ -17,7 +17,6 @@ from torchbucket.datasets._common import (
     DataFormatFn,
     apply_format,
     check_dataset_arguments,
-    check_source_arguments,
     prepare_compose,
     raise_item,
     read_compose_policies,
@@ -26,6 +25,7 @@ from torchbucket.datasets._fetch import Item, PrefetchWindow
 from torchbucket.datasets._shm import enable as reuse_shared_memory
 from torchbucket.datasets._stats import EpochBoard
 from torchbucket.datasets.catalog import Catalog
+from torchbucket.datasets.checks import check_source_arguments
 from torchbucket.datasets.config import FetchConfig, ShardingConfig
 from torchbucket.datasets.resumable import Layout, ResumableEpochs, check_resume_layout
 from torchbucket.datasets.sharding import IndexArray, epoch_order, shard_of

@@ -15,7 +15,6 @@ from torchbucket.datasets._common import (
     DataFormatFn,
     apply_format,
     check_dataset_arguments,
-    check_source_arguments,
     prepare_compose,
     raise_item,
     read_compose_policies,
@@ -27,6 +26,7 @@ from torchbucket.datasets._sampler import BatchPlan
 from torchbucket.datasets._shm import enable as reuse_shared_memory
 from torchbucket.datasets._stats import EpochBoard
 from torchbucket.datasets.catalog import Catalog
+from torchbucket.datasets.checks import check_source_arguments
 from torchbucket.datasets.config import FetchConfig
 from torchbucket.datasets.workers import settle_worker
 from torchbucket.runtime.accounting import RequestStats

@@ -9,14 +9,16 @@ import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from torchbucket._checks import check_bool
+from torchbucket._checks import check_bool, check_instance
+from torchbucket.datasets.checks import check_configs, check_source_arguments
 from torchbucket.datasets.config import ShardingConfig
+from torchbucket.datasets.format_fn import call_format_fn
 from torchbucket.datasets.resumable import Layout, ResumableEpochs, check_resume_layout
 from torchbucket.datasets.workers import settle_worker
 from torchbucket.errors import ConfigError
 from torchbucket.shards._catalog import ShardSet
 from torchbucket.shards._split import Piece, epoch_order, worker_pieces
-from torchbucket.shards._stream import END_OF_PIECE, stream_samples
+from torchbucket.shards._stream import END_OF_PIECE, describe_sample, stream_samples
 from torchbucket.shards.config import ShardReadConfig
 
 if TYPE_CHECKING:
@@ -28,12 +30,6 @@ __all__ = ["BucketShardDataset"]
 _STATE_VERSION = 1
 Position = tuple[int, int]  # piece, sample in piece
 SampleFormatFn = Callable[[Any], Any]
-
-
-def _describe(sample: Any) -> str:
-    if isinstance(sample, dict):
-        return f"sample {sample.get('__key__')!r} of {sample.get('__url__')}"
-    return "a sample"
 
 
 class BucketShardDataset(ResumableEpochs["_ShardIterator"]):
@@ -91,7 +87,16 @@ class BucketShardDataset(ResumableEpochs["_ShardIterator"]):
         sharding: ShardingConfig | None = None,
         shard_read: ShardReadConfig | None = None,
     ) -> None:
-        check_bool(shuffle, owner=type(self).__name__, parameter="shuffle")
+        owner = type(self).__name__
+        hint = "build the dataset with from_prefix"
+        check_instance(shards, ShardSet, owner=owner, parameter="shards", optional=False, hint=hint)
+        check_configs(
+            owner,
+            data_format_fn,
+            sharding=(sharding, ShardingConfig),
+            shard_read=(shard_read, ShardReadConfig),
+        )
+        check_bool(shuffle, owner=owner, parameter="shuffle")
         self._shards = shards
         self._format = data_format_fn
         self._shuffle = bool(shuffle)
@@ -135,8 +140,17 @@ class BucketShardDataset(ResumableEpochs["_ShardIterator"]):
 
         Raises:
             NotFoundError: No manifest and no ``.tar`` under the prefix.
+            ConfigError: An argument is not of its type (before anything is listed).
         """
-        check_bool(shuffle, owner=f"{cls.__name__}.from_prefix", parameter="shuffle")
+        owner = f"{cls.__name__}.from_prefix"
+        check_source_arguments(
+            owner,
+            gcs,
+            listing,
+            sharding=(sharding, ShardingConfig),
+            shard_read=(shard_read, ShardReadConfig),
+        )
+        check_bool(shuffle, owner=owner, parameter="shuffle")
         shards = ShardSet.open(uri, gcs=gcs, listing=listing)
         return cls(
             shards,
@@ -317,13 +331,7 @@ class _ShardIterator(Iterator[Any]):
         self._position += 1
         if ds._format is None:
             return sample
-        try:
-            return ds._format(sample)
-        except Exception as exc:
-            add_note = getattr(exc, "add_note", None)  # Python 3.11+
-            if add_note is not None:
-                add_note(f"torchbucket: data_format_fn failed on {_describe(sample)}")
-            raise
+        return call_format_fn(ds._format, sample, describe_sample(sample))
 
     def close(self) -> None:
         """Stop reading (called at the end, or when the iterator is dropped)."""

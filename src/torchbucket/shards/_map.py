@@ -9,11 +9,14 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from torchbucket import runtime
+from torchbucket._checks import check_instance
+from torchbucket.datasets.checks import check_configs, check_source_arguments
+from torchbucket.datasets.format_fn import call_format_fn
 from torchbucket.datasets.workers import settle_worker
 from torchbucket.errors import IntegrityError
 from torchbucket.runtime.tasks import gather_or_cancel
 from torchbucket.shards._catalog import ShardSet
-from torchbucket.shards._stream import member_sample
+from torchbucket.shards._stream import describe_sample, member_sample
 from torchbucket.shards.config import ShardReadConfig
 from torchbucket.storage.crc32c import extend
 from torchbucket.storage.ranges import merge_ranges
@@ -23,6 +26,8 @@ if TYPE_CHECKING:
     from torchbucket.storage.gcs import GCSConfig
 
 __all__ = ["BucketShardMapDataset"]
+
+_HINT = "build the dataset with from_prefix"
 
 # Samples of one shard whose ranges lie at most this far apart are fetched
 # with one GET in a batch: reading a few unneeded bytes costs less than a
@@ -58,6 +63,11 @@ class BucketShardMapDataset(Dataset[Any]):
         data_format_fn: Callable[[Any], Any] | None = None,
         shard_read: ShardReadConfig | None = None,
     ) -> None:
+        owner = type(self).__name__
+        check_instance(
+            shards, ShardSet, owner=owner, parameter="shards", optional=False, hint=_HINT
+        )
+        check_configs(owner, data_format_fn, shard_read=(shard_read, ShardReadConfig))
         for i in range(len(shards)):
             shards.index(i)  # raises, naming the shard, where there is none
         self._shards = shards
@@ -81,8 +91,10 @@ class BucketShardMapDataset(Dataset[Any]):
 
         Raises:
             NotFoundError: No manifest and no shards there.
-            ConfigError: A shard has no index.
+            ConfigError: A shard has no index, or an argument is not of its type.
         """
+        owner = f"{cls.__name__}.from_prefix"
+        check_source_arguments(owner, gcs, listing, shard_read=(shard_read, ShardReadConfig))
         shards = ShardSet.open(uri, gcs=gcs, listing=listing)
         return cls(shards, data_format_fn=data_format_fn, shard_read=shard_read)
 
@@ -123,9 +135,15 @@ class BucketShardMapDataset(Dataset[Any]):
         located = [self.locate(i) for i in indices]
         settle_worker(self._freeze_gc)
         samples = runtime.run(self._fetch(located))
-        if self._format is None:
+        fn = self._format
+        if fn is None:
             return samples
-        return [self._format(s) for s in samples]
+        return [
+            call_format_fn(
+                fn, sample, describe_sample(sample, f"sample {i} of {self._shards.uri(s)}")
+            )
+            for i, (s, _), sample in zip(indices, located, samples)
+        ]
 
     async def _fetch(self, located: list[tuple[int, int]]) -> list[Any]:
         shards = self._shards

@@ -204,6 +204,13 @@ def member_sample(members: Sequence[tuple[str, bytes]], group_by: str, url: str)
     return sample
 
 
+def describe_sample(sample: Any, fallback: str = "a sample") -> str:
+    """A sample in messages: its key and shard where it is a dict, else ``fallback``."""
+    if isinstance(sample, dict):
+        return f"sample {sample.get('__key__')!r} of {sample.get('__url__')}"
+    return fallback
+
+
 def _error(shards: ShardSet, shard: int, member: str, what: str) -> IntegrityError:
     return IntegrityError(
         f"member {member!r}: {what}", operation="read shard", uri=shards.uri(shard)
