@@ -151,6 +151,14 @@ def _print_stats(since: Any) -> None:
     stats = accounting.snapshot() - since
     print(f"torchbucket: {stats.summary()}", file=sys.stderr)
     print(f"torchbucket: cost {prices.estimate(stats).summary()}", file=sys.stderr)
+    for bucket, state in accounting.budget_status().items():
+        read, write = state["read"], state["write"]
+        print(
+            f"torchbucket: budget gs://{bucket} ({state['mode']}): reads {read['job_rate']:g}/s "
+            f"for the job, {read['throttled']} throttled; writes {write['job_rate']:g}/s, "
+            f"{write['throttled']} throttled",
+            file=sys.stderr,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -58,6 +58,7 @@ __all__ = [
     "Measurement",
     "RequestStats",
     "all_ranks",
+    "budget_status",
     "classify",
     "measure",
     "snapshot",
@@ -363,6 +364,14 @@ class RequestStats:
 
 #: Length of :meth:`RequestStats.to_vector`.
 VECTOR_LEN = len(OPERATIONS) + 8
+
+
+def budget_status() -> dict[str, dict[str, Any]]:
+    """This rank's job-wide request budgets by bucket (empty when off): mode, its and the
+    job's rate and throttle counts per class (:meth:`torchbucket.runtime.budget.Budget.status`)."""
+    from torchbucket.runtime import budget
+
+    return budget.status()
 
 
 def snapshot() -> RequestStats:
