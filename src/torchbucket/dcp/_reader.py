@@ -32,12 +32,11 @@ from torchbucket.dcp._common import (
 from torchbucket.dcp._loading import Window, covers, file_crc, view_saved_tensor
 from torchbucket.dcp._loading import pieces as cut_pieces
 from torchbucket.dcp._pins import Pin, PinnedStore, file_infos, pins_of, replaced_error
-from torchbucket.dcp._ranges import merge_ranges
 from torchbucket.dcp._unpickle import load_metadata
 from torchbucket.errors import CheckpointError, IntegrityError, NotFoundError
 from torchbucket.storage import crc32c as _crc32c
 from torchbucket.storage.base import ObjectStore
-from torchbucket.storage.ranges import fetch_ranges
+from torchbucket.storage.ranges import fetch_ranges, merge_ranges
 
 if TYPE_CHECKING:
     from torchbucket.storage.gcs import GCSConfig
