@@ -21,7 +21,6 @@ from typing import Any
 
 import grpc
 from google.cloud._storage_v2.types import storage as _v2
-from google.cloud.storage_control_v2.types import storage_control as _control
 from google.protobuf import empty_pb2
 
 from torchbucket.emulator._model_object import ModelObject
@@ -69,8 +68,6 @@ class _Messages:
         )
         for name in names:
             setattr(self, name, getattr(_v2, name).pb())
-        self.GetStorageLayoutRequest = _control.GetStorageLayoutRequest.pb()
-        self.StorageLayout = _control.StorageLayout.pb()
         self.Empty = empty_pb2.Empty
 
     def __getattr__(self, name: str) -> Any:  # for the type checker: every class is Any

@@ -2,9 +2,9 @@
 
 :class:`GrpcFront` serves ``google.storage.v2.Storage`` (``BidiReadObject``,
 ``ReadObject``, ``GetObject``, ``ListObjects``, ``BidiWriteObject``,
-``WriteObject``, ``DeleteObject``, ``GetBucket``) and the storage layout call
-of ``google.storage.control.v2.StorageControl`` (``GetStorageLayout``, which
-gcsfs asks to tell a zonal bucket) on its own port, in the front server's
+``WriteObject``, ``DeleteObject``, ``GetBucket``) and two calls of
+``google.storage.control.v2.StorageControl`` (``GetStorageLayout``, which
+gcsfs asks to tell a zonal bucket, and ``GetFolder``: ``_grpc_control``) on its own port, in the front server's
 process and event loop, over the same store: what one API writes the other
 reads. Every call goes through what an HTTP request goes through on the front
 server: the auth mode's bearer token (metadata ``authorization``), the rps cap
@@ -91,6 +91,7 @@ class GrpcFront:
             port: The port.
             tls: ``(private key PEM, certificate chain PEM)`` to serve TLS.
         """
+        from torchbucket.emulator._grpc_control import GET_FOLDER, GET_STORAGE_LAYOUT, ControlApi
         from torchbucket.emulator._grpc_read import ReadApi
         from torchbucket.emulator._grpc_write import WriteApi
 
@@ -124,10 +125,10 @@ class GrpcFront:
                 True,
             ),
         }
+        control_api = ControlApi(self)
         control = {
-            "GetStorageLayout": u(
-                "GetStorageLayout", self._layout, pb.GetStorageLayoutRequest, pb.StorageLayout
-            ),
+            "GetStorageLayout": u("GetStorageLayout", control_api.layout, *GET_STORAGE_LAYOUT),
+            "GetFolder": u("GetFolder", control_api.get_folder, *GET_FOLDER),
         }
         server = grpc.aio.server(options=_OPTIONS)
         server.add_generic_rpc_handlers(
@@ -328,27 +329,6 @@ class GrpcFront:
         out.location = "US-CENTRAL1"
         out.location_type = "zone" if found.zonal else "region"
         out.storage_class = "RAPID" if found.zonal else "STANDARD"
-        out.hierarchical_namespace.enabled = bool(found.zonal)
-        return out
-
-    async def _layout(self, request: Any, context: Any, tally: Tally) -> Any:
-        # GetStorageLayout's name is projects/_/buckets/NAME/storageLayout;
-        # gcsfs reads location_type "zone" as a zonal (Rapid) bucket, and
-        # hierarchical_namespace.enabled as an HNS one.
-        resource = request.name
-        suffix = "/storageLayout"
-        if not resource.endswith(suffix):
-            raise RpcError(
-                grpc.StatusCode.INVALID_ARGUMENT, f"name must end in {suffix}: {resource!r}"
-            )
-        name = bucket_of(resource[: -len(suffix)])
-        await self.admit(context, tally, "bucket_get", name, "")
-        await self.first_byte("bucket_get")
-        found = self.store.bucket(name)
-        out = pb.StorageLayout()
-        out.name = resource
-        out.location = "us-central1-a" if found.zonal else "us-central1"
-        out.location_type = "zone" if found.zonal else "region"
         out.hierarchical_namespace.enabled = bool(found.zonal)
         return out
 
