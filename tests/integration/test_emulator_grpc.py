@@ -302,3 +302,38 @@ def test_storage_layout_says_zone_and_hierarchical_for_zonal_buckets(emu: Emulat
     assert asyncio.run(body()) == [("zone", True), ("region", False)]
     _, meta = _http(emu, "GET", f"/storage/v1/b/{zonal}")
     assert json.loads(meta)["locationType"] == "zone"
+
+
+def test_the_cli_serves_grpc_and_makes_zonal_buckets() -> None:
+    import subprocess
+    import sys
+
+    args = ["--grpc-port", "0", "--zonal-bucket", "rapid", "--bucket", "plain", "--watch-stdin"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchbucket.emulator", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert proc.stdout is not None
+        line = json.loads(proc.stdout.readline())
+        endpoint = line["grpc_endpoint"]
+        assert endpoint == f"127.0.0.1:{line['grpc_port']}"
+
+        async def body() -> list[str]:
+            client = AsyncGrpcClient(
+                credentials=AnonymousCredentials(),
+                client_options=ClientOptions(api_endpoint=endpoint),
+            )
+            out = []
+            for name in ("rapid", "plain"):
+                bucket = await client.grpc_client.get_bucket(name=f"projects/_/buckets/{name}")
+                out.append(bucket.location_type)
+            return out
+
+        assert asyncio.run(body()) == ["zone", "region"]
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=30)

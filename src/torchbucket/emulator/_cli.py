@@ -37,6 +37,9 @@ examples:
   # more buckets while it runs
   torchbucket mb gs://another-bucket
 
+  # a zonal (Rapid) bucket, and the gRPC API on port 4444 beside HTTP
+  torchbucket emulator --zonal-bucket my-rapid --grpc-port 4444
+
   # answers as slow as a GCS bucket in your region (for benchmarks)
   torchbucket emulator --bucket my-bucket --latency same-region"""
 
@@ -267,6 +270,11 @@ async def _serve(args: argparse.Namespace, latency: object) -> None:
             f"  export STORAGE_EMULATOR_HOST={scheme}://127.0.0.1:{port}\n"
             "Ctrl-C stops it.\n"
         )
+        if grpc_front is not None:
+            sys.stderr.write(
+                f"gRPC (google.storage.v2): 127.0.0.1:{grpc_front.port} "
+                "(ClientOptions(api_endpoint=...), an insecure channel)\n"
+            )
         if token_service is not None:
             sys.stderr.write(
                 f"Tokens: key files with token_uri http://127.0.0.1:{token_service.port}/token, "

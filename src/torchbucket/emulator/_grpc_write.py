@@ -56,6 +56,7 @@ from torchbucket.emulator._model_store import Preconditions
 from torchbucket.emulator._zonal import AppendableObject, check_zonal, create_appendable
 
 if TYPE_CHECKING:
+    from torchbucket.emulator._faults import FaultRule
     from torchbucket.emulator._grpc_server import GrpcFront, Tally
     from torchbucket.emulator._model_object import ModelObject
 
@@ -68,10 +69,11 @@ _BAD = grpc.StatusCode.INVALID_ARGUMENT
 class _Upload:
     """One write stream's state: the object, what is persisted, what is pending."""
 
-    def __init__(self, g: GrpcFront, tally: Tally, rule_kind: str | None) -> None:
+    def __init__(self, g: GrpcFront, tally: Tally, rule: FaultRule | None) -> None:
         self.g = g
         self.tally = tally
-        self.kind = rule_kind
+        self.kind = rule.kind if rule is not None else None
+        self.stall_seconds = rule.stall_seconds if rule is not None else 0.0
         self.token = next(_tokens)
         self.obj: AppendableObject | None = None  # appendable uploads
         self.bucket = ""
@@ -234,7 +236,7 @@ class _Upload:
         self.persisted = self.received
         self.finished = True
         if self.kind == "stall_answer":
-            await asyncio.sleep(30.0)
+            await asyncio.sleep(self.stall_seconds)
             raise RpcError(grpc.StatusCode.UNAVAILABLE, "Answer lost (injected fault).")
         return obj
 
@@ -263,7 +265,7 @@ class WriteApi:
             raise RpcError(_BAD, "the first message needs write_object_spec or append_object_spec")
         rule = await self.g.admit(context, tally, "put", bucket, name)
         tally.op = "put"
-        upload = _Upload(self.g, tally, rule.kind if rule is not None else None)
+        upload = _Upload(self.g, tally, rule)
         await self.g.first_byte("put")
         if which == "write_object_spec":
             if first.write_object_spec.HasField("appendable") and not bidi:
