@@ -11,11 +11,12 @@ another copy.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import io
 import logging
 import mmap
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -282,6 +283,20 @@ class CheckpointReader(MemoryFile):
         return reader
 
 
+@contextlib.contextmanager
+def _same_generation(store: ObjectStore, key: str, info: ObjectInfo) -> Iterator[None]:
+    """Say "deleted or rewritten while it was read" where a read of ``info``'s generation finds none."""
+    try:
+        yield
+    except NotFoundError as exc:
+        raise NotFoundError(
+            f"the checkpoint was deleted or rewritten while it was read "
+            f"(generation {info.generation}); load it again",
+            operation="checkpoint load",
+            uri=store.uri(key),
+        ) from exc
+
+
 def load_decoded(store: ObjectStore, key: str, info: ObjectInfo) -> bytes:
     """The bytes of a checkpoint stored with ``Content-Encoding: gzip``, decoded.
 
@@ -294,15 +309,8 @@ def load_decoded(store: ObjectStore, key: str, info: ObjectInfo) -> bytes:
     Raises:
         NotFoundError: The object is gone, or was rewritten since ``info`` was read.
     """
-    try:
+    with _same_generation(store, key, info):
         return runtime.run(store.get(key, generation=info.generation))
-    except NotFoundError as exc:
-        raise NotFoundError(
-            f"the checkpoint was deleted or rewritten while it was read "
-            f"(generation {info.generation}); load it again",
-            operation="checkpoint load",
-            uri=store.uri(key),
-        ) from exc
 
 
 def download_range(
@@ -319,7 +327,7 @@ def download_range(
         NotFoundError: The object is gone, or was rewritten since ``info`` was read.
         IntegrityError: A range came back short.
     """
-    try:
+    with _same_generation(store, key, info):
         runtime.run(
             fetch_ranges(
                 store,
@@ -329,13 +337,6 @@ def download_range(
                 parallelism=config.reads_in_flight,
             )
         )
-    except NotFoundError as exc:
-        raise NotFoundError(
-            f"the checkpoint was deleted or rewritten while it was read "
-            f"(generation {info.generation}); load it again",
-            operation="checkpoint load",
-            uri=store.uri(key),
-        ) from exc
 
 
 def download(
@@ -350,7 +351,7 @@ def download(
     """
     uri = store.uri(key)
     for attempt in range(1, _LOAD_ATTEMPTS + 1):
-        try:
+        with _same_generation(store, key, info):
             _run_filling(
                 fetch_ranges(
                     store,
@@ -362,13 +363,6 @@ def download(
                 buffer,
                 config.range_size,
             )
-        except NotFoundError as exc:
-            raise NotFoundError(
-                f"the checkpoint was deleted or rewritten while it was read "
-                f"(generation {info.generation}); load it again",
-                operation="checkpoint load",
-                uri=uri,
-            ) from exc
         if not config.verify_crc32c or info.crc32c is None:
             return
         crc = Crc32c()
