@@ -24,6 +24,18 @@ entries, can answer 429 above a requests-per-second cap, injects faults by rule
         emu.create_bucket("data")
         emu.seed("data", {"a/1.bin": b"..."})
         store = GCSStore("data", config=GCSConfig(endpoint=emu.endpoint))
+
+With ``grpc=True`` it also serves the gRPC API (google.storage.v2: bidi reads
+and appendable writes among others, and the storage layout call) on
+:attr:`Emulator.grpc_endpoint`, over the same store, and
+``create_bucket(name, zonal=True)`` makes a zonal (Rapid) bucket::
+
+    with Emulator(grpc=True) as emu:
+        emu.create_bucket("rapid", zonal=True)
+        client = AsyncGrpcClient(
+            credentials=AnonymousCredentials(),
+            client_options=ClientOptions(api_endpoint=emu.grpc_endpoint),
+        )
 """
 
 from __future__ import annotations
