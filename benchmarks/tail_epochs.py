@@ -15,7 +15,8 @@ paths, the iterable dataset and the map-style dataset with
 ``tb_iter_compose`` and ``tb_map_fast_compose``, through the same contender
 script, ``DataLoader(num_workers=2, batch_size=64)``, every byte checked),
 each with its prefetch window's anchor (the default, see
-``torchbucket/compose/_anchor.py``) and without (``ComposeConfig(anchor=False)``:
+``torchbucket/compose/_anchor.py``) and without (``anchor`` off in
+``torchbucket/compose/_tuning.py``:
 the epoch's end then waits for a compose held before it was applied), on
 10 KiB datasets of growing size, under ``same-region`` and
 ``same-region-tail`` alternated repeat by repeat
@@ -61,8 +62,8 @@ import dataloading as dl
 
 NAME = "tail_epochs"
 SIZE = 10 << 10
-# Path -> (dataloading.py's contender, ComposeConfig fields): each path with
-# its anchors (the default) and without, side by side.
+# Path -> (dataloading.py's contender, compose tuning): each path with its
+# anchors (the default) and without, side by side.
 PATHS = {
     "iterable": ("tb_iter_compose", {}),
     "map": ("tb_map_fast_compose", {}),
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     contenders = []
     for path, (key, fields) in PATHS.items():
         c = next(c for c in dl.CONTENDERS if c.key == key)
-        spec = {**c.spec, "compose_config": fields}
+        spec = {**c.spec, "compose_tuning": fields}
         contenders.append(dataclasses.replace(c, key=path, spec=spec))
     sets = [dl.DataSet(f"10kib-{n}", n, SIZE, 0) for n in args.counts]
     print(

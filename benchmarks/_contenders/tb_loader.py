@@ -25,6 +25,7 @@ from _common import (
 )
 
 from torchbucket.compose import ComposeConfig
+from torchbucket.compose._tuning import TUNING
 from torchbucket.config import HedgeConfig
 from torchbucket.datasets import (
     BucketBatchSampler,
@@ -43,13 +44,16 @@ def main() -> None:
     tuned = {k: spec[f"hedge_{k}"] for k in ("factor", "floor") if spec.get(f"hedge_{k}")}
     hedge = HedgeConfig(enabled=spec.get("hedge", True), **tuned)
     gcs = GCSConfig(endpoint=spec["endpoint"], hedge=hedge)
-    # ``compose_config``: ComposeConfig fields for an A/B (benchmarks/tail_epochs.py).
+    # ``compose_tuning``: the compose path's hidden knobs for an A/B
+    # (benchmarks/tail_epochs.py: the anchor off), set in this process before
+    # the DataLoader forks its workers.
+    TUNING.update(**spec.get("compose_tuning", {}))
     # ``compose`` None and no ``output``: the library's defaults, as a user who
     # passes neither config gets them (benchmarks/sizes.py); ``fetch_config``
     # adds FetchConfig fields.
     compose: ComposeConfig | None = None
     if spec.get("compose") is not None:
-        compose = ComposeConfig(enabled=spec["compose"], **spec.get("compose_config", {}))
+        compose = ComposeConfig(enabled=spec["compose"])
     fetch: FetchConfig | None = None
     if "output" in spec or spec.get("compose") is not None or "fetch_config" in spec:
         fetch = FetchConfig(

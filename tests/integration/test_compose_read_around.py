@@ -3,7 +3,8 @@
 Over HTTP against the emulator: the group's first compose is held by the
 server (a ``stall`` fault, then the connection reset, which the client retries).
 A composite's delete held the same way is sent again.
-With ``read_around_after`` on, the group's objects are read directly while the
+With ``read_around_after`` on (a knob of ``torchbucket.compose._tuning``,
+which these tests patch), the group's objects are read directly while the
 compose path goes on; the compose path still ends by deleting its composite.
 With it off, the group waits for the compose's retry. Request counts, not times,
 tell the two apart. Through a dataset, whose window names an anchor in its
@@ -14,9 +15,12 @@ revoked at the window's end instead of waited for.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import os
+import subprocess
+import sys
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,6 +28,7 @@ import pytest
 from torchbucket import runtime
 from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig, registry
 from torchbucket.compose import _fetch as compose_fetch
+from torchbucket.compose._tuning import ENV, TUNING
 from torchbucket.compose.registry import drain_deletes
 from torchbucket.config import HedgeConfig, RetryConfig
 from torchbucket.datasets import BucketIterableDataset
@@ -37,6 +42,18 @@ N = 8
 RETRY = RetryConfig(
     initial_backoff=0.01, max_backoff=0.05, deadline=30.0, attempt_timeout=20.0, read_timeout=10.0
 )
+
+
+@pytest.fixture(autouse=True)
+def tune(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    """Set compose tuning for one test; each starts with ``read_around_floor`` 0.2 s."""
+
+    def set_(**values: Any) -> None:
+        for name, value in values.items():
+            monkeypatch.setattr(TUNING, name, value)
+
+    set_(read_around_floor=0.2)
+    return set_
 
 
 def payload(i: int) -> bytes:
@@ -89,7 +106,7 @@ def _settle(emulator: Emulator, bucket: str, store: GCSStore) -> list[str]:
 def test_a_stalled_compose_is_read_around_and_its_composite_still_deleted(
     emulator: Emulator, bucket: str
 ) -> None:
-    store, before = _held(emulator, bucket, "stall", 3.0, ComposeConfig(read_around_floor=0.2))
+    store, before = _held(emulator, bucket, "stall", 3.0, ComposeConfig())
     left = _settle(emulator, bucket, store)
     after = emulator.stats()["by_op"]
     # Each object was read directly while the compose was held ...
@@ -101,9 +118,10 @@ def test_a_stalled_compose_is_read_around_and_its_composite_still_deleted(
 
 
 def test_with_read_around_off_the_group_waits_for_its_compose(
-    emulator: Emulator, bucket: str
+    emulator: Emulator, bucket: str, tune: Callable[..., None]
 ) -> None:
-    store, before = _held(emulator, bucket, "stall", 1.5, ComposeConfig(read_around_after=0))
+    tune(read_around_after=0)
+    store, before = _held(emulator, bucket, "stall", 1.5, ComposeConfig())
     left = _settle(emulator, bucket, store)
     after = emulator.stats()["by_op"]
     # One GET: the composite's, after the compose's retry.
@@ -120,7 +138,7 @@ def test_a_drain_waits_for_a_compose_path_left_running(emulator: Emulator, bucke
     # once, and the composite was still in the bucket).
     emulator.add_fault("compose", "reset", count=None)
     retry = RetryConfig(initial_backoff=0.01, max_backoff=0.05, deadline=1.5, attempt_timeout=1.0)
-    got, store = _group(emulator, bucket, ComposeConfig(read_around_floor=0.2), retry)
+    got, store = _group(emulator, bucket, ComposeConfig(), retry)
     assert got == [payload(i) for i in range(N)]
     assert registry._pending  # read around: the compose path goes on
     runtime.run(drain_deletes(), timeout=60)
@@ -140,7 +158,7 @@ def test_a_stalled_composite_delete_is_sent_again(emulator: Emulator, bucket: st
     retry = RetryConfig(
         initial_backoff=0.01, deadline=1200.0, attempt_timeout=900.0, read_timeout=900.0
     )
-    got, store = _group(emulator, bucket, ComposeConfig(read_around_floor=0.2), retry)
+    got, store = _group(emulator, bucket, ComposeConfig(), retry)
     assert got == [payload(i) for i in range(N)]
     runtime.run(drain_deletes(), timeout=60)
     after = emulator.stats()["by_op"]
@@ -156,7 +174,7 @@ def test_a_drain_deletes_a_made_composite_without_waiting_for_its_compose_answer
     # read timeout, so it is sent once). The group is read around; the
     # drain finds the composite there, ends the compose path and deletes it
     # by generation, instead of waiting 8 s for the answer, a retry and a GET.
-    config = ComposeConfig(read_around_floor=0.2)
+    config = ComposeConfig()
     store, before = _held(emulator, bucket, "stall_answer", 8.0, config)
     assert registry._pending  # the compose path still waits for its answer
     runtime.run(drain_deletes(), timeout=60)
@@ -179,7 +197,7 @@ def test_a_drain_waits_for_a_compose_held_before_it_was_applied(
     # Held before the store applies it: no composite yet, so the drain has
     # nothing to delete and waits for the compose path (its retry, the GET
     # of the composite it then makes, and its delete).
-    store, before = _held(emulator, bucket, "stall", 2.0, ComposeConfig(read_around_floor=0.2))
+    store, before = _held(emulator, bucket, "stall", 2.0, ComposeConfig())
     runtime.run(drain_deletes(), timeout=60)
     after = emulator.stats()["by_op"]
     assert emulator.object_names(bucket, COMPOSITE_PREFIX) == []
@@ -190,17 +208,24 @@ def test_a_drain_waits_for_a_compose_held_before_it_was_applied(
 
 
 # The usual bound far above the stall, the bound for a waited-for group below it.
-SOONER_WHEN_NEEDED = ComposeConfig(
-    read_around_floor=30.0, read_around_needed_after=2.0, read_around_needed_floor=0.2
-)
+SOONER_WHEN_NEEDED: dict[str, Any] = {
+    "read_around_floor": 30.0,
+    "read_around_needed_after": 2.0,
+    "read_around_needed_floor": 0.2,
+}
 
 
 @pytest.mark.parametrize(("needed_at", "read_around"), [(0.0, True), (0.4, True), (None, False)])
 def test_a_group_its_consumer_waits_for_is_read_around_sooner(
-    emulator: Emulator, bucket: str, needed_at: float | None, read_around: bool
+    emulator: Emulator,
+    bucket: str,
+    needed_at: float | None,
+    read_around: bool,
+    tune: Callable[..., None],
 ) -> None:
     # The compose is held 2 s, far under the usual bound (30 s): only a group
     # marked as waited for (at once, or 0.4 s in) is read around meanwhile.
+    tune(**SOONER_WHEN_NEEDED)
     emulator.add_fault("compose", "stall", count=1, stall_seconds=2.0)
     gcs = GCSConfig(
         endpoint=emulator.endpoint,
@@ -216,9 +241,7 @@ def test_a_group_its_consumer_waits_for_is_read_around_sooner(
         needed = asyncio.Event()
         if needed_at is not None:
             asyncio.get_running_loop().call_later(needed_at, needed.set)
-        return list(
-            await compose_fetch.fetch_group(store, infos, SOONER_WHEN_NEEDED, needed=needed)
-        )
+        return list(await compose_fetch.fetch_group(store, infos, ComposeConfig(), needed=needed))
 
     counted = accounting.snapshot()
     got = runtime.run(fetch())
@@ -256,16 +279,15 @@ def _held_window(
 
 @pytest.mark.parametrize(("needed_after", "anchor"), [(2.0, True), (2.0, False), (0.0, True)])
 def test_a_dataset_window_hurries_the_group_its_consumer_waits_for(
-    emulator: Emulator, needed_after: float, anchor: bool
+    emulator: Emulator, needed_after: float, anchor: bool, tune: Callable[..., None]
 ) -> None:
     # 40 objects: the window reads its first 10 directly, then one group of
     # 30, whose compose is held 2 s, far under the usual bound: the consumer,
     # waiting for that group, has it read around, unless the waited-for bound
     # is off.
-    config = dataclasses.replace(
-        SOONER_WHEN_NEEDED, read_around_needed_after=needed_after, anchor=anchor
-    )
-    name, objects, ds = _held_window(emulator, config, "stall", 2.0)
+    tune(**SOONER_WHEN_NEEDED, anchor=anchor)
+    tune(read_around_needed_after=needed_after)
+    name, objects, ds = _held_window(emulator, ComposeConfig(), "stall", 2.0)
     before = emulator.stats()["by_op"]
     got = list(ds)  # ends by draining: every compose path and delete is done
     after = emulator.stats()["by_op"]
@@ -302,12 +324,15 @@ def _read_held_epoch(
     return stats, ended
 
 
-def test_an_epoch_does_not_wait_for_a_compose_its_anchor_revoked(emulator: Emulator) -> None:
+def test_an_epoch_does_not_wait_for_a_compose_its_anchor_revoked(
+    emulator: Emulator, tune: Callable[..., None]
+) -> None:
     # The group's compose is held 3 s before the store applies it (as the
     # tail preset's stalls are, half the time). The group is read around; the
     # window's end deletes its anchor, so the epoch ends (drained) before the
     # compose is even applied; applied later, it fails, its first source gone.
-    name, objects, ds = _held_window(emulator, SOONER_WHEN_NEEDED, "stall_apply", 3.0)
+    tune(**SOONER_WHEN_NEEDED)
+    name, objects, ds = _held_window(emulator, ComposeConfig(), "stall_apply", 3.0)
     stats, ended = _read_held_epoch(emulator, ds, objects)
     # A request is counted when it is answered: the compose still is not.
     assert ended["by_op"].get("compose", 0) == stats["by_op"].get("compose", 0)
@@ -328,10 +353,10 @@ def test_an_epoch_does_not_wait_for_a_compose_its_anchor_revoked(emulator: Emula
 
 
 def test_without_an_anchor_the_epoch_waits_for_a_compose_held_before_it_was_applied(
-    emulator: Emulator,
+    emulator: Emulator, tune: Callable[..., None]
 ) -> None:
-    config = dataclasses.replace(SOONER_WHEN_NEEDED, anchor=False)
-    name, objects, ds = _held_window(emulator, config, "stall_apply", 1.5)
+    tune(**SOONER_WHEN_NEEDED, anchor=False)
+    name, objects, ds = _held_window(emulator, ComposeConfig(), "stall_apply", 1.5)
     stats, ended = _read_held_epoch(emulator, ds, objects)
     # Waited for: the compose was applied and answered, its composite read and deleted.
     assert ended["by_op"].get("compose", 0) - stats["by_op"].get("compose", 0) == 1
@@ -340,10 +365,20 @@ def test_without_an_anchor_the_epoch_waits_for_a_compose_held_before_it_was_appl
     assert emulator.object_names(name, COMPOSITE_PREFIX) == []
 
 
-def test_read_around_settings_are_checked() -> None:
-    from torchbucket.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="read_around_after"):
-        ComposeConfig(read_around_after=-1)
-    with pytest.raises(ConfigError, match="read_around_needed_floor"):
-        ComposeConfig(read_around_needed_floor=float("nan"))
+def test_the_tuning_is_checked_and_reaches_a_process_started_by_spawn() -> None:
+    with pytest.raises(ValueError, match="read_around_after"):
+        TUNING.update(read_around_after=-1)
+    with pytest.raises(ValueError, match="read_around_needed_floor"):
+        TUNING.update(read_around_needed_floor=float("nan"))
+    with pytest.raises(ValueError, match="anchor"):
+        TUNING.update(anchor="no")
+    # A process that is not forked reads the tuning from its environment.
+    code = "from torchbucket.compose._tuning import TUNING; print(TUNING.anchor, TUNING.read_around_after)"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, ENV: "anchor=0,read_around_after=0"},
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert out.split() == ["False", "0.0"]

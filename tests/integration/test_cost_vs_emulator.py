@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from torchbucket import cost
 from torchbucket.accounting import RequestStats
 from torchbucket.compose import ComposeConfig
+from torchbucket.compose._tuning import TUNING
 from torchbucket.config import HedgeConfig, RetryConfig
 from torchbucket.datasets import BucketIterableDataset, BucketMapDataset, FetchConfig
 from torchbucket.emulator import Emulator
@@ -34,9 +35,11 @@ WORKERS = 2
 TOLERANCE = 0.05
 # Objects of 64 KiB and more are read in ranges of 32 KiB (3 of 96 KiB).
 FETCH = FetchConfig(large_object_size=64 << 10, range_size=32 << 10)
+COMPOSE = ComposeConfig()
 # No group read around a compose path that straggles on a busy machine: each
-# would add its objects' GETs to the count.
-COMPOSE = ComposeConfig(read_around_after=0, read_around_needed_after=0)
+# would add its objects' GETs to the count. Patched in the test's process,
+# the fork-started DataLoader workers have it too.
+NO_READ_AROUND = {"read_around_after": 0, "read_around_needed_after": 0}
 PACK = PackConfig(shard_size=256 << 10)
 READ = ShardReadConfig(read_size=32 << 10, first_read_size=4 << 10)
 
@@ -105,8 +108,10 @@ def _epoch(emulator: Emulator, bucket: str, dataset: Any) -> dict[str, int]:
 
 
 def test_each_strategys_plan_counts_what_the_emulator_counts(
-    emulator: Emulator, bucket: str
+    emulator: Emulator, bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    for name, value in NO_READ_AROUND.items():
+        monkeypatch.setattr(TUNING, name, value)
     gcs = _gcs(emulator)
     uri = f"gs://{bucket}/train/"
     plans = _plans([_size(i) for i in range(N)])

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 
-from torchbucket.compose._anchor import Anchor
+from torchbucket.compose._anchor import Anchor, window_anchored
 from torchbucket.compose._fetch import compose_allowed, fetch_group
 from torchbucket.compose._plan import plan_groups
 from torchbucket.compose._softdelete import soft_delete_allows
@@ -48,6 +48,7 @@ __all__ = [
     "fetch_group",
     "plan_groups",
     "soft_delete_allows",
+    "window_anchored",
 ]
 
 _CLEANUP_CONCURRENCY = 32

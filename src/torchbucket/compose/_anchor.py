@@ -33,12 +33,13 @@ import asyncio
 import logging
 import uuid
 
+from torchbucket.compose._tuning import TUNING
 from torchbucket.compose.config import ComposeConfig
 from torchbucket.compose.registry import delete_composite, register
 from torchbucket.errors import StorageError
 from torchbucket.storage.base import ObjectInfo, ObjectStore
 
-__all__ = ["Anchor"]
+__all__ = ["Anchor", "window_anchored"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class Anchor:
         """The anchor as created, to name as a source; ``None``: compose without it.
 
         ``None`` once it is revoked, when it could not be created, or while
-        its upload has taken ``ComposeConfig.read_around_floor`` and still
+        its upload has taken ``read_around_floor`` (:mod:`._tuning`) and still
         not answered (a straggling upload does not hold the window's
         composes: they go on as they would without anchors).
         """
@@ -80,7 +81,7 @@ class Anchor:
             register(self.store, self.name)  # deleted at exit if the window never ends
             created = self._created = asyncio.ensure_future(self._create())
         if not created.done():
-            await asyncio.wait({created}, timeout=max(self._config.read_around_floor, 0.05))
+            await asyncio.wait({created}, timeout=max(TUNING.read_around_floor, 0.05))
             if not created.done():
                 return None
         return None if self._revoked is not None else created.result()
@@ -106,7 +107,6 @@ class Anchor:
         if self._created is None:
             return True
         info = await asyncio.shield(self._created)
-        config = self._config
         if info is None:
             # Not created: its upload failed, yet may have taken effect.
             return await delete_composite(self.store, self.name) is None
@@ -114,7 +114,17 @@ class Anchor:
             self.store,
             self.name,
             info.generation,
-            resend_after=config.read_around_after,
-            resend_floor=config.read_around_floor,
+            resend_after=TUNING.read_around_after,
+            resend_floor=TUNING.read_around_floor,
         )
         return error is None
+
+
+def window_anchored(config: ComposeConfig) -> bool:
+    """Whether a prefetch window composing with ``config`` names an :class:`Anchor`.
+
+    It does when it composes at all, with groups of more than 2 sources (the
+    anchor takes one), unless tests or benchmarks turned anchors off
+    (``anchor`` in :mod:`torchbucket.compose._tuning`).
+    """
+    return config.enabled and TUNING.anchor and config.max_sources > 2

@@ -22,6 +22,7 @@ from torchbucket.compose._anchor import Anchor
 from torchbucket.compose._composite import ReceiveInto, read_and_cut
 from torchbucket.compose._recent import RecentTimes
 from torchbucket.compose._softdelete import soft_delete_allows, soft_delete_blocked
+from torchbucket.compose._tuning import TUNING
 from torchbucket.compose.config import ComposeConfig
 from torchbucket.compose.registry import (
     delete_composite,
@@ -174,23 +175,23 @@ def _delete_failed(store: ObjectStore, name: str, error: StorageError) -> None:
 
 
 # Recent compose-path durations (compose + composite read) per bucket, for
-# ComposeConfig.read_around_after.
+# TUNING.read_around_after (compose/_tuning.py).
 _recent = RecentTimes()
 
 
-def _read_around_after(store: ObjectStore, config: ComposeConfig) -> float | None:
+def _read_around_after(store: ObjectStore) -> float | None:
     """Seconds after which a group's compose path is read around, or ``None``."""
-    if config.read_around_after <= 0:
+    if TUNING.read_around_after <= 0:
         return None
-    return _recent.straggling_after(store.uri(), config.read_around_after, config.read_around_floor)
+    return _recent.straggling_after(store.uri(), TUNING.read_around_after, TUNING.read_around_floor)
 
 
-def _read_around_needed_after(store: ObjectStore, config: ComposeConfig) -> float | None:
+def _read_around_needed_after(store: ObjectStore) -> float | None:
     """The same bound for a group its consumer is already waiting for, or ``None``."""
-    if config.read_around_needed_after <= 0:
+    if TUNING.read_around_needed_after <= 0:
         return None
     return _recent.straggling_after(
-        store.uri(), config.read_around_needed_after, config.read_around_needed_floor
+        store.uri(), TUNING.read_around_needed_after, TUNING.read_around_needed_floor
     )
 
 
@@ -259,8 +260,8 @@ async def _composed(
                 name,
                 generation,
                 on_error=functools.partial(_delete_failed, store, name),
-                resend_after=config.read_around_after,
-                resend_floor=config.read_around_floor,
+                resend_after=TUNING.read_around_after,
+                resend_floor=TUNING.read_around_floor,
             )
         else:
             unregister(store, name)
@@ -294,8 +295,9 @@ async def fetch_group(
             returned for a composed group. Default: a pooled buffer, cut into
             ``bytes`` copies.
         needed: Set when the group's consumer is waiting for it: its compose
-            path is then read around after ``ComposeConfig.read_around_needed_after``
-            times the recent median, not ``read_around_after``.
+            path is then read around after ``read_around_needed_after``
+            times the recent median, not ``read_around_after`` (both in
+            :mod:`._tuning`).
         anchor: The caller's :class:`~torchbucket.compose._anchor.Anchor` on
             ``store``, named as the compose's first source (``infos`` then
             holds at most ``max_sources - 1`` objects): a drain can then
@@ -321,9 +323,9 @@ async def fetch_group(
     attempt = asyncio.ensure_future(
         _composed(store, name, infos, config, receive_into, sent, anchor)
     )
-    after = _read_around_after(store, config)
+    after = _read_around_after(store)
     if after is not None:
-        sooner = _read_around_needed_after(store, config) if needed is not None else None
+        sooner = _read_around_needed_after(store) if needed is not None else None
         try:
             straggling = await _straggles(attempt, after, needed, sooner)
         except asyncio.CancelledError:

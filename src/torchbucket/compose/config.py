@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torchbucket._checks import check_config, count, number, seconds, size, switch, text
+from torchbucket._checks import check_config, count, seconds, size, switch, text
 from torchbucket.storage.base import COMPOSE_MAX_SOURCES, HIDDEN_PREFIXES
 
 __all__ = ["COMPOSITE_PREFIX", "DEFAULT_MAX_COMPOSITE_OBJECT_SIZE", "ComposeConfig"]
@@ -37,41 +37,27 @@ class ComposeConfig:
     of one, are read directly. The local filesystem (``file://``) never
     composes: a local read costs no round trip.
 
-    Which dataset composes by default, by measurement
-    (``benchmarks/dataloading.py --quick``: emulator model store, same-region
-    latency model, ``DataLoader(num_workers=2, batch_size=64)``, medians of 3
-    runs on a shared 2-core machine; objects/s, client CPU ms per object,
-    requests per 6,000 or 10,000 objects)::
+    Which dataset composes by default (the measurements behind each are in
+    docs/benchmarks.md):
 
-                           6,000 x 10 KiB                  10,000 x 100 KiB
-        iterable, compose 10,081/s  0.080 ms  184 A + 312 B  4,263/s  0.272 ms  310 A + 438 B
-        iterable, direct   5,886/s  0.183 ms  6,000 B        3,581/s  0.370 ms  10,000 B
-        map, compose       1,142/s  0.098 ms  188 A + 188 B    962/s  0.274 ms  313 A + 313 B
-        map, direct        3,315/s  0.240 ms  6,000 B        2,909/s  0.398 ms  10,000 B
-
-    - :class:`~torchbucket.datasets.BucketIterableDataset` composes by
-      default: its prefetch window keeps enough groups in flight to hide the
-      compose round trip (and reads its first 64 objects directly, so the
-      first batch does not wait for one), so compose is faster (1.71x at
-      10 KiB, 1.19x at 100 KiB) and costs less client CPU (0.44x, 0.74x) and
-      fewer requests.
+    - :class:`~torchbucket.datasets.BucketIterableDataset` composes: its
+      prefetch window keeps enough groups in flight to hide the compose
+      round trip (and reads its first objects directly, so the first batch
+      does not wait for one), so for small objects compose is faster than
+      direct reads and costs less client CPU and fewer requests.
     - :class:`~torchbucket.datasets.BucketMapDataset` batch at a time (any
-      sampler but its own) reads directly by
-      default: a batch cannot start composing before the DataLoader asks for
-      it, so the compose round trip (40 ms here) adds to every batch's
-      latency; composing cut its objects/s to 0.34x (10 KiB) and 0.33x
-      (100 KiB), for 0.41x and 0.69x the client CPU. Turn it on
-      (``compose=ComposeConfig()``) where the loader is not the bottleneck and
-      requests or client CPU matter more.
+      sampler but its own) reads directly: a batch cannot start composing
+      before the DataLoader asks for it, so the compose round trip adds to
+      every batch's latency. Turn it on (``compose=ComposeConfig()``) where
+      the loader is not the bottleneck and requests or client CPU matter more.
     - With a :class:`~torchbucket.datasets.BucketBatchSampler` the map-style
-      dataset reads ahead across batches and composes by default, as the
-      iterable dataset does: in two runs, compose gave 1.9-2.0x the
-      objects/s of direct reads at 10 KiB (9,359 against 5,006) and 1.3-1.6x
-      at 100 KiB (3,616 against 2,300), for 0.45x and 0.7x the client CPU.
+      dataset reads ahead across batches and composes, as the iterable
+      dataset does.
 
     Request cost: GCS bills a compose as a class A operation (12.5x a class
-    B GET at Standard-class list prices; deletes are free): the iterable
-    dataset's 184 A + 312 B cost about 0.44x the 6,000 B of direct reads.
+    B GET at Standard-class list prices; deletes are free), so a group of 32
+    objects costs a compose and a GET where direct reads cost 32 GETs;
+    ``torchbucket cost`` prices a dataset both ways.
 
     Attributes:
         enabled: Coalesce at all. Default ``True`` (the map-style dataset
@@ -93,43 +79,6 @@ class ComposeConfig:
             so compose is off there, with one INFO line saying so; the policy
             is read once per process and bucket (one class B request).
             ``torchbucket cost`` shows what composing there would cost.
-        read_around_after: A group whose compose and composite read have
-            taken this many times the median of the process's recent ones
-            (at least ``read_around_floor``) is also read object by object,
-            and whichever finishes first is used; the compose goes on and its
-            composite is deleted as usual. A compose is a write, never sent
-            twice; this bounds what a straggling compose costs the window
-            (with GCS's tail, or the emulator's ``same-region-tail`` preset,
-            a stalled compose held every object behind it for seconds).
-            The same bound sends a composite's delete again when it has taken
-            this many times the median of recent deletes (at least
-            ``read_around_floor``): the delete is pinned to the composite's
-            generation, so the second finds it gone if the first went
-            through, and an epoch, which ends by waiting for its deletes, no
-            longer waits out a stalled one. ``0`` turns both off. Default 4.
-        read_around_floor: Seconds a group's compose path (or a composite's
-            delete) may always take before it is read around (sent again).
-            Default 0.25.
-        read_around_needed_after: The ``read_around_after`` of a group its
-            consumer is already waiting for (the head of a dataset's
-            prefetch window, with every result behind it held): read around
-            after this many times the recent median (at least
-            ``read_around_needed_floor``). Waiting for such a group overlaps
-            no other work, so it pays to give up on it sooner; groups still
-            ahead of their consumer keep the longer bound, which keeps the
-            extra requests few. ``0`` turns it off. Default 2.
-        read_around_needed_floor: Seconds a waited-for group's compose path
-            may always take before it is read around. Default 0.1.
-        anchor: A dataset's prefetch window (one per DataLoader worker and
-            epoch) uploads an empty object under ``composite_prefix`` and
-            names it as the first source of each of its composes (so groups
-            hold ``max_sources - 1`` objects); at the window's end it deletes
-            it, which revokes any compose not yet applied. An epoch then no
-            longer waits for the answer of a compose left running after its
-            group was read around (a compose held before it was applied may
-            still make its composite until it answers). Costs one class A
-            request (the upload) and one free delete per window and bucket.
-            Default ``True``.
     """
 
     enabled: bool = switch(True)
@@ -138,11 +87,6 @@ class ComposeConfig:
     composite_prefix: str = text(COMPOSITE_PREFIX, starts_with=(COMPOSITE_PREFIX,), ends_with="/")
     throttle_cooldown: float = seconds(30.0)
     allow_with_soft_delete: bool = switch(False)
-    read_around_after: float = number(4.0, minimum=0)
-    read_around_floor: float = seconds(0.25)
-    read_around_needed_after: float = number(2.0, minimum=0)
-    read_around_needed_floor: float = seconds(0.1)
-    anchor: bool = switch(True)
 
     def __post_init__(self) -> None:
         check_config(self)

@@ -182,7 +182,7 @@ class PrefetchWindow:
 
     A consumer that has to wait marks the composed groups in flight that hold
     what it waits for: their compose path is read around after
-    ``ComposeConfig.read_around_needed_after``, sooner than a group still
+    ``read_around_needed_after`` (compose's tuning), sooner than a group still
     ahead of the consumer (see :func:`~torchbucket.compose.fetch_group`).
 
     Args:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 
-from torchbucket.compose import ComposeConfig, compose_allowed, plan_groups
+from torchbucket.compose import ComposeConfig, compose_allowed, plan_groups, window_anchored
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig
 
@@ -102,10 +102,10 @@ def plan_units(catalog: Catalog, indices: Sequence[int], compose: ComposeConfig)
 def window_compose(compose: ComposeConfig) -> tuple[ComposeConfig, bool]:
     """The compose settings a prefetch window plans with, and whether it has anchors.
 
-    With ``compose.anchor`` (and more than 2 sources), the anchor takes each
-    compose's first source: groups hold ``max_sources - 1`` objects.
+    With anchors (:func:`~torchbucket.compose.window_anchored`), the anchor
+    takes each compose's first source: groups hold ``max_sources - 1`` objects.
     """
-    if compose.enabled and compose.anchor and compose.max_sources > 2:
+    if window_anchored(compose):
         return dataclasses.replace(compose, max_sources=compose.max_sources - 1), True
     return compose, False
 
