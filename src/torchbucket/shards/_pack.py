@@ -35,11 +35,13 @@ from torchbucket.shards._index import (
     index_name,
 )
 from torchbucket.shards._names import check_member_names
+from torchbucket.shards._pack_stream import stream_shard
 from torchbucket.shards._plan import PlannedMember, PlannedShard, plan_shards
 from torchbucket.shards._progress import Progress
 from torchbucket.shards._tar import END_OF_ARCHIVE, padding
 from torchbucket.shards.config import PackConfig
 from torchbucket.storage.base import ObjectInfo, ObjectStore, Part
+from torchbucket.storage.capabilities import SupportsZonal
 from torchbucket.storage.crc32c import Crc32c, extend
 
 if TYPE_CHECKING:
@@ -120,6 +122,11 @@ async def _write_shard(
 ) -> ManifestShard:
     key = prefix + shard.name
     uri = dst.uri(key)
+    if isinstance(dst, SupportsZonal) and await dst.zonal():
+        # No multipart upload on a zonal bucket: one stream, checked as a whole.
+        return await _indexed(
+            dst, prefix, shard, *await stream_shard(src, dst, key, shard, config, bar, _read)
+        )
     upload_id = await dst.multipart_initiate(key, content_type="application/x-tar")
     parts: dict[int, Part] = {}
     uploads: set[asyncio.Task[None]] = set()
@@ -189,6 +196,20 @@ async def _write_shard(
         except Exception:  # the upload may already be gone; nothing was made visible
             logger.debug("aborting the upload of %s failed", uri, exc_info=True)
         raise
+    return await _indexed(dst, prefix, shard, info, crcs, total)
+
+
+async def _indexed(
+    dst: ObjectStore,
+    prefix: str,
+    shard: PlannedShard,
+    info: ObjectInfo,
+    crcs: list[int],
+    total: Crc32c,
+) -> ManifestShard:
+    """Check the shard written against the plan, then write its index."""
+    uri = dst.uri(prefix + shard.name)
+    key = prefix + shard.name
     if info.size != shard.size or (info.crc32c is not None and info.crc32c != total.b64()):
         await dst.delete(key)
         raise IntegrityError(

@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 #: Ranges one stream carries at once before another stream is opened beside it.
 MAX_RANGES_PER_STREAM = 64
+#: Read handles kept per store (the latest objects read).
+_HANDLES_KEPT = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,11 +130,15 @@ class _Stream:
         spec = m.BidiReadObjectSpec(bucket=owner.bucket_name, object_=self.key)
         if self.generation is not None:
             spec.generation = self.generation
-        handle, token = owner.handles.get(self.key, (None, None))
-        if handle is not None:
-            spec.read_handle.handle = handle
-        if token:
-            spec.routing_token = token
+            # Only a read of a known generation reuses a handle (a handle is
+            # of one generation); the stream then may send no metadata.
+            known = owner.handles.get((self.key, self.generation))
+            if known is not None:
+                handle, token, self.meta = known
+                if handle:
+                    spec.read_handle.handle = handle
+                if token:
+                    spec.routing_token = token
         request = m.BidiReadObjectRequest(read_object_spec=spec)
         request.read_ranges.append(self._range(read))
         self.reads[read.read_id] = read
@@ -172,7 +178,7 @@ class _Stream:
         except StorageError as exc:
             error = exc
         except Exception as exc:  # grpc.aio.AioRpcError and friends
-            self.owner.note_redirect(self.key, exc)
+            self.owner.note_redirect(self.key, self.meta, exc)
             error = error_for_rpc(exc, operation="get", uri=self.owner.uri(self.key))
         finally:
             self.closed = True
@@ -200,12 +206,14 @@ class _Stream:
                 self.first.set_result(self.meta)
             if self.on_meta is not None:
                 self.on_meta(self.key, self.meta)
-        if resp.HasField("read_handle"):
-            self.owner.handles[self.key] = (resp.read_handle.handle, None)
+        if resp.HasField("read_handle") and self.meta is not None:
+            self.owner.remember(self.key, self.meta, resp.read_handle.handle, None)
         for data in resp.object_data_ranges:
             read = self.reads.get(data.read_range.read_id)
             if read is None:
                 continue  # a read cut short by its attempt's timeout
+            if read.meta is None:
+                read.meta = self.meta
             content = data.checksummed_data.content
             offset = data.read_range.read_offset
             uri = self.owner.uri(self.key)
@@ -232,7 +240,9 @@ class _Stream:
                 self._finish(read)
 
     def _finish(self, read: RangeRead) -> None:
-        meta = self.meta
+        # A stream opened again with a read handle may send no metadata: the
+        # read's first stream did.
+        meta = self.meta or read.meta
         if meta is None:
             raise TransientError("range data before the object's metadata", operation="get")
         if (
@@ -279,8 +289,9 @@ class ReadStreams:
         self.bucket_name = bucket_path(bucket)
         self.metadata = metadata
         self.uri = uri
-        #: Last read handle (and routing token) per object name.
-        self.handles: dict[str, tuple[bytes | None, str | None]] = {}
+        #: (name, generation) -> (read handle, routing token, metadata), the
+        #: latest few: a read resumed on that generation skips the lookup.
+        self.handles: dict[tuple[str, int | None], tuple[bytes | None, str | None, Meta]] = {}
         self._open: dict[tuple[str, int | None], _Stream] = {}
 
     def forget(self, stream: _Stream) -> None:
@@ -289,8 +300,18 @@ class ReadStreams:
         if self._open.get(k) is stream:
             del self._open[k]
 
-    def note_redirect(self, key: str, exc: BaseException) -> None:
+    def remember(self, key: str, meta: Meta, handle: bytes | None, token: str | None) -> None:
+        """Keep a stream's read handle (or a redirect's) for a read of its generation."""
+        handles = self.handles
+        handles.pop((key, meta.generation), None)
+        handles[(key, meta.generation)] = (handle, token, meta)
+        if len(handles) > _HANDLES_KEPT:
+            del handles[next(iter(handles))]
+
+    def note_redirect(self, key: str, meta: Meta | None, exc: BaseException) -> None:
         """Keep the read handle and routing token a redirect carries, for the next open."""
+        if meta is None:
+            return  # a redirect before the object was named: the next open asks afresh
         trailing = getattr(exc, "trailing_metadata", None)
         if not callable(trailing):
             return
@@ -307,7 +328,9 @@ class ReadStreams:
             for detail in status.details:
                 redirect = pb().BidiReadObjectRedirectedError()
                 if detail.Unpack(redirect):
-                    self.handles[key] = (
+                    self.remember(
+                        key,
+                        meta,
                         redirect.read_handle.handle or None,
                         redirect.routing_token or None,
                     )
@@ -326,6 +349,8 @@ class ReadStreams:
         bytes, and may raise to stop every read of the stream.
         """
         read.done = asyncio.get_running_loop().create_future()
+        if generation is None and read.meta is not None:
+            generation = read.meta.generation  # a resumed read stays on its generation
         stream = self._open.get((key, generation))
         if stream is None or stream.closed or len(stream.reads) >= MAX_RANGES_PER_STREAM:
             stream = _Stream(self, key, generation, on_meta)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import weakref
 from typing import Any
 
 from torchbucket.errors import (
@@ -53,6 +54,7 @@ __all__ = [
     "available",
     "bucket_path",
     "error_for_rpc",
+    "hold",
     "inherited",
     "pb",
 ]
@@ -76,6 +78,34 @@ _used_pid: int | None = None
 def inherited() -> bool:
     """Whether gRPC was used by a process this one was forked from."""
     return _used_pid is not None and _used_pid != os.getpid()
+
+
+# Every object that holds gRPC state (channels, calls), and, in a forked
+# child, strong references to what the parent had. gRPC's objects must never
+# be freed in a child (their destructors reach threads the fork did not copy,
+# and the child crashes), so a fork pins them, and with them the parent's
+# loop, whose callbacks hold gRPC's poller: the child holds them, unused,
+# until it exits.
+_holders: weakref.WeakSet[Any] = weakref.WeakSet()
+_pinned: list[Any] = []
+
+
+def hold(obj: Any) -> None:
+    """Have ``obj`` (and what it references) outlive a fork in the child."""
+    _holders.add(obj)
+
+
+def _pin_before_fork() -> None:
+    if _used_pid == os.getpid():
+        _pinned.append(list(_holders))
+
+
+def _unpin_in_parent() -> None:
+    if _pinned and _used_pid == os.getpid():
+        _pinned.pop()
+
+
+os.register_at_fork(before=_pin_before_fork, after_in_parent=_unpin_in_parent)
 
 
 def available() -> bool:
@@ -144,6 +174,7 @@ class Channels:
         self.secure = secure
         self.routing = ("x-goog-request-params", f"bucket={bucket_path(bucket)}")
         self._state: tuple[int, asyncio.AbstractEventLoop, Any, dict[str, Any]] | None = None
+        hold(self)
 
     def _open(self) -> tuple[int, asyncio.AbstractEventLoop, Any, dict[str, Any]]:
         if grpc is None:
@@ -193,13 +224,16 @@ class Channels:
             # A forked child or another loop: a channel of its own. The
             # parent's is left alone (closing it here could block on threads
             # that did not survive the fork).
+            if state is not None and state[0] != os.getpid():
+                _pinned.append(state)  # the parent's: never freed here
             state = self._state = self._open()
         return state[3][name]
 
     async def close(self) -> None:
         """Close this loop's channel, if it made one."""
-        state, self._state = self._state, None
+        state = self._state
         if state is not None and state[0] == os.getpid() and state[1] is asyncio.get_running_loop():
+            self._state = None
             await state[2].close()
 
 

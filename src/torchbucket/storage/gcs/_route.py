@@ -153,9 +153,28 @@ class Router:
         await path.delete(key, generation)
         await path.after_delete(key)
 
+    async def zonal(self) -> bool:
+        """Whether the bucket is zonal, as far as this store may ask.
+
+        ``transport="grpc"``: yes. Otherwise the bucket's layout, asked once
+        per process, but only where gRPC could be taken (``"auto"`` and a gRPC
+        endpoint known); elsewhere what is known already, else no. In a process
+        that takes the JSON API on a zonal bucket (forked after gRPC was used)
+        it is still zonal: compose and its kin are refused there all the same.
+        """
+        mode = self._config.transport
+        if mode == "grpc":
+            return True
+        known = known_layout(self._t)
+        if known is not None or mode == "http":
+            return known is not None and known.zonal
+        if grpc_target(self._config, self._t.endpoint) is None or not _grpc_wire.available():
+            return False
+        return (await bucket_layout(self._t)).zonal
+
     async def refuse(self, operation: str, key: str) -> None:
-        """Raise 501 for what a zonal bucket does not have, on the gRPC path."""
-        if await self.grpc() is not None:
+        """Raise 501 for what a zonal bucket does not have."""
+        if await self.zonal():
             raise StorageError(
                 "a zonal (Rapid) bucket has no compose, copy/rewrite or multipart upload",
                 operation=operation,
