@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -118,3 +119,54 @@ def test_a_stale_controller_is_skipped(monkeypatch: pytest.MonkeyPatch, tmp_path
     time.sleep(0.5)
     assert all(b.take(0) == 0.0 for _ in range(10))  # no waiting on a dead controller
     assert b.status()["mode"] == "off"
+
+
+class _DeadStore:
+    def __init__(self, block: float = 0.0) -> None:
+        self.block = block
+        self.calls = 0
+
+    def add(self, key: str, value: int) -> int:
+        self.calls += 1
+        if self.block:
+            time.sleep(self.block)
+        raise RuntimeError("connection reset by peer")
+
+
+def _sync(tmp_path: Path, name: str, store: _DeadStore, **config: float) -> tuple[Any, Any]:
+    from torchbucket.runtime._budget_sync import Sync
+
+    cfg = BudgetConfig(enabled=True, read_rate=100, **config)  # type: ignore[arg-type]
+    segment = budget._Segment(str(tmp_path / name))
+    sync = Sync(segment, cfg, name)
+    sync._connect = lambda: store if not sync._store_failed else None  # type: ignore[method-assign]
+    sync.world = 4
+    return sync, budget.Budget(segment, cfg)
+
+
+def test_a_dead_store_turns_the_rank_to_local_mode(tmp_path: Path) -> None:
+    store = _DeadStore()
+    sync, b = _sync(tmp_path, "dead", store)
+    sync.start()
+    try:
+        for _ in range(5):
+            b.take(0)
+        time.sleep(1.0)
+        assert store.calls == 1  # tried once, then never again
+        assert b.status()["mode"] == "local"
+        assert b.status()["read"]["rank_rate"] == pytest.approx(25.0, rel=0.2)  # rate / world
+    finally:
+        sync.close()
+
+
+def test_a_store_that_never_answers_never_blocks_a_request(tmp_path: Path) -> None:
+    store = _DeadStore(block=30.0)  # a hung store call holds the controller thread
+    sync, b = _sync(tmp_path, "hung", store, stale_after=0.5)
+    sync.start()
+    time.sleep(1.2)
+    start = time.monotonic()
+    waits = [b.take(0) for _ in range(1000)]
+    assert time.monotonic() - start < 5.0  # no call waits on the store
+    assert set(waits) == {0.0}  # a stale controller: the budget is skipped
+    assert b.status()["mode"] == "off"
+    sync.stop.set()
