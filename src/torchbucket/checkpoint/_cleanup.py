@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 
 from torchbucket.errors import NotFoundError
+from torchbucket.runtime.tasks import gather_or_cancel
 from torchbucket.storage.base import MultipartUpload, ObjectStore
 
 __all__ = ["abort_incomplete_uploads", "abort_uploads"]
@@ -61,7 +62,7 @@ async def abort_uploads(
             logger.debug("aborted multipart upload %s to %s", upload_id, store.uri(key))
             return 1
 
-    results = await asyncio.gather(*(abort(u.key, u.upload_id) for u in stale))
+    results = await gather_or_cancel(abort(u.key, u.upload_id) for u in stale)
     return sum(results)
 
 

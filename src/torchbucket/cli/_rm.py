@@ -10,7 +10,6 @@ script that meant one object never empties a bucket.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 
 from torchbucket import runtime
@@ -27,6 +26,7 @@ from torchbucket.cli._common import (
 from torchbucket.cli._ls import list_target
 from torchbucket.errors import NotFoundError, StorageError
 from torchbucket.listing import ListingConfig
+from torchbucket.runtime.tasks import gather_or_cancel
 from torchbucket.storage import ObjectInfo
 
 __all__ = ["add_rm"]
@@ -169,7 +169,7 @@ def _delete_all(target: Target, objects: list[ObjectInfo]) -> tuple[int, int]:
                     return
                 bar.update(1)
 
-        await asyncio.gather(*(worker() for _ in range(min(_IN_FLIGHT, len(objects)))))
+        await gather_or_cancel(worker() for _ in range(min(_IN_FLIGHT, len(objects))))
         if failures:
             raise failures[0]
         return counts[0], counts[1]

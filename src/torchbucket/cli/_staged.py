@@ -24,6 +24,7 @@ import time
 from torchbucket.checkpoint.staged_names import is_staging_name
 from torchbucket.errors import NotFoundError
 from torchbucket.listing import ListingConfig, alist_objects
+from torchbucket.runtime.tasks import gather_or_cancel
 from torchbucket.storage import ObjectInfo, ObjectStore, SupportsCreationTime
 
 __all__ = ["Staged", "find_staged", "remove_staged", "when"]
@@ -73,7 +74,7 @@ async def find_staged(
         # Unknown age might be a save still running: spare it.
         return (info, stamp) if stamp is not None and stamp <= cutoff else None
 
-    return [s for s in await asyncio.gather(*(age(o) for o in staged)) if s is not None]
+    return [s for s in await gather_or_cancel(age(o) for o in staged) if s is not None]
 
 
 async def remove_staged(store: ObjectStore, staged: list[Staged]) -> tuple[int, int]:
@@ -92,7 +93,7 @@ async def remove_staged(store: ObjectStore, staged: list[Staged]) -> tuple[int, 
                 return -1  # gone already
             return info.size
 
-    sizes = [n for n in await asyncio.gather(*(remove(info) for info, _ in staged)) if n >= 0]
+    sizes = [n for n in await gather_or_cancel(remove(info) for info, _ in staged) if n >= 0]
     return len(sizes), sum(sizes)
 
 

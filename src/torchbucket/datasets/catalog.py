@@ -12,7 +12,6 @@ them, share it.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -24,6 +23,7 @@ from torchbucket import runtime
 from torchbucket._uri import as_uri, parse_uri
 from torchbucket.errors import ConfigError, NotFoundError
 from torchbucket.listing import alist_objects
+from torchbucket.runtime.tasks import gather_or_cancel
 from torchbucket.storage import store_for
 from torchbucket.storage.base import ObjectInfo, ObjectStore
 from torchbucket.storage.crc32c import b64, from_b64
@@ -190,8 +190,8 @@ class Catalog:
             keys.append(parsed.key)
 
         async def head_all() -> list[ObjectInfo]:
-            return await asyncio.gather(
-                *(store_list[s].head(k) for s, k in zip(store_ids, keys, strict=True))
+            return await gather_or_cancel(
+                store_list[s].head(k) for s, k in zip(store_ids, keys, strict=True)
             )
 
         infos = runtime.run(head_all())

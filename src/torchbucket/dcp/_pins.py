@@ -13,12 +13,12 @@ pins: its files are pinned to the generations they have when the load starts.
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from torch.distributed.checkpoint.metadata import Metadata
 
 from torchbucket.errors import CheckpointError, NotFoundError
+from torchbucket.runtime.tasks import gather_or_cancel
 
 if TYPE_CHECKING:
     from torchbucket.storage.base import ObjectInfo, ObjectStore
@@ -134,7 +134,7 @@ async def file_infos(
             for key, name in files.items()
         }
     keys = list(files)
-    heads = await asyncio.gather(*(store.head(key) for key in keys))
+    heads = await gather_or_cancel(store.head(key) for key in keys)
     return dict(zip(keys, heads, strict=True))
 
 

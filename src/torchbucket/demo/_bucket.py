@@ -18,6 +18,7 @@ from tqdm import tqdm
 from torchbucket import runtime
 from torchbucket.errors import BucketNotFoundError, StorageError
 from torchbucket.listing import alist_objects
+from torchbucket.runtime.tasks import gather_or_cancel
 from torchbucket.storage import HIDDEN_PREFIXES, MultipartUpload, ObjectInfo, ObjectStore, store_for
 from torchbucket.storage.gcs import GCSConfig
 
@@ -66,7 +67,7 @@ def upload_folder(folder: str, uri: str, gcs: GCSConfig, *, jobs: int = 128) -> 
                     bar.update(1)
 
             try:
-                await asyncio.gather(*(one(name) for name in files))
+                await gather_or_cancel(one(name) for name in files)
             finally:
                 await store.close()
         return total

@@ -6,7 +6,6 @@ DataLoader workers start). Reads are pinned to the listed generations.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from torchbucket import runtime
 from torchbucket._uri import as_uri, parse_uri
 from torchbucket.errors import ConfigError, NotFoundError
 from torchbucket.listing import alist_objects
+from torchbucket.runtime.tasks import gather_or_cancel
 from torchbucket.shards._index import MANIFEST_NAME, Manifest, ShardIndex, index_name
 from torchbucket.storage import store_for
 from torchbucket.storage.base import ObjectInfo, ObjectStore
@@ -156,6 +156,6 @@ async def _open(store: ObjectStore, key: str, uri: str, listing: ListingConfig |
             )
         return index
 
-    indexes = await asyncio.gather(*(index_of(s) for s in shards))
+    indexes = await gather_or_cancel(index_of(s) for s in shards)
     logger.debug("%s: %d shards, %d indexed", uri, len(shards), sum(i is not None for i in indexes))
     return ShardSet(store, tuple(shards), tuple(indexes), group_by)
