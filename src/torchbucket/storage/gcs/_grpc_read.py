@@ -145,15 +145,30 @@ class _Stream:
         metadata = await owner.metadata()
         self.call = owner.channels.method("BidiReadObject")(metadata=metadata)
         self.task = asyncio.get_running_loop().create_task(self._pump())
-        async with self._lock:
-            await self.call.write(request)
+        await self._send(request)
 
     async def add(self, read: RangeRead) -> None:
         request = pb().BidiReadObjectRequest()
         request.read_ranges.append(self._range(read))
         self.reads[read.read_id] = read
+        await self._send(request)
+
+    async def _send(self, request: Any) -> None:
         async with self._lock:
-            await self.call.write(request)
+            if self.closed:
+                raise TransientError(
+                    "the read stream ended", operation="get", uri=self.owner.uri(self.key)
+                )
+            try:
+                await self.call.write(request)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the server ended the stream meanwhile
+                raise TransientError(
+                    f"the read stream ended ({type(exc).__name__})",
+                    operation="get",
+                    uri=self.owner.uri(self.key),
+                ) from exc
 
     def drop(self, read: RangeRead) -> None:
         """Forget ``read`` (done, failed or cancelled); end the stream once idle."""
@@ -355,12 +370,14 @@ class ReadStreams:
         if stream is None or stream.closed or len(stream.reads) >= MAX_RANGES_PER_STREAM:
             stream = _Stream(self, key, generation, on_meta)
             self._open[(key, generation)] = stream
-            accounting.count("get")
-            await stream.open(read)
-        else:
-            accounting.count("get")
-            await stream.add(read)
+        accounting.count("get")
         try:
+            if stream.call is None:
+                await stream.open(read)
+            else:
+                await stream.add(read)
             return await read.done
         finally:
             stream.drop(read)
+            if read.done.done() and not read.done.cancelled():
+                read.done.exception()  # retrieved: raised above, or a later stream's
