@@ -41,7 +41,7 @@ COMPOSE = ComposeConfig()
 # the fork-started DataLoader workers have it too.
 NO_READ_AROUND = {"read_around_after": 0, "read_around_needed_after": 0}
 PACK = PackConfig(shard_size=256 << 10)
-READ = ShardReadConfig(read_size=32 << 10, first_read_size=4 << 10)
+READ = ShardReadConfig(range_size=32 << 10, first_range_size=4 << 10)
 
 
 def _size(i: int) -> int:

@@ -141,7 +141,7 @@ def test_corrupt_and_truncated_bodies_are_read_again(emulator: Emulator, bucket:
     ds = BucketShardDataset.from_prefix(
         f"gs://{bucket}/packed/",
         gcs=_gcs(emulator),
-        shard_read=ShardReadConfig(first_read_size=4096, read_size=16384),
+        shard_read=ShardReadConfig(first_range_size=4096, range_size=16384),
     )
     samples = list(ds)
     assert [_key(s) for s in samples] == [f"{i:05d}" for i in range(N)]
@@ -179,7 +179,7 @@ def test_resumes_over_http(emulator: Emulator, bucket: str) -> None:
             gcs=_gcs(emulator),
             shuffle=True,
             seed=4,
-            shard_read=ShardReadConfig(shuffle_buffer=16, first_read_size=2048, read_size=8192),
+            shard_read=ShardReadConfig(shuffle_buffer=16, first_range_size=2048, range_size=8192),
         )
 
     check_resumable(make, epochs=2, set_epoch=lambda d, e: d.set_epoch(e), key=_key)
@@ -222,7 +222,7 @@ def test_large_reads_land_in_place_and_survive_corrupt_and_cut_bodies(
         f"gs://{bucket}/bigpacked/",
         gcs=_gcs(emulator),
         shard_read=ShardReadConfig(
-            first_read_size=1 << 20, read_size=2 << 20, bytes_in_flight=4 << 20
+            first_range_size=1 << 20, range_size=2 << 20, prefetch_size=4 << 20
         ),
     )
     samples = list(ds)

@@ -105,7 +105,7 @@ def test_shards_plan_of_a_small_example_against_a_hand_computation() -> None:
     # 8 objects of 1,536 bytes: 2,048 in a tar with their header; shards of at
     # most 9,216 bytes hold 4 (and the 1,024 bytes of end-of-archive blocks).
     pack = PackConfig(shard_size=9216)
-    read = ShardReadConfig(first_read_size=1024, read_size=2048)
+    read = ShardReadConfig(first_range_size=1024, range_size=2048)
     shards = _plans([1536] * 8, epochs=2, workers=2, pack=pack, shard_read=read)["shards"]
     # A worker reads one shard's data, bytes 512 to 8,192: reads of 1,024,
     # 2,048, 2,048, 2,048 and the last 512.

@@ -193,7 +193,7 @@ def test_every_sample_once_with_its_members(bucket: str, shuffle: bool) -> None:
         f"memory://{bucket}/packed/",
         shuffle=shuffle,
         seed=5,
-        shard_read=ShardReadConfig(first_read_size=1000, read_size=3000, shuffle_buffer=10),
+        shard_read=ShardReadConfig(first_range_size=1000, range_size=3000, shuffle_buffer=10),
     )
     samples = list(ds)
     assert sorted(map(_key, samples)) == [f"{i:04d}" for i in range(KEYS)]
@@ -247,7 +247,7 @@ def test_resumes_mid_shard_without_replay_or_skip(
             uri,
             shuffle=shuffle,
             seed=7,
-            shard_read=ShardReadConfig(first_read_size=512, read_size=2048, shuffle_buffer=8),
+            shard_read=ShardReadConfig(first_range_size=512, range_size=2048, shuffle_buffer=8),
         )
 
     check_resumable(make, epochs=2, set_epoch=lambda d, e: d.set_epoch(e), key=_key)
@@ -343,7 +343,7 @@ def test_reads_webdataset_shards_without_an_index(bucket: str, tmp_path: Path) -
     _write_webdataset(bucket, tmp_path)
     ds = BucketShardDataset.from_prefix(
         f"memory://{bucket}/packed/",
-        shard_read=ShardReadConfig(first_read_size=700, read_size=1500),
+        shard_read=ShardReadConfig(first_range_size=700, range_size=1500),
     )
     assert ds.num_samples is None and ds.num_shards == 5
     samples = list(ds)
@@ -407,12 +407,12 @@ class _Watched(MemoryStore):
             cls.bytes_in_flight -= len(buffer)
 
 
-def test_reads_start_with_one_small_read_and_stay_within_bytes_in_flight(bucket: str) -> None:
+def test_reads_start_with_one_small_read_and_stay_within_prefetch_size(bucket: str) -> None:
     _pack(bucket, shard_size=1 << 20)
     _Watched.starts, _Watched.peak_bytes = [], 0
     ds = BucketShardDataset.from_prefix(
         f"memory://{bucket}/packed/",
-        shard_read=ShardReadConfig(first_read_size=512, read_size=4096, bytes_in_flight=8192),
+        shard_read=ShardReadConfig(first_range_size=512, range_size=4096, prefetch_size=8192),
     )
     object.__setattr__(ds._shards, "store", _Watched(bucket, create=False))
     samples = list(ds)

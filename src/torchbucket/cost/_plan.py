@@ -125,8 +125,8 @@ def _shards_plan(
     epoch = shards_estimate.epoch_requests(planned, ranks=ranks, workers=workers, shard_read=read)
     note = (
         f"packed once into {len(planned)} shard(s) of <= {pack.shard_size / (1 << 20):g} MiB"
-        f" (torchbucket pack), read in ranges of {read.first_read_size / (1 << 20):g} MiB"
-        f" doubling to {read.read_size / (1 << 20):g} MiB"
+        f" (torchbucket pack), read in ranges of {read.first_range_size / (1 << 20):g} MiB"
+        f" doubling to {read.range_size / (1 << 20):g} MiB"
     )
     return run.plan("shards", epoch, once, note=note)
 

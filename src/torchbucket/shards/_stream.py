@@ -2,9 +2,9 @@
 
 The byte ranges a worker needs (a piece of an indexed shard: from its first
 sample's data to its last one's; a shard without an index: all of it) are cut
-into reads of ``first_read_size`` doubling up to ``read_size``, kept going
+into reads of ``first_range_size`` doubling up to ``range_size``, kept going
 on the runtime's loop across shard boundaries (at most ``reads_in_flight``
-and ``bytes_in_flight``, starting with one read and one more per read
+and ``prefetch_size``, starting with one read and one more per read
 taken), each into a buffer of its own (``get_into``). The consumer (a DataLoader worker's thread) takes them in
 order and cuts samples out: with an index by the members' offsets, each
 member checked against its CRC32C (re-read once on a mismatch, then an
@@ -44,17 +44,17 @@ def cut_reads(
 ) -> Iterator[tuple[int, int, int]]:
     """The ranged reads of ``(piece, start, end)`` byte ranges, in order.
 
-    ``first_read_size`` first, each next one twice as large up to
-    ``read_size``, across piece boundaries; a range's last read ends with it.
+    ``first_range_size`` first, each next one twice as large up to
+    ``range_size``, across piece boundaries; a range's last read ends with it.
     """
-    size = config.first_read_size
+    size = config.first_range_size
     for piece, start, end in ranges:
         pos = start
         while pos < end:
             stop = min(end, pos + size)
             yield piece, pos, stop
             pos = stop
-            size = min(config.read_size, size * 2)
+            size = min(config.range_size, size * 2)
 
 
 class _Chunks:
@@ -62,7 +62,7 @@ class _Chunks:
 
     Each read lands in a buffer of its own (``get_into``: on GCS the body is
     received in place, no copy on the way). The reads in flight are bounded by
-    ``reads_in_flight`` and by ``bytes_in_flight`` (bytes asked for and not
+    ``reads_in_flight`` and by ``prefetch_size`` (bytes asked for and not
     yet taken; one read always goes), and start slowly: one read at first,
     one more allowed per read taken, so that the first, small reads are not
     slowed down by large ones competing for the same connection, CPU and
@@ -81,7 +81,7 @@ class _Chunks:
         self._plan = cut_reads(ranges, config)
         self._next = next(self._plan, None)
         self._max_reads = config.reads_in_flight
-        self._max_bytes = config.bytes_in_flight
+        self._max_bytes = config.prefetch_size
         self._taken = 0
         self._asked = 0
         self._futures: collections.deque[

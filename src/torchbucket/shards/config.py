@@ -50,16 +50,16 @@ class ShardReadConfig:
     Attributes:
         reads_in_flight: Ranged GETs in flight per iterator (so per DataLoader
             worker), across shard boundaries, at most. Default 8.
-        bytes_in_flight: Bytes asked for by the reads in flight and not yet
+        prefetch_size: Bytes asked for by the reads in flight and not yet
             taken by the consumer, at most (one read always goes). Default
-            64 MiB: two reads of ``read_size``; at 200 MB/s per body and
+            64 MiB: two reads of ``range_size``; at 200 MB/s per body and
             20 ms to the first byte each takes about 0.2 s, longer than a
             worker needs to cut the samples out of the one before. Memory per
             iterator is about this plus the read being consumed.
-        read_size: Bytes per ranged GET once a stream is under way. Default
+        range_size: Bytes per ranged GET once a stream is under way. Default
             32 MiB: a 100 KiB sample then costs about 1/320 of a request.
-        first_read_size: Bytes of the first GET of an iterator; later reads
-            double up to ``read_size``, and the reads in flight start at one
+        first_range_size: Bytes of the first GET of an iterator; later reads
+            double up to ``range_size``, and the reads in flight start at one
             and grow by one per read taken, so the first batch waits for one
             small read, not for large ones sharing the bandwidth. Default
             1 MiB.
@@ -72,15 +72,18 @@ class ShardReadConfig:
     """
 
     reads_in_flight: int = in_flight(8)
-    bytes_in_flight: int = size(64 * _MIB)
-    read_size: int = size(32 * _MIB)
-    first_read_size: int = size(1 * _MIB)
+    prefetch_size: int = size(64 * _MIB)
+    range_size: int = size(32 * _MIB)
+    first_range_size: int = size(1 * _MIB)
     shuffle_buffer: int = count(1000)
     freeze_gc: bool = switch(True)
 
     def __post_init__(self) -> None:
         check_config(self)
-        if self.first_read_size > self.read_size:
+        if self.first_range_size > self.range_size:
             raise config_error(
-                self, "first_read_size", self.first_read_size, f"<= read_size ({self.read_size})"
+                self,
+                "first_range_size",
+                self.first_range_size,
+                f"<= range_size ({self.range_size})",
             )
