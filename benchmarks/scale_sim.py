@@ -56,7 +56,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
-
 from torchbucket.config import ConcurrencyConfig, RetryConfig
 from torchbucket.emulator._ratemodel import RATE_PRESETS, RateState
 from torchbucket.runtime.budget import AHEAD_S, BudgetConfig, RateController
@@ -210,7 +209,7 @@ def figures(run: Run, step: float) -> dict[str, float]:
     admitted = np.array(run.admitted)
     refused = np.array(run.refused)
     possible = np.array(run.possible)
-    per_s = max(1, int(round(1.0 / step)))
+    per_s = max(1, round(1.0 / step))
     n = len(admitted) // per_s * per_s
     a = admitted[:n].reshape(-1, per_s).sum(axis=1)
     p = possible[:n].reshape(-1, per_s).sum(axis=1)
@@ -252,14 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     payload: dict[str, Any] = {}
     rows = []
     for nodes in args.nodes:
-        runs: dict[str, Callable[[], tuple[Run, float]]] = {
-            "per_process": lambda: (sim_per_process(nodes, args), math.nan),
-            "per_rank": lambda: sim_budget(nodes, args, jobwide=False),
-            "jobwide": lambda: sim_budget(nodes, args, jobwide=True),
+        runs: dict[str, Callable[[int], tuple[Run, float]]] = {
+            "per_process": lambda n: (sim_per_process(n, args), math.nan),
+            "per_rank": lambda n: sim_budget(n, args, jobwide=False),
+            "jobwide": lambda n: sim_budget(n, args, jobwide=True),
         }
         for design, go in runs.items():
             t0 = time.process_time()
-            run, tick = go()
+            run, tick = go(nodes)
             fig = figures(run, args.step)
             ranks = nodes * RANKS_PER_NODE
             if design == "jobwide":
