@@ -36,6 +36,7 @@ from torchbucket.storage import (
     ObjectStore,
     SupportsBucketInfo,
 )
+from torchbucket.storage.pages import list_all
 
 __all__ = ["add_cleanup", "find_leftovers", "parse_duration"]
 
@@ -64,18 +65,6 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _SECONDS[match.group(2)]
 
 
-async def _list_hidden(store: ObjectStore, prefix: str) -> list[ObjectInfo]:
-    # The ordinary listing hides composed objects; here they are the point.
-    out: list[ObjectInfo] = []
-    token: str | None = None
-    while True:
-        page = await store.list_page(prefix, page_token=token)
-        out.extend(page.objects)
-        token = page.next_page_token
-        if token is None:
-            return out
-
-
 async def _check_bucket(store: ObjectStore) -> None:
     """Raise ``BucketNotFoundError`` if a bucket request says the bucket is missing.
 
@@ -92,7 +81,8 @@ async def _find(
 ) -> tuple[list[ObjectInfo], list[MultipartUpload] | None, StorageError | None]:
     """Composed objects, incomplete uploads (``None`` without the API), and why not."""
     await _check_bucket(store)
-    composed = await _list_hidden(store, _COMPOSED_PREFIX)
+    # The ordinary listing hides composed objects; here they are the point.
+    composed = await list_all(store, _COMPOSED_PREFIX)
     try:
         uploads = await store.multipart_list(prefix)
     except StorageError as exc:

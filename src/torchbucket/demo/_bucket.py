@@ -21,6 +21,7 @@ from torchbucket.listing import alist_objects
 from torchbucket.runtime.tasks import gather_or_cancel
 from torchbucket.storage import HIDDEN_PREFIXES, MultipartUpload, ObjectInfo, ObjectStore, store_for
 from torchbucket.storage.gcs import GCSConfig
+from torchbucket.storage.pages import list_all
 
 __all__ = ["Upload", "find_leftovers", "human_bytes", "list_uris", "plural", "upload_folder"]
 
@@ -91,16 +92,7 @@ def list_uris(uri: str, gcs: GCSConfig) -> list[str]:
 
 async def _hidden(store: ObjectStore) -> list[ObjectInfo]:
     # The ordinary listing hides composed objects; here they are the point.
-    out: list[ObjectInfo] = []
-    for prefix in HIDDEN_PREFIXES:
-        token: str | None = None
-        while True:
-            page = await store.list_page(prefix, page_token=token)
-            out.extend(page.objects)
-            token = page.next_page_token
-            if token is None:
-                break
-    return out
+    return [info for prefix in HIDDEN_PREFIXES for info in await list_all(store, prefix)]
 
 
 def find_leftovers(uri: str, gcs: GCSConfig) -> tuple[list[ObjectInfo], list[MultipartUpload]]:

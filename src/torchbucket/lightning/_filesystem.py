@@ -30,6 +30,7 @@ from fsspec import AbstractFileSystem
 from torchbucket import runtime
 from torchbucket.checkpoint import BucketCheckpoint
 from torchbucket.errors import NotFoundError
+from torchbucket.storage.pages import list_all
 
 __all__ = ["BucketFileSystem", "register_filesystem", "set_active_checkpoint"]
 
@@ -90,19 +91,13 @@ class BucketFileSystem(AbstractFileSystem):  # type: ignore[misc]
         store, _ = _checkpoint().open(f"gs://{bucket}/x")
         prefix = prefix + "/" if prefix else ""
         entries: dict[str, dict[str, Any]] = {}
-        token: str | None = None
-        while True:
-            page = runtime.run(store.list_page(prefix, page_token=token))
-            for obj in page.objects:
-                child, sep, _ = obj.name[len(prefix) :].partition("/")
-                name = f"{bucket}/{prefix}{child}"
-                if sep:
-                    entries.setdefault(name, {"name": name, "size": 0, "type": "directory"})
-                else:
-                    entries[name] = self._file_entry(name, obj.size)
-            token = page.next_page_token
-            if token is None:
-                break
+        for obj in runtime.run(list_all(store, prefix)):
+            child, sep, _ = obj.name[len(prefix) :].partition("/")
+            name = f"{bucket}/{prefix}{child}"
+            if sep:
+                entries.setdefault(name, {"name": name, "size": 0, "type": "directory"})
+            else:
+                entries[name] = self._file_entry(name, obj.size)
         if not entries:
             if prefix and self.isfile(path):
                 return [self.info(path)] if detail else [path]
