@@ -36,7 +36,9 @@ from torchbucket.compose.config import (
     ComposeConfig,
 )
 from torchbucket.errors import NotFoundError
+from torchbucket.runtime.tasks import gather_or_cancel
 from torchbucket.storage.base import ObjectStore
+from torchbucket.storage.pages import list_pages
 
 __all__ = [
     "COMPOSITE_PREFIX",
@@ -86,11 +88,6 @@ async def cleanup_composites(store: ObjectStore, prefix: str = "") -> int:
             return 1
 
     deleted = 0
-    token: str | None = None
-    while True:
-        page = await store.list_page(full, page_token=token)
-        results = await asyncio.gather(*(delete(o.name) for o in page.objects))
-        deleted += sum(results)
-        token = page.next_page_token
-        if token is None:
-            return deleted
+    async for page in list_pages(store, full):  # a page's deletes end before the next page
+        deleted += sum(await gather_or_cancel(delete(o.name) for o in page.objects))
+    return deleted
