@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yarl
 from aiohttp import web
+from http_helper import local_server
 
 from torchbucket import runtime
 from torchbucket.config import RetryConfig
@@ -64,22 +65,11 @@ class Server:
 @pytest.fixture
 def served() -> Iterator[tuple[Server, GCSStore]]:
     server = Server()
-
-    async def start() -> tuple[web.AppRunner, int]:
-        app = web.Application()
-        app.router.add_route("GET", "/{tail:.*}", server.handle)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        return runner, runner.addresses[0][1]
-
-    runner, port = runtime.run(start())
     retry = RetryConfig(initial_backoff=0.0, max_backoff=0.01, deadline=10.0, read_timeout=2.0)
-    store = GCSStore("bkt", config=GCSConfig(endpoint=f"http://127.0.0.1:{port}", retry=retry))
-    yield server, store
-    runtime.run(store.close())
-    runtime.run(runner.cleanup())
+    with local_server(server.handle) as endpoint:
+        store = GCSStore("bkt", config=GCSConfig(endpoint=endpoint, retry=retry))
+        yield server, store
+        runtime.run(store.close())
 
 
 def _read(store: GCSStore, start: int, end: int | None, **kw: Any) -> tuple[bytes, ResumingStream]:

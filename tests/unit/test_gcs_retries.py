@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from http_helper import local_server
 
 from torchbucket import runtime
 from torchbucket.config import RetryConfig
@@ -83,24 +84,13 @@ def resource(name: str, data: bytes, generation: int = 5) -> dict[str, Any]:
 @pytest.fixture
 def server() -> Iterator[tuple[Scripted, GCSStore]]:
     scripted = Scripted()
-
-    async def start() -> tuple[web.AppRunner, int]:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", scripted.handle)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        return runner, runner.addresses[0][1]
-
-    runner, port = runtime.run(start())
     retry = RetryConfig(
         initial_backoff=0.0, max_backoff=0.01, deadline=10.0, max_attempts=4, read_timeout=0.3
     )
-    store = GCSStore("bkt", config=GCSConfig(endpoint=f"http://127.0.0.1:{port}", retry=retry))
-    yield scripted, store
-    runtime.run(store.close())
-    runtime.run(runner.cleanup())
+    with local_server(scripted.handle) as endpoint:
+        store = GCSStore("bkt", config=GCSConfig(endpoint=endpoint, retry=retry))
+        yield scripted, store
+        runtime.run(store.close())
 
 
 def test_a_read_is_retried_after_throttling_and_server_errors(server: Any) -> None:
