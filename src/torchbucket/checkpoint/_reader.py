@@ -25,10 +25,10 @@ import numpy as np
 from torchbucket import runtime
 from torchbucket._madvise import MADV_POPULATE_WRITE, madvise
 from torchbucket.checkpoint import _consumed
-from torchbucket.checkpoint._crc import Crc32c
 from torchbucket.checkpoint.config import CheckpointConfig
 from torchbucket.errors import IntegrityError, NotFoundError
 from torchbucket.storage.base import ObjectInfo, ObjectStore
+from torchbucket.storage.crc32c import Crc32c
 from torchbucket.storage.ranges import fetch_ranges, split_ranges
 
 logger = logging.getLogger(__name__)

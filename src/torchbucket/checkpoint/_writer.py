@@ -45,7 +45,6 @@ from typing import Literal
 
 from torchbucket import runtime
 from torchbucket.checkpoint._cleanup import abort_uploads
-from torchbucket.checkpoint._crc import Crc32c
 from torchbucket.checkpoint._parts import (
     BufferPool,
     first_part_size,
@@ -81,6 +80,7 @@ from torchbucket.storage.base import (
     ObjectInfo,
     ObjectStore,
 )
+from torchbucket.storage.crc32c import Crc32c
 
 __all__ = ["CheckpointWriter"]
 
