@@ -32,7 +32,7 @@ from torchbucket.errors import IntegrityError, NotFoundError, RetryableError, St
 from torchbucket.storage._common import check_part_number
 from torchbucket.storage.base import MultipartUpload, ObjectInfo, Part
 from torchbucket.storage.crc32c import combine
-from torchbucket.storage.gcs import _errors, _head, _xml
+from torchbucket.storage.gcs import _errors, _head, _objects, _xml
 from torchbucket.storage.gcs._transport import GCSTransport
 from torchbucket.storage.gcs._wire import crc_b64, extend_crc, hash_header_crc32c, quote_name
 
@@ -282,7 +282,9 @@ class XMLMultipart:
 
     async def abort(self, key: str, upload_id: str) -> None:
         url = self._xml_url(key, f"uploadId={quote_name(upload_id)}")
-        await self._transport.delete_request(url, "multipart abort", self._transport.urls.uri(key))
+        await _objects.delete_url(
+            self._transport, url, "multipart abort", self._transport.urls.uri(key)
+        )
         self._sent.pop(upload_id, None)
 
     async def list_uploads(self, prefix: str = "") -> list[MultipartUpload]:

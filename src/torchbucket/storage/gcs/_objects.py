@@ -14,7 +14,7 @@ from typing import Any
 
 import yarl
 
-from torchbucket.errors import IntegrityError, StorageError
+from torchbucket.errors import IntegrityError, NotFoundError, RetryableError, StorageError
 from torchbucket.storage._common import check_compose_sources
 from torchbucket.storage.base import ObjectInfo
 from torchbucket.storage.crc32c import combine, from_b64
@@ -22,7 +22,15 @@ from torchbucket.storage.gcs import _errors, _uncertain
 from torchbucket.storage.gcs._transport import GCSTransport
 from torchbucket.storage.gcs._wire import INFO_FIELDS, crc_b64, object_info, quote_name
 
-__all__ = ["combined_crc32c", "compose", "copy", "created", "delete", "rfc3339_seconds"]
+__all__ = [
+    "combined_crc32c",
+    "compose",
+    "copy",
+    "created",
+    "delete",
+    "delete_url",
+    "rfc3339_seconds",
+]
 
 # RFC 3339 as GCS writes times ("2024-05-01T12:00:00.123Z"), any fraction, any offset.
 _RFC3339 = re.compile(
@@ -162,9 +170,34 @@ async def created(transport: GCSTransport, key: str, generation: int | None) -> 
 
 async def delete(transport: GCSTransport, key: str, generation: int | None) -> None:
     url = transport.urls.object_url(key, "" if generation is None else f"generation={generation}")
-    await transport.delete_request(
-        url, "delete", transport.urls.uri(key), idempotent=generation is not None
+    await delete_url(
+        transport, url, "delete", transport.urls.uri(key), idempotent=generation is not None
     )
+
+
+async def delete_url(
+    transport: GCSTransport, url: yarl.URL, operation: str, uri: str, *, idempotent: bool = True
+) -> None:
+    """Send a DELETE of ``url`` with retries; a 404 after a lost answer means it was done.
+
+    Raises:
+        NotFoundError: The first attempt found nothing to delete.
+    """
+    ambiguous = False
+
+    async def attempt() -> None:
+        nonlocal ambiguous
+        try:
+            await transport.request("DELETE", url, operation=operation, uri=uri)
+        except NotFoundError:
+            if not ambiguous:
+                raise
+            # A retry of a delete whose answer was lost: that one deleted it.
+        except RetryableError:
+            ambiguous = True
+            raise
+
+    await transport.call(attempt, operation, uri, idempotent=idempotent)
 
 
 async def copy(transport: GCSTransport, source: str, destination: str) -> ObjectInfo:

@@ -26,8 +26,6 @@ from multidict import CIMultiDictProxy
 
 from torchbucket.errors import (
     IntegrityError,
-    NotFoundError,
-    RetryableError,
     StorageError,
     TransientError,
 )
@@ -300,30 +298,6 @@ class GCSTransport:
                 status, resp_headers, body, operation=operation, uri=uri
             )
         return status, resp_headers, body
-
-    async def delete_request(
-        self, url: yarl.URL, operation: str, uri: str, *, idempotent: bool = True
-    ) -> None:
-        """Send a DELETE with retries; a 404 after a lost answer means it was done.
-
-        Raises:
-            NotFoundError: The first attempt found nothing to delete.
-        """
-        ambiguous = False
-
-        async def attempt() -> None:
-            nonlocal ambiguous
-            try:
-                await self.request("DELETE", url, operation=operation, uri=uri)
-            except NotFoundError:
-                if not ambiguous:
-                    raise
-                # A retry of a delete whose answer was lost: that one deleted it.
-            except RetryableError:
-                ambiguous = True
-                raise
-
-        await self.call(attempt, operation, uri, idempotent=idempotent)
 
     async def open_stream(
         self,
