@@ -116,7 +116,6 @@ class _Stream:
         self.call: Any = None
         self._lock = asyncio.Lock()
         self.meta: Meta | None = None
-        self.first: asyncio.Future[Meta] = asyncio.get_running_loop().create_future()
         self.task: asyncio.Task[None] | None = None
 
     def _range(self, read: RangeRead) -> Any:
@@ -179,6 +178,22 @@ class _Stream:
             if self.call is not None:
                 self.call.cancel()
 
+    async def finish(self, read: RangeRead) -> None:
+        """Forget ``read``, done; once idle, end the stream by half-closing it.
+
+        A half-close costs a fraction of a cancellation in grpc.aio, and the
+        server ends the stream on it.
+        """
+        self.reads.pop(read.read_id, None)
+        if not self.reads and not self.closed:
+            self.closed = True
+            self.owner.forget(self)
+            try:
+                async with self._lock:
+                    await self.call.done_writing()
+            except Exception:  # ended already: nothing to close
+                self.call.cancel()
+
     async def _pump(self) -> None:
         error: StorageError | None = None
         try:
@@ -200,25 +215,20 @@ class _Stream:
             self.owner.forget(self)
             if self.reads:
                 self.call.cancel()
-            if error is None:
-                error = TransientError(
-                    "the read stream ended before the range did",
-                    operation="get",
-                    uri=self.owner.uri(self.key),
-                )
-            if not self.first.done():
-                self.first.set_exception(error)
-                self.first.exception()  # retrieved: the reads raise it
-            for read in list(self.reads.values()):
-                if read.done is not None and not read.done.done():
-                    read.done.set_exception(error)
-            self.reads.clear()
+                if error is None:
+                    error = TransientError(
+                        "the read stream ended before the range did",
+                        operation="get",
+                        uri=self.owner.uri(self.key),
+                    )
+                for read in list(self.reads.values()):
+                    if read.done is not None and not read.done.done():
+                        read.done.set_exception(error)
+                self.reads.clear()
 
     def _receive(self, resp: Any) -> None:
         if resp.HasField("metadata"):
             self.meta = meta_of(resp.metadata)
-            if not self.first.done():
-                self.first.set_result(self.meta)
             if self.on_meta is not None:
                 self.on_meta(self.key, self.meta)
         if resp.HasField("read_handle") and self.meta is not None:
@@ -376,8 +386,11 @@ class ReadStreams:
                 await stream.open(read)
             else:
                 await stream.add(read)
-            return await read.done
-        finally:
+            meta = await read.done
+        except BaseException:
             stream.drop(read)
             if read.done.done() and not read.done.cancelled():
-                read.done.exception()  # retrieved: raised above, or a later stream's
+                read.done.exception()  # retrieved: raised here, or a later stream's
+            raise
+        await stream.finish(read)
+        return meta
