@@ -1,4 +1,4 @@
-"""``runtime.tasks.gather_or_cancel``: every result, or no task left running."""
+"""``runtime.tasks``: every result, or no task left running (gather_or_cancel, cancel_and_wait)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from torchbucket.runtime.tasks import gather_or_cancel
+from torchbucket.runtime.tasks import cancel_and_wait, gather_or_cancel
 
 
 async def _value(value: int, delay: float = 0.0) -> int:
@@ -61,5 +61,31 @@ def test_cancelling_the_caller_stops_every_task() -> None:
         with pytest.raises(asyncio.CancelledError):
             await outer
         assert sorted(stopped) == [0, 1, 2]
+
+    asyncio.run(main())
+
+
+def test_cancel_and_wait_stops_every_task_and_drops_their_errors() -> None:
+    stopped: list[int] = []
+
+    async def slow(i: int) -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            await asyncio.sleep(0)
+            stopped.append(i)
+
+    async def fails() -> None:
+        raise ValueError("already failed")
+
+    async def main() -> None:
+        tasks = [asyncio.ensure_future(slow(i)) for i in range(3)]
+        tasks.append(asyncio.ensure_future(fails()))
+        done = asyncio.ensure_future(_value(7))
+        await asyncio.sleep(0.01)
+        await cancel_and_wait([*tasks, done])
+        assert sorted(stopped) == [0, 1, 2]
+        assert all(t.done() for t in tasks) and done.result() == 7
+        await cancel_and_wait([])  # nothing to wait for
 
     asyncio.run(main())

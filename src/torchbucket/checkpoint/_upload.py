@@ -22,6 +22,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from torchbucket.errors import BucketNotFoundError, StorageError
+from torchbucket.runtime.tasks import cancel_and_wait
 from torchbucket.storage.base import MultipartUpload, ObjectInfo, ObjectStore, Part
 from torchbucket.storage.capabilities import RemoteStore
 
@@ -242,12 +243,9 @@ class MultipartSession(UploadSession):
         return await self.store.multipart_complete(self.key, upload_id, parts)
 
     async def abort(self) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
         # Wait, so that no request still reads a buffer the writer will reuse;
         # their errors are the reason for the abort or a consequence of it.
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         for _, release in self._early.values():
             release()
         self._early.clear()

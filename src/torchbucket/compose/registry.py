@@ -39,6 +39,7 @@ from typing import Any
 from torchbucket import runtime
 from torchbucket.compose._recent import RecentTimes
 from torchbucket.errors import NotFoundError, StorageError
+from torchbucket.runtime.tasks import cancel_and_wait
 from torchbucket.storage.base import ObjectStore
 
 __all__ = [
@@ -180,10 +181,7 @@ async def _delete_resent(
         assert error is not None
         raise error
     finally:
-        for task in sent:
-            task.cancel()
-        if sent:
-            await asyncio.gather(*sent, return_exceptions=True)
+        await cancel_and_wait(sent)
 
 
 def delete_in_background(

@@ -3,16 +3,17 @@
 ``asyncio.gather`` raises the first failure and leaves the other awaitables
 running: a read still filling a buffer the caller is about to free or reuse, an
 upload still sending parts of an upload being aborted. :func:`gather_or_cancel`
-cancels the rest and waits for them to stop before it raises.
+cancels the rest and waits for them to stop before it raises;
+:func:`cancel_and_wait` is that last step, for tasks started one by one.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["gather_or_cancel"]
+__all__ = ["cancel_and_wait", "gather_or_cancel"]
 
 T = TypeVar("T")
 
@@ -34,7 +35,19 @@ async def gather_or_cancel(awaitables: Iterable[Awaitable[T]]) -> list[T]:
     try:
         return await asyncio.gather(*tasks)
     except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
         raise
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
+    """Cancel every one of ``tasks`` not yet done and wait until each has stopped.
+
+    Their results and exceptions are dropped: the caller is giving up on them
+    (a failure elsewhere, an abort), and waits only so that none still uses
+    what the caller is about to free or reuse.
+    """
+    tasks = list(tasks)
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)

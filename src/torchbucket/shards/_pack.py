@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Literal
 from torchbucket import runtime
 from torchbucket.errors import IntegrityError, NotFoundError
 from torchbucket.listing import ListingConfig, alist_objects
-from torchbucket.runtime.tasks import gather_or_cancel
+from torchbucket.runtime.tasks import cancel_and_wait, gather_or_cancel
 from torchbucket.shards._catalog import open_store
 from torchbucket.shards._index import (
     INDEX_SUFFIX,
@@ -186,11 +186,7 @@ async def _write_shard(
             raise failure[0]
         info = await dst.multipart_complete(key, upload_id, [parts[n] for n in sorted(parts)])
     except BaseException:
-        for task in reads:
-            task.cancel()
-        for upload in list(uploads):
-            upload.cancel()
-        await asyncio.gather(*reads, *uploads, return_exceptions=True)
+        await cancel_and_wait([*reads, *uploads])
         try:
             await asyncio.shield(dst.multipart_abort(key, upload_id))
         except Exception:  # the upload may already be gone; nothing was made visible
@@ -316,7 +312,7 @@ async def apack(
         dst, dst_prefix, config=ListingConfig(progress=False, broadcast=False)
     )
     existing = {o.name: o for o in present}
-    done = await asyncio.gather(*(_complete(dst, dst_prefix, s, existing) for s in plan))
+    done = await gather_or_cancel(_complete(dst, dst_prefix, s, existing) for s in plan)
     kept = tuple(s.number for s, entry in zip(plan, done) if entry is not None)
     if dry_run:
         return PackResult(

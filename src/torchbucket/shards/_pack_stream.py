@@ -12,6 +12,7 @@ import asyncio
 import collections
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from torchbucket.runtime.tasks import cancel_and_wait
 from torchbucket.shards._plan import PlannedMember, PlannedShard
 from torchbucket.shards._progress import Progress
 from torchbucket.shards._tar import END_OF_ARCHIVE, padding
@@ -66,9 +67,7 @@ async def stream_shard(
             total.update(chunk)
             yield chunk
         finally:
-            for task in reads:
-                task.cancel()
-            await asyncio.gather(*reads, return_exceptions=True)
+            await cancel_and_wait(reads)
 
     info = await dst.put_stream(key, chunks(), content_type="application/x-tar")
     return info, crcs, total
