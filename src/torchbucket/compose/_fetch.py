@@ -40,6 +40,7 @@ from torchbucket.errors import (
     ThrottledError,
 )
 from torchbucket.runtime import accounting
+from torchbucket.runtime.tasks import cancel_and_wait
 from torchbucket.storage.base import ObjectInfo, ObjectStore
 from torchbucket.storage.listed import read_verified
 
@@ -370,8 +371,7 @@ async def _read_around(
         raise
     won = attempt.done() and not attempt.cancelled() and attempt.exception() is None
     if won and attempt.result() is not None:
-        direct.cancel()
-        await asyncio.gather(direct, return_exceptions=True)
+        await cancel_and_wait([direct])
         data = attempt.result()
         assert data is not None
         return data
