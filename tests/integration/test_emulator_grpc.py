@@ -337,3 +337,49 @@ def test_the_cli_serves_grpc_and_makes_zonal_buckets() -> None:
         assert proc.stdin is not None
         proc.stdin.close()
         proc.wait(timeout=30)
+
+
+def test_bytes_sent_after_the_last_flush_are_lost_with_a_broken_stream(emu: Emulator) -> None:
+    # The service persists at a flush, a finish or a clean close; a client may
+    # count on nothing beyond the persisted size it was told.
+    b = _bucket(emu)
+    parent = f"projects/_/buckets/{b}"
+
+    async def body() -> tuple[int, int]:
+        client = _client(emu)
+        opened: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def requests() -> Any:
+            spec = v2.WriteObjectSpec(
+                resource=v2.Object(name="half", bucket=parent), appendable=True
+            )
+            yield v2.BidiWriteObjectRequest(write_object_spec=spec)
+            await opened.get()
+            chunk = b"persisted"
+            yield v2.BidiWriteObjectRequest(
+                write_offset=0,
+                checksummed_data=v2.ChecksummedData(content=chunk),
+                flush=True,
+                state_lookup=True,
+            )
+            yield v2.BidiWriteObjectRequest(
+                write_offset=len(chunk), checksummed_data=v2.ChecksummedData(content=b"lost")
+            )
+            await asyncio.sleep(3600)  # the stream breaks here
+
+        call = await client.grpc_client.bidi_write_object(requests=requests())
+        first = await call.read()
+        await opened.put(None)
+        flushed = await call.read()
+        await asyncio.sleep(0.2)  # the unflushed chunk reaches the server
+        call.cancel()
+        writer = AsyncAppendableObjectWriter(
+            client, b, "half", generation=first.resource.generation
+        )
+        await writer.open()
+        size = int(writer.persisted_size or 0)
+        await writer.close()  # a clean close: still 9 bytes
+        return int(flushed.persisted_size), size
+
+    assert asyncio.run(body()) == (9, 9)
+    assert _json_read(emu, b, "half")[0] == b"persisted"

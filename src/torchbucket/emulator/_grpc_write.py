@@ -193,10 +193,20 @@ class _Upload:
             self.kind = None
             raise RpcError(grpc.StatusCode.UNAVAILABLE, "Stream broken mid-write (injected fault).")
 
-    async def flush(self) -> None:
-        """Persist what was sent (a round trip to durable storage)."""
+    async def flush(self, *, commit: bool = True) -> None:
+        """Persist what was sent (a round trip to durable storage).
+
+        With ``commit=False`` only the round trip and the checks; :meth:`commit`
+        then persists, with nothing awaited in between.
+        """
         await self._break_if_faulted()
         await self.g.first_byte("put")
+        self._check_live()
+        if commit:
+            self.commit()
+
+    def commit(self) -> None:
+        """Persist the pending bytes (no await: atomic on the server's loop)."""
         self._check_live()
         if self.obj is not None:
             self.obj.append(self.pending, self.crc)
@@ -204,10 +214,11 @@ class _Upload:
         self.persisted = self.received
         self.persisted_crc = self.crc
 
-    def persisted_response(self) -> Any:
+    def persisted_response(self, size: int | None = None, crc: int | None = None) -> Any:
+        """A response with the persisted size (or ``size``, about to be persisted)."""
         out = pb.BidiWriteObjectResponse()
-        out.persisted_size = self.persisted
-        out.persisted_data_checksums.crc32c = self.persisted_crc
+        out.persisted_size = self.persisted if size is None else size
+        out.persisted_data_checksums.crc32c = self.persisted_crc if crc is None else crc
         if self.obj is not None:
             out.write_handle.handle = make_handle(b"wh", self.obj)
         return out
@@ -308,8 +319,13 @@ class WriteApi:
         if not upload.finished:
             if upload.obj is None:
                 raise RpcError(_BAD, "the stream ended without finish_write")
-            await upload.flush()  # a clean half-close persists what was sent
-            yield upload.persisted_response()
+            # A clean half-close persists what was sent. A broken stream ends
+            # the request iterator just the same, so the answer goes first and
+            # the bytes are persisted only once it is written: on a cancelled
+            # call the write fails and this generator is never resumed.
+            await upload.flush(commit=False)
+            yield upload.persisted_response(upload.received, upload.crc)
+            upload.commit()
 
     async def write_object(self, requests: Any, context: Any, tally: Tally) -> Any:
         """``WriteObject``: one object from a client stream ending in ``finish_write``."""
