@@ -23,6 +23,7 @@ from torchbucket.emulator import Emulator, LatencyModel
 
 pytestmark = pytest.mark.emulator
 
+google_crc32c = pytest.importorskip("google_crc32c")
 pytest.importorskip("grpc")
 pytest.importorskip("google.cloud.storage.asyncio.async_grpc_client")
 from google.api_core import exceptions as gexc  # noqa: E402
@@ -272,3 +273,37 @@ def test_auth_mode_checks_the_bearer_token_in_metadata() -> None:
             asyncio.run(head([("authorization", "Bearer nope")]))
         assert asyncio.run(head([("authorization", f"Bearer {token}")])) == 5
         assert emu.auth_stats()["rejected"] == {"missing": 1, "unknown": 1}
+
+
+def test_read_object_streams_break_and_corrupt_as_bidi_ones_do(emu: Emulator) -> None:
+    from google.cloud import _storage_v2 as v2
+
+    b = _bucket(emu)
+    data = os.urandom(5 * _MiB)
+    emu.seed(b, {"obj": data})
+    request = v2.ReadObjectRequest(bucket=f"projects/_/buckets/{b}", object_="obj")
+
+    async def read() -> list[tuple[bytes, int]]:
+        stream = await _client(emu).grpc_client.read_object(request=request, retry=None)
+        return [(m.checksummed_data.content, m.checksummed_data.crc32c) async for m in stream]
+
+    emu.add_fault("get", "truncate")
+    with pytest.raises(gexc.ServiceUnavailable):
+        asyncio.run(read())
+    emu.add_fault("get", "corrupt")
+    chunks = asyncio.run(read())
+    assert b"".join(c for c, _ in chunks) != data
+    bad = [c for c, crc in chunks if google_crc32c.value(c) != crc]
+    assert len(bad) == 1  # the damaged chunk still carries the original's CRC32C
+
+
+def test_a_new_appendable_object_with_generation_0_fails_if_one_exists(emu: Emulator) -> None:
+    b = _bucket(emu)
+    emu.seed(b, {"taken": b"x"})
+
+    async def body() -> None:
+        writer = AsyncAppendableObjectWriter(_client(emu), b, "taken", generation=0)
+        with pytest.raises(gexc.FailedPrecondition):
+            await writer.open()
+
+    asyncio.run(body())
