@@ -92,11 +92,12 @@ class GCSStore:
         return not self._router.zonal_now()
 
     async def zonal(self) -> bool:
-        """Whether reads and writes take the gRPC path (a zonal bucket: see ``GCSConfig.transport``).
+        """Whether the bucket is zonal (Rapid storage; see ``GCSConfig.transport``).
 
-        Found out once per process (one ``buckets.get``) when ``transport`` is ``"auto"``.
+        Found out once per process (one ``buckets.get``) when ``transport`` is
+        ``"auto"`` and a gRPC endpoint is known; ``"grpc"`` says yes.
         """
-        return await self._router.grpc() is not None
+        return await self._router.zonal()
 
     @property
     def config(self) -> GCSConfig:
@@ -322,7 +323,7 @@ class GCSStore:
         await self._multipart.abort(key, upload_id)
 
     async def multipart_list(self, prefix: str = "") -> list[MultipartUpload]:
-        if await self._router.grpc() is not None:
+        if await self._router.zonal():
             return []  # a zonal bucket has no multipart uploads
         return await self._multipart.list_uploads(prefix)
 

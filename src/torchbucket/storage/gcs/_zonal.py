@@ -42,6 +42,7 @@ from torchbucket.storage.gcs._grpc_wire import (
     Channels,
     bucket_path,
     error_for_rpc,
+    hold,
     pb,
 )
 from torchbucket.storage.gcs._grpc_write import Writer, write, write_once
@@ -131,6 +132,7 @@ class GrpcPath:
         self._reads = ReadStreams(
             self.channels, transport.bucket, self._metadata, transport.urls.uri
         )
+        hold(self)  # its streams must outlive a fork in the child (see _grpc_wire)
         #: name -> pointer target seen by head or a read, for pinned reads.
         self._pointers: dict[str, tuple[str, int, int, str | None]] = {}
 
@@ -181,13 +183,14 @@ class GrpcPath:
                 name, gen = followed.target[0], followed.target[1]
                 continue
             except StorageError as exc:
-                discover = name == key and key not in self._pointers
-                if discover and (
+                if name == key and (
                     exc.status == 416 or (generation is not None and isinstance(exc, NotFoundError))
                 ):
                     # An empty pointer refuses the range, and a pinned read
-                    # names its data object's generation: ask the name.
-                    await self.head(key)
+                    # names its data object's generation: ask the name (unless
+                    # a concurrent read of it just did).
+                    if key not in self._pointers:
+                        await self.head(key)
                     known = self._pointers.get(key)
                     if known is not None and (generation is None or known[1] == generation):
                         name, gen = known[0], known[1]
