@@ -31,7 +31,7 @@ every sample checked in the consumer:
   (``blob.download_as_bytes`` per ``__getitem__``), on a sample of the objects
   (it reads about 90 objects/s), in ``.venv-bench``;
 - a bare ``aiohttp`` loop in one process with as many requests in flight as
-  torchbucket's iterable dataset keeps (workers x ``FetchConfig.prefetch``):
+  torchbucket's iterable dataset keeps (workers x ``FetchConfig.reads_in_flight``):
   the limit;
 - for reference, a minimal asyncio prototype inside the same DataLoader (each
   worker drives its own event loop from ``__next__``, as many requests in
@@ -300,7 +300,7 @@ def limit_concurrency() -> int:
     """Requests in flight in torchbucket's iterable dataset: workers x prefetch."""
     from torchbucket.datasets import FetchConfig
 
-    return NUM_WORKERS * FetchConfig().prefetch
+    return NUM_WORKERS * FetchConfig().reads_in_flight
 
 
 def run_one(
@@ -816,7 +816,7 @@ def main(argv: list[str] | None = None) -> int:
                 "Client CPU counts the contender's process and every DataLoader worker.",
                 "The plain Dataset reads a sample of the objects; its rate is per sample.",
                 f"The bare aiohttp loop keeps {limit_concurrency()} requests in flight "
-                "(torchbucket's iterable: workers x FetchConfig.prefetch).",
+                "(torchbucket's iterable: workers x FetchConfig.reads_in_flight).",
             ],
         },
     )

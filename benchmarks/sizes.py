@@ -20,7 +20,7 @@ Contenders (``benchmarks/dataloading.py``'s scripts):
   calls ``fs.cat(paths)``, ``DataLoader(shuffle=True)``, in ``.venv-gcsfs``
   (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``);
 - ``aiohttp``: a bare aiohttp loop in one process with as many requests in
-  flight as torchbucket's iterable dataset (workers x ``FetchConfig.prefetch``):
+  flight as torchbucket's iterable dataset (workers x ``FetchConfig.reads_in_flight``):
   the limit.
 
 Latency (``--latency``): ``same-region`` (constant) and ``same-region-tail``,

@@ -71,10 +71,10 @@ def main() -> None:
         dataset = BucketMapDataset.from_prefix(uri, gcs=gcs, compose=compose, fetch=fetch)
         sampler = BucketBatchSampler(dataset, batch_size=spec["batch_size"], seed=spec["seed"])
         loader_kwargs["batch_sampler"] = sampler
-        concurrency = FetchConfig().prefetch
+        concurrency = FetchConfig().reads_in_flight
     else:
         dataset = BucketIterableDataset.from_prefix(uri, gcs=gcs, compose=compose, fetch=fetch)
-        concurrency = FetchConfig().prefetch
+        concurrency = FetchConfig().reads_in_flight
     names = generated_names(spec["prefix"], spec["count"])
     verifier = Verifier(names, spec["size"], spec.get("seed", 0))
     measure_loader(

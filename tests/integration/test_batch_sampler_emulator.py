@@ -75,7 +75,7 @@ def test_epochs_through_workers_in_the_samplers_order_each_object_read_once(
 ) -> None:
     # None: the default, which composes when reading ahead.
     config = None if compose is None else ComposeConfig(enabled=compose)
-    ds = _dataset(emulator, bucket, compose=config, fetch=FetchConfig(prefetch=24))
+    ds = _dataset(emulator, bucket, compose=config, fetch=FetchConfig(reads_in_flight=24))
     sampler = BucketBatchSampler(ds, batch_size=16, seed=21)
     loader = DataLoader(
         ds,
@@ -105,7 +105,10 @@ def test_epochs_through_workers_in_the_samplers_order_each_object_read_once(
 
 def test_reads_ahead_of_the_batch_asked_for_over_http(emulator: Emulator, bucket: str) -> None:
     ds = _dataset(
-        emulator, bucket, compose=ComposeConfig(enabled=False), fetch=FetchConfig(prefetch=16)
+        emulator,
+        bucket,
+        compose=ComposeConfig(enabled=False),
+        fetch=FetchConfig(reads_in_flight=16),
     )
     batches = list(BucketBatchSampler(ds, batch_size=8, seed=2))
     before = _gets(emulator)
@@ -136,7 +139,7 @@ def test_a_batch_does_not_wait_for_the_next_batchs_reads(emulator: Emulator, buc
         f"gs://{bucket}/train/",
         gcs=gcs,
         compose=ComposeConfig(enabled=False),
-        fetch=FetchConfig(prefetch=64),
+        fetch=FetchConfig(reads_in_flight=64),
     )
     batches = list(BucketBatchSampler(ds, batch_size=20, seed=3))
     emulator.add_fault("get", "stall", match=f"train/{batches[1][3]:05d}", stall_seconds=60.0)
@@ -152,7 +155,7 @@ def test_a_batch_does_not_wait_for_the_next_batchs_reads(emulator: Emulator, buc
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 def test_resumes_through_stateful_dataloader_over_http(emulator: Emulator, bucket: str) -> None:
     def make() -> StatefulDataLoader:
-        ds = _dataset(emulator, bucket, fetch=FetchConfig(prefetch=12))
+        ds = _dataset(emulator, bucket, fetch=FetchConfig(reads_in_flight=12))
         return StatefulDataLoader(
             ds,
             batch_sampler=BucketBatchSampler(ds, batch_size=16, seed=4),

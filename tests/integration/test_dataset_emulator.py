@@ -92,7 +92,7 @@ def test_epoch_through_workers_reads_each_object_once_and_leaves_no_composite(
             gcs=_gcs(emulator),
             compose=config,
             shuffle=True,
-            fetch=FetchConfig(prefetch=48),
+            fetch=FetchConfig(reads_in_flight=48),
         )
         loader = DataLoader(
             ds, batch_size=32, num_workers=2, multiprocessing_context=context, collate_fn=_as_list

@@ -76,7 +76,7 @@ def test_iterable_last_epoch_stats_equal_the_servers(
         gcs=_gcs(emulator),
         compose=ComposeConfig(enabled=compose, max_composite_object_size=1500),
         shuffle=True,
-        fetch=FetchConfig(prefetch=16),
+        fetch=FetchConfig(reads_in_flight=16),
     )
     assert ds.last_epoch_stats == RequestStats()  # the listing is not an epoch's
     loader = DataLoader(

@@ -338,7 +338,7 @@ def test_worker_killed_mid_epoch_leaves_nothing_in_dev_shm(emulator: Emulator) -
         # torch's default strategy, whose segments are unlinked as they are
         # made (reusing them, the default, shares by name: tested in
         # test_shm_reuse_emulator.py).
-        fetch=FetchConfig(output="tensor", prefetch=16, reuse_shared_memory=False),
+        fetch=FetchConfig(output="tensor", reads_in_flight=16, reuse_shared_memory=False),
     )
     loader = DataLoader(
         ds, batch_size=32, num_workers=1, multiprocessing_context="fork", collate_fn=collate_list

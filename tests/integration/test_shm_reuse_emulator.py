@@ -104,7 +104,7 @@ def test_workers_reuse_segments_and_never_write_over_a_tensor_still_held(
 ) -> None:
     name, objects = bucket
     # A short window (8 composites ahead of 24 per worker), so segments come round.
-    fetch = FetchConfig(output="tensor", prefetch=16, reuse_shared_memory=True)
+    fetch = FetchConfig(output="tensor", reads_in_flight=16, reuse_shared_memory=True)
     ds, loader = _loader(emulator, name, kind, fetch, context)
     held: list[torch.Tensor] = []  # every fourth batch, kept to the end
     opened_before = len(_shm._opened)
@@ -190,7 +190,7 @@ def test_an_epoch_read_to_the_end_or_stopped_early_leaves_the_main_process_nothi
     emulator: Emulator, bucket: tuple[str, dict[str, bytes]]
 ) -> None:
     name, objects = bucket
-    fetch = FetchConfig(output="tensor", prefetch=16, reuse_shared_memory=True)
+    fetch = FetchConfig(output="tensor", reads_in_flight=16, reuse_shared_memory=True)
     _, loader = _loader(emulator, name, "iterable", fetch)
     iterator = iter(loader)
     assert sum(len(batch) for batch in iterator) == len(objects)
@@ -240,7 +240,7 @@ def mapped(pid):
 ds = BucketIterableDataset.from_prefix(
     sys.argv[1],
     gcs=GCSConfig(endpoint=sys.argv[2], anonymous=True),
-    fetch=FetchConfig(output="tensor", prefetch=16, reuse_shared_memory=True),
+    fetch=FetchConfig(output="tensor", reads_in_flight=16, reuse_shared_memory=True),
 )
 loader = DataLoader(
     ds, batch_size=4, num_workers=1, multiprocessing_context="fork", collate_fn=collate_list

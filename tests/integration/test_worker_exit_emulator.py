@@ -33,7 +33,7 @@ train = BucketIterableDataset.from_prefix(
     sys.argv[1],
     data_format_fn=lambda data: torch.tensor(len(data)),
     shuffle=True, seed=17,
-    fetch=FetchConfig(prefetch=128),
+    fetch=FetchConfig(reads_in_flight=128),
 )
 loader = DataLoader(train, batch_size=16, num_workers=4, persistent_workers=True)
 for epoch in range(2):

@@ -115,7 +115,7 @@ class Bucket:
             self.uri("d/"),
             gcs=self.gcs(retry),
             compose=ComposeConfig(enabled=compose, throttle_cooldown=0.0),
-            fetch=FetchConfig(prefetch=64),
+            fetch=FetchConfig(reads_in_flight=64),
             **kw,
         )
 

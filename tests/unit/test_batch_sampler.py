@@ -207,7 +207,7 @@ def test_state_from_another_order_or_rank_is_refused() -> None:
 def test_resumes_through_stateful_dataloader(bucket: str, workers: int, persistent: bool) -> None:
     def make() -> StatefulDataLoader:
         ds = BucketMapDataset.from_prefix(
-            f"memory://{bucket}/train/", fetch=FetchConfig(prefetch=6)
+            f"memory://{bucket}/train/", fetch=FetchConfig(reads_in_flight=6)
         )
         return StatefulDataLoader(
             ds,
@@ -234,7 +234,7 @@ def test_reads_the_next_batches_before_they_are_asked_for(bucket: str, compose: 
         bucket,
         later,
         compose=ComposeConfig(enabled=compose, max_composite_object_size=1000),
-        fetch=FetchConfig(prefetch=32),
+        fetch=FetchConfig(reads_in_flight=32),
     )
     sampler = BucketBatchSampler(ds, batch_size=8, seed=4)
     batches = list(sampler)
@@ -253,7 +253,7 @@ def test_read_ahead_stays_within_its_bounds(bucket: str) -> None:
     sampler_batches = list(BucketBatchSampler(Sized(N), batch_size=4, seed=4))
     watch = f"train/{sampler_batches[1][1]:04d}"
     ds, store = _recording_dataset(
-        bucket, watch, compose=ComposeConfig(enabled=False), fetch=FetchConfig(prefetch=3)
+        bucket, watch, compose=ComposeConfig(enabled=False), fetch=FetchConfig(reads_in_flight=3)
     )
     sampler = BucketBatchSampler(ds, batch_size=4, seed=4)
     assert list(sampler) == sampler_batches
@@ -277,7 +277,9 @@ def test_without_its_sampler_the_dataset_reads_only_what_is_asked(bucket: str) -
 
 
 def test_batches_out_of_turn_are_still_right(bucket: str) -> None:
-    ds = BucketMapDataset.from_prefix(f"memory://{bucket}/train/", fetch=FetchConfig(prefetch=4))
+    ds = BucketMapDataset.from_prefix(
+        f"memory://{bucket}/train/", fetch=FetchConfig(reads_in_flight=4)
+    )
     sampler = BucketBatchSampler(ds, batch_size=6, seed=2)
     batches = list(sampler)
     for k in [3, 0, 1, 7, 8, 2, 2, 15, 16, 4]:
@@ -288,7 +290,9 @@ def test_batches_out_of_turn_are_still_right(bucket: str) -> None:
 
 
 def test_a_missing_object_fails_its_batch_only(bucket: str) -> None:
-    ds = BucketMapDataset.from_prefix(f"memory://{bucket}/train/", fetch=FetchConfig(prefetch=8))
+    ds = BucketMapDataset.from_prefix(
+        f"memory://{bucket}/train/", fetch=FetchConfig(reads_in_flight=8)
+    )
     batches = list(BucketBatchSampler(ds, batch_size=5, seed=6))
     gone = batches[2][3]
     runtime.run(MemoryStore(bucket).delete(f"train/{gone:04d}"))
@@ -319,7 +323,9 @@ def _as_list(batch: list[bytes]) -> list[bytes]:
 def test_through_dataloader_each_epoch_in_the_samplers_order(
     bucket: str, workers: int, in_order: bool, persistent: bool
 ) -> None:
-    ds = BucketMapDataset.from_prefix(f"memory://{bucket}/train/", fetch=FetchConfig(prefetch=8))
+    ds = BucketMapDataset.from_prefix(
+        f"memory://{bucket}/train/", fetch=FetchConfig(reads_in_flight=8)
+    )
     sampler = BucketBatchSampler(ds, batch_size=8, seed=12)
     loader = DataLoader(
         ds,

@@ -76,7 +76,7 @@ def _held_window(bucket: str, prefetch: int, expect: int) -> tuple[PrefetchWindo
     infos = runtime.run(MemoryStore(bucket).list_page("s/")).objects
     catalog = Catalog([HeldCompose(bucket)], [0] * len(infos), infos)
     window = PrefetchWindow(
-        catalog, np.arange(len(infos)), 0, FetchConfig(prefetch=prefetch), ComposeConfig()
+        catalog, np.arange(len(infos)), 0, FetchConfig(reads_in_flight=prefetch), ComposeConfig()
     )
     window.start()
     # Nothing is taken: the window fills behind its held head group, then stops.

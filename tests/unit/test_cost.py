@@ -59,7 +59,7 @@ def test_plan_of_a_fixed_example_against_a_hand_computation() -> None:
     assert direct.once.by_op == {"list": 10}
     assert direct.run.total_usd == pytest.approx(30_000 * 0.0004 / 1000 + 10 * 0.005 / 1000)
 
-    # Compose, per worker shard of 5,000: min(64, prefetch 128, 5,000 // 4)
+    # Compose, per worker shard of 5,000: min(64, reads_in_flight 128, 5,000 // 4)
     # = 64 read directly; the window plans 2,048 positions at a time, so
     # 1,984, 2,048 and 904 objects in groups of 31 (the anchor takes a
     # compose's first source; 0.97 MiB <= 4 MiB): 64 + 67 + 30 = 161 composes,
@@ -85,8 +85,10 @@ def test_the_first_objects_read_directly_follow_the_windows_rule() -> None:
     # 75 in groups of 31, 31 and 13.
     comp = _plans([1000] * 100, epochs=1, workers=0)["compose"]
     assert comp.per_epoch.by_op == {"get": 25 + 3, "compose": 3, "delete": 3 + 1, "put": 1}
-    # prefetch=8: 8 read directly, 92 in 3 groups.
-    comp = _plans([1000] * 100, epochs=1, workers=0, fetch=FetchConfig(prefetch=8))["compose"]
+    # reads_in_flight=8: 8 read directly, 92 in 3 groups.
+    comp = _plans([1000] * 100, epochs=1, workers=0, fetch=FetchConfig(reads_in_flight=8))[
+        "compose"
+    ]
     assert comp.per_epoch.by_op["get"] == 8 + 3
     # Compose off: the iterable dataset reads every object.
     off = ComposeConfig(enabled=False)

@@ -58,7 +58,7 @@ def test_shuffle_is_seeded_and_changes_per_epoch(bucket: str, compose: bool) -> 
             shuffle=True,
             seed=42,
             compose=ComposeConfig(enabled=compose),
-            fetch=FetchConfig(prefetch=7),
+            fetch=FetchConfig(reads_in_flight=7),
         )
 
     a, b = make(), make()
@@ -120,7 +120,9 @@ def _slow_dataset(bucket: str, fetch: FetchConfig) -> BucketIterableDataset:
 
 def test_window_keeps_many_reads_in_flight_and_no_more_than_prefetch(bucket: str) -> None:
     SlowStore.peak = 0
-    assert list(_slow_dataset(bucket, FetchConfig(prefetch=12))) == [payload(i) for i in range(N)]
+    assert list(_slow_dataset(bucket, FetchConfig(reads_in_flight=12))) == [
+        payload(i) for i in range(N)
+    ]
     assert 6 <= SlowStore.peak <= 12
 
 
@@ -131,7 +133,9 @@ def test_objects_too_large_to_compose_keep_prefetch_reads_in_flight(bucket: str)
     infos = runtime.run(MemoryStore(bucket).list_page("train/")).objects
     catalog = Catalog([SlowStore(bucket)], [0] * len(infos), infos)
     ds = BucketIterableDataset(
-        catalog, fetch=FetchConfig(prefetch=16), compose=ComposeConfig(max_composite_object_size=1)
+        catalog,
+        fetch=FetchConfig(reads_in_flight=16),
+        compose=ComposeConfig(max_composite_object_size=1),
     )
     assert list(ds) == [payload(i) for i in range(N)]
     assert 6 <= SlowStore.peak <= 16
@@ -140,13 +144,13 @@ def test_objects_too_large_to_compose_keep_prefetch_reads_in_flight(bucket: str)
 def test_window_bytes_bound_the_memory_ahead(bucket: str) -> None:
     SlowStore.peak = SlowStore.peak_bytes = 0
     largest = max(len(payload(i)) for i in range(N))
-    ds = _slow_dataset(bucket, FetchConfig(prefetch=64, prefetch_bytes=2 * largest))
+    ds = _slow_dataset(bucket, FetchConfig(reads_in_flight=64, prefetch_size=2 * largest))
     assert list(ds) == [payload(i) for i in range(N)]
     assert SlowStore.peak >= 2 and SlowStore.peak_bytes <= 2 * largest
 
 
 def test_abandoned_iterator_stops_its_producer(bucket: str) -> None:
-    ds = _slow_dataset(bucket, FetchConfig(prefetch=4))
+    ds = _slow_dataset(bucket, FetchConfig(reads_in_flight=4))
     loop = runtime.get_loop()
 
     async def count() -> int:
@@ -210,7 +214,7 @@ def test_resumes_directly(bucket: str, compose: bool) -> None:
             f"memory://{bucket}/train/",
             shuffle=True,
             seed=7,
-            fetch=FetchConfig(prefetch=5),
+            fetch=FetchConfig(reads_in_flight=5),
             compose=ComposeConfig(enabled=compose, max_composite_object_size=200),
         )
 
@@ -224,7 +228,7 @@ def test_resumes_directly(bucket: str, compose: bool) -> None:
 def test_resumes_through_stateful_dataloader(bucket: str, workers: int, persistent: bool) -> None:
     def make() -> StatefulDataLoader:
         ds = BucketIterableDataset.from_prefix(
-            f"memory://{bucket}/train/", shuffle=True, seed=3, fetch=FetchConfig(prefetch=6)
+            f"memory://{bucket}/train/", shuffle=True, seed=3, fetch=FetchConfig(reads_in_flight=6)
         )
         return StatefulDataLoader(
             ds,
@@ -309,7 +313,7 @@ def test_compose_starts_after_a_direct_first_stretch(bucket: str) -> None:
 
     infos = runtime.run(MemoryStore(bucket).list_page("train/")).objects
     catalog = Catalog([Counting(bucket)], [0] * len(infos), infos)
-    fetch = FetchConfig(prefetch=16)
+    fetch = FetchConfig(reads_in_flight=16)
     ds = BucketIterableDataset(catalog, fetch=fetch, compose=ComposeConfig(max_sources=4))
     assert list(ds) == [payload(i) for i in range(N)]
     direct = [k for k in Counting.reads if k.startswith("train/")]
@@ -319,7 +323,7 @@ def test_compose_starts_after_a_direct_first_stretch(bucket: str) -> None:
     Counting.reads.clear()
     small = BucketIterableDataset(
         Catalog([Counting(bucket)], [0] * 20, infos[:20]),
-        fetch=FetchConfig(prefetch=16),
+        fetch=FetchConfig(reads_in_flight=16),
         compose=ComposeConfig(max_sources=4),
     )
     assert list(small) == [payload(i) for i in range(20)]
@@ -342,7 +346,7 @@ def test_a_slow_consumer_holds_at_most_a_chunk_beyond_the_window(bucket: str) ->
     catalog = Catalog([MemoryStore(bucket)], [0] * len(infos), infos)
     order = np.arange(len(infos))
     window = PrefetchWindow(
-        catalog, order, 0, FetchConfig(prefetch=8), ComposeConfig(enabled=False)
+        catalog, order, 0, FetchConfig(reads_in_flight=8), ComposeConfig(enabled=False)
     )
     window.start()
     try:
@@ -371,7 +375,7 @@ def test_waiting_fetchers_hold_no_bytes_outside_the_window() -> None:
     with memory_bucket("hold", objects) as name:
         ds = BucketIterableDataset.from_prefix(
             f"memory://{name}/h/",
-            fetch=FetchConfig(prefetch=64, prefetch_bytes=2 << 20),
+            fetch=FetchConfig(reads_in_flight=64, prefetch_size=2 << 20),
             compose=ComposeConfig(max_sources=8),
         )
         tracemalloc.start()

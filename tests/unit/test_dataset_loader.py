@@ -94,7 +94,7 @@ def big_bucket() -> Iterator[str]:
 def test_memory_stays_flat_over_epochs(big_bucket: str) -> None:
     """A leak check, not a benchmark: an epoch reads 25 MiB; eight must not keep them."""
     iterable = BucketIterableDataset.from_prefix(
-        f"memory://{big_bucket}/x/", shuffle=True, fetch=FetchConfig(prefetch=32)
+        f"memory://{big_bucket}/x/", shuffle=True, fetch=FetchConfig(reads_in_flight=32)
     )
     mapped = BucketMapDataset.from_prefix(f"memory://{big_bucket}/x/")
     loader = DataLoader(mapped, batch_size=32, shuffle=True, collate_fn=_as_bytes)

@@ -85,7 +85,7 @@ def _compose_note(
     compose: ComposeConfig, fetch: FetchConfig, soft_delete_seconds: int | None
 ) -> str:
     note = (
-        f"per worker, the first min(64, prefetch={fetch.prefetch}, objects/4)"
+        f"per worker, the first min(64, reads_in_flight={fetch.reads_in_flight}, objects/4)"
         f" read directly, then groups of <= {compose.max_sources} objects (the anchor one of"
         f" them) up to {compose.max_composite_object_size / (1 << 20):g} MiB"
     )

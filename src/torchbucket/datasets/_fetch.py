@@ -50,7 +50,7 @@ Item = Sample | BaseException
 # every admitted one has arrived): one thread hand-off per chunk, not per object.
 _HANDOVER_CHUNK = 32
 
-# Reading directly, the window runs at most this many times ``prefetch`` objects
+# Reading directly, the window runs at most this many times ``reads_in_flight`` objects
 # ahead of the first one not taken. The consumer takes objects in order, so one
 # slow read holds everything behind it; the further the window runs ahead, the
 # longer a straggler can be waited out without the requests in flight running
@@ -58,12 +58,12 @@ _HANDOVER_CHUNK = 32
 # medians of 3, same-region-tail latency): 2 -> 2,466 / 2,330 samples/s
 # (map-style with BucketBatchSampler / iterable), 4 -> 3,084 / 3,329,
 # 8 -> 3,283 / 3,514; under the constant preset all ~3,600-4,200. 4 takes most
-# of the gain for 512 objects ahead (51 MiB of 100 KiB objects); prefetch_bytes
+# of the gain for 512 objects ahead (51 MiB of 100 KiB objects); prefetch_size
 # still bounds the bytes.
 _AHEAD_PER_FETCHER = 4
 
-# With compose on, a window of ``prefetch`` has ``prefetch // 8`` to
-# ``prefetch // 4`` groups in flight (16 to 32 by default, of up to 32 objects):
+# With compose on, a window of ``reads_in_flight`` has ``reads_in_flight // 8`` to
+# ``reads_in_flight // 4`` groups in flight (16 to 32 by default, of up to 32 objects):
 # as many as fit in _GROUP_BYTES_IN_FLIGHT, and it runs ahead _AHEAD_PER_FETCHER
 # times the objects of those groups, as far as _GROUP_BYTES_AHEAD allows. Small
 # objects get the deep window: a group's compose path is a write plus a GET
@@ -160,16 +160,16 @@ async def fetch_batch(
 class PrefetchWindow:
     """An ordered window of fetches over one shard, with bounded memory.
 
-    ``prefetch`` fetcher coroutines on the runtime loop take the shard's units
-    (one object, or a group to compose) in order and keep up to ``prefetch``
-    requests in flight, of which ``prefetch // 8`` to ``prefetch // 4`` (at
+    ``reads_in_flight`` fetcher coroutines on the runtime loop take the shard's units
+    (one object, or a group to compose) in order and keep up to ``reads_in_flight``
+    requests in flight, of which ``reads_in_flight // 8`` to ``reads_in_flight // 4`` (at
     least 2; see ``_GROUP_BYTES_IN_FLIGHT``) composed groups. A unit is
     admitted while the window, from the first position not yet taken to the
     unit's end, spans at most ``_AHEAD_PER_FETCHER`` times as many objects as
     can be in flight (composing, see ``_GROUP_BYTES_AHEAD``) and at most
-    ``prefetch_bytes`` (a unit alone in the window is always admitted). Results that have arrived but are not yet
+    ``prefetch_size`` (a unit alone in the window is always admitted). Results that have arrived but are not yet
     taken count against the window, so memory stays bounded, but a slow
-    consumer never drains the requests in flight below ``prefetch`` until the
+    consumer never drains the requests in flight below ``reads_in_flight`` until the
     window is full.
 
     The threads hand results over in chunks: :meth:`take` returns the results
@@ -211,8 +211,8 @@ class PrefetchWindow:
         self._anchors: dict[str, Anchor] | None = {} if anchored else None
         self._compose = compose
         self._fetch = fetch
-        self._fetchers = fetch.prefetch
-        self._ahead = _AHEAD_PER_FETCHER * fetch.prefetch
+        self._fetchers = fetch.reads_in_flight
+        self._ahead = _AHEAD_PER_FETCHER * fetch.reads_in_flight
         self._groups = 0
         # Bytes before each position of the shard: the window's bytes are a
         # difference, with no per-object accounting.
@@ -225,11 +225,11 @@ class PrefetchWindow:
             # the compose + GET latency for as many objects. (Objects of
             # COMPOSE_BELOW and more are read directly: no groups to size for.)
             group_bytes = min(compose.max_sources * mean, compose.max_composite_object_size)
-            least = max(2, fetch.prefetch // _GROUPS_PER_PREFETCH)
-            most = max(least, fetch.prefetch // _GROUPS_PER_PREFETCH_MOST)
+            least = max(2, fetch.reads_in_flight // _GROUPS_PER_PREFETCH)
+            most = max(least, fetch.reads_in_flight // _GROUPS_PER_PREFETCH_MOST)
             self._groups = max(least, min(most, int(_GROUP_BYTES_IN_FLIGHT // group_bytes)))
             rounds = _AHEAD_PER_FETCHER * self._groups * compose.max_sources
-            # Objects not grouped (larger than the cap) still have ``prefetch``
+            # Objects not grouped (larger than the cap) still have ``reads_in_flight``
             # requests in flight.
             self._ahead = max(
                 self._ahead,
@@ -242,8 +242,8 @@ class PrefetchWindow:
             self._slab = SharedSlab(
                 int(min(_SLAB_BYTES_MOST, max(64 << 10, _SLAB_OBJECTS * per_object)))
             )
-        self._limit_bytes = fetch.prefetch_bytes
-        self._chunk = max(1, min(_HANDOVER_CHUNK, fetch.prefetch // 4))
+        self._limit_bytes = fetch.prefetch_size
+        self._chunk = max(1, min(_HANDOVER_CHUNK, fetch.reads_in_flight // 4))
         self._cond = threading.Condition(threading.Lock())
         self._results: dict[int, Item] = {}
         # Written by the consumer only.
@@ -437,7 +437,7 @@ class PrefetchWindow:
             self._deliver(first, items)
             # Not kept while this fetcher waits for its next unit: with many
             # fetchers waiting on a full window, their last groups' bytes
-            # (up to prefetch x 32 objects) were held outside its bounds.
+            # (up to reads_in_flight x 32 objects) were held outside its bounds.
             del items
 
     async def _produce(self) -> None:

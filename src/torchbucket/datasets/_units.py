@@ -31,7 +31,7 @@ _PLAN_CHUNK = 2048
 
 # With compose on, the first objects of a window are read directly: a compose
 # and the GET of a whole group take about four times one GET's latency, and
-# the first batch waits for them. At most this many objects, ``prefetch``, or
+# the first batch waits for them. At most this many objects, ``reads_in_flight``, or
 # a quarter of the window's objects.
 _DIRECT_START = 64
 
@@ -114,7 +114,7 @@ def direct_first(remaining: int, fetch: FetchConfig, compose: ComposeConfig) -> 
     """How many of a window's ``remaining`` objects are read directly before any compose."""
     if not compose.enabled:
         return 0
-    return min(_DIRECT_START, fetch.prefetch, remaining // 4)
+    return min(_DIRECT_START, fetch.reads_in_flight, remaining // 4)
 
 
 def window_units(

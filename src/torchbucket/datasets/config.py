@@ -23,11 +23,12 @@ class FetchConfig:
     the whole process.
 
     Attributes:
-        prefetch: Requests in flight per iterator (so per DataLoader worker);
-            with compose on, ``prefetch // 8`` to ``prefetch // 4`` of them
+        reads_in_flight: Requests in flight per iterator (so per DataLoader
+            worker); with compose on, ``reads_in_flight // 8`` to
+            ``reads_in_flight // 4`` of them
             (at least 2; as many as hold at most 48 MiB) are composed groups of
             up to 32 objects (the first
-            ``min(64, prefetch)`` objects of a window, at most a quarter of
+            ``min(64, reads_in_flight)`` objects of a window, at most a quarter of
             it, are read directly, so the first batch does not wait for a
             compose). Results that arrived and are
             not yet taken do not count here, so a consumer that takes a batch at
@@ -37,7 +38,7 @@ class FetchConfig:
             96 MiB, and at least twice them). Default
             128: at ~20 ms per GET that is ~6,000 objects/s per worker before
             the bandwidth or CPU is the limit.
-        prefetch_bytes: Bytes in the window (in flight, or arrived and not yet
+        prefetch_size: Bytes in the window (in flight, or arrived and not yet
             taken), per iterator; a unit larger than this is still fetched,
             alone. Default 256 MiB.
         output: What ``data_format_fn`` receives, and a sample is without one.
@@ -83,8 +84,8 @@ class FetchConfig:
             main process. Default True.
     """
 
-    prefetch: int = in_flight(128)
-    prefetch_bytes: int = size(256 * 1024 * 1024)
+    reads_in_flight: int = in_flight(128)
+    prefetch_size: int = size(256 * 1024 * 1024)
     output: Literal["bytes", "tensor"] = one_of("bytes", ("bytes", "tensor"))
     reuse_shared_memory: bool = switch(False)
     large_object_size: int = size(8 * 1024 * 1024)

@@ -3,7 +3,7 @@
 For ``torchbucket cost`` (:mod:`torchbucket.cost`). The iterable dataset's
 epoch is cut as its prefetch windows cut it: each rank's and worker's part of
 the order (``shard_of``), its first objects read directly (``direct_first``:
-``min(64, prefetch, objects // 4)``), the rest in compose groups planned by
+``min(64, reads_in_flight, objects // 4)``), the rest in compose groups planned by
 the compose planner (``plan_groups``, with the anchor's source taken), and
 large objects read in ranges (``object_gets``). A change to any of those rules
 changes the estimate with it.
