@@ -89,7 +89,7 @@ def test_counts_equal_the_servers_for_every_operation(
     emulator: Emulator, gcs_bucket_factory: Callable[..., Any]
 ) -> None:
     store = gcs_bucket_factory(
-        emulator, resumable_threshold=1 << 20, chunk_size=1 << 20, hedge=NO_HEDGE
+        emulator, max_simple_upload_size=1 << 20, upload_chunk_size=1 << 20, hedge=NO_HEDGE
     )
     emulator.reset_stats()
     with accounting.measure() as m:

@@ -192,7 +192,7 @@ def test_a_checkpoint_saved_and_loaded_over_several_token_lifetimes(
             range_size=part,
             reads_in_flight=2,
         ),
-        gcs=_config(emu, chunk_size=part, resumable_threshold=part),
+        gcs=_config(emu, upload_chunk_size=part, max_simple_upload_size=part),
     )
     state = {"w": torch.arange(1 << 20, dtype=torch.float32)}  # 4 MiB: 16 parts
     uri = f"gs://{bucket}/ck/step-1.pt"

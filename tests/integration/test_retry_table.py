@@ -114,7 +114,7 @@ def test_a_408_on_a_resumable_chunk_resumes_the_session(
     emulator: Emulator, gcs_bucket_factory: Callable[..., Any]
 ) -> None:
     """A 408 mid-upload: the session is asked what it holds, then the rest is sent."""
-    store = gcs_bucket_factory(emulator, resumable_threshold=0, chunk_size=256 * 1024)
+    store = gcs_bucket_factory(emulator, max_simple_upload_size=0, upload_chunk_size=256 * 1024)
     data = bytes(range(256)) * 4096  # 1 MiB: four chunks
     emulator.reset_stats()
     emulator.add_fault("resumable", "408", nth=3, count=1)

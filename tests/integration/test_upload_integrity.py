@@ -267,7 +267,7 @@ def test_a_streamed_save_damaged_in_transit_is_refused_and_the_previous_one_kept
     emu: Emulator, bucket: str
 ) -> None:
     """A resumable upload is checked once, at the end: the damage fails the save."""
-    gcs = GCSConfig(endpoint=emu.endpoint, anonymous=True, chunk_size=256 * 1024)
+    gcs = GCSConfig(endpoint=emu.endpoint, anonymous=True, upload_chunk_size=256 * 1024)
     ck = BucketCheckpoint(
         config=CheckpointConfig(part_size=64 * 1024, min_part_size=1024, upload_method="resumable"),
         gcs=gcs,

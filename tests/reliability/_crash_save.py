@@ -74,7 +74,7 @@ def main() -> int:
             parts_in_flight=2,
             upload_method=args.method,
         ),
-        gcs=GCSConfig(endpoint=args.endpoint, anonymous=True, retry=RETRY, chunk_size=CHUNK),
+        gcs=GCSConfig(endpoint=args.endpoint, anonymous=True, retry=RETRY, upload_chunk_size=CHUNK),
     )
     after = 3 * PART if args.method == "multipart" else 2 * CHUNK
     try:

@@ -134,7 +134,7 @@ class Bucket:
         }
         options.update(kw)
         return BucketCheckpoint(
-            config=CheckpointConfig(**options), gcs=self.gcs(retry, chunk_size=CHUNK)
+            config=CheckpointConfig(**options), gcs=self.gcs(retry, upload_chunk_size=CHUNK)
         )
 
 

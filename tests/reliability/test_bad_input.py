@@ -273,15 +273,15 @@ def test_checkpoint_beyond_part_and_range_limits_over_http(model_bucket: Bucket)
     ckpt = model_bucket.checkpoint(PATIENT, part_size=4096, parts_in_flight=8, range_size=8192)
     ckpt.save(state(5), uri)
     assert same_state(ckpt.load(uri, weights_only=True), state(5))
-    # A single upload beyond GCSConfig.resumable_threshold goes resumable.
+    # A single upload beyond GCSConfig.max_simple_upload_size goes resumable.
     one_shot = BucketCheckpoint(
         config=CheckpointConfig(part_size=4 << 20, min_part_size=1024),
         gcs=GCSConfig(
             endpoint=model_bucket.emu.endpoint,
             anonymous=True,
             retry=PATIENT,
-            resumable_threshold=64 * 1024,
-            chunk_size=256 * 1024,
+            max_simple_upload_size=64 * 1024,
+            upload_chunk_size=256 * 1024,
         ),
     )
     resumable = op_count(model_bucket.emu, "resumable")

@@ -159,9 +159,9 @@ def test_default_endpoint_is_credentialed(monkeypatch: pytest.MonkeyPatch) -> No
     "kwargs",
     [
         {"endpoint": "storage.googleapis.com"},
-        {"chunk_size": 1000},
-        {"chunk_size": 0},
-        {"resumable_threshold": -1},
+        {"upload_chunk_size": 1000},
+        {"upload_chunk_size": 0},
+        {"max_simple_upload_size": -1},
         {"connect_timeout": 0},
     ],
 )
@@ -171,7 +171,7 @@ def test_bad_config_values_fail_on_construction(kwargs: dict[str, object]) -> No
 
 
 def test_store_pickles_as_its_bucket_and_config() -> None:
-    config = GCSConfig(endpoint="http://127.0.0.1:1", chunk_size=512 * 1024)
+    config = GCSConfig(endpoint="http://127.0.0.1:1", upload_chunk_size=512 * 1024)
     store = GCSStore("my-bucket", config=config)
     clone = pickle.loads(pickle.dumps(store))
     assert isinstance(clone, GCSStore)

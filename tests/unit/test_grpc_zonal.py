@@ -53,7 +53,7 @@ def store(server: FakeServer) -> Iterator[GCSStore]:
         anonymous=True,
         transport="grpc",
         grpc_endpoint=f"http://{server.target}",
-        chunk_size=4 * MiB,
+        upload_chunk_size=4 * MiB,
         retry=RetryConfig(initial_backoff=0.01, max_backoff=0.05, deadline=20, max_attempts=5),
     )
     s = GCSStore("b", config=config)

@@ -135,7 +135,7 @@ def test_a_resumable_upload_declares_the_whole_crc32c_on_its_last_chunk(
     server: tuple[Recorder, str],
 ) -> None:
     recorder, endpoint = server
-    store = store_on(endpoint, resumable_threshold=1024, chunk_size=256 * 1024)
+    store = store_on(endpoint, max_simple_upload_size=1024, upload_chunk_size=256 * 1024)
     runtime.run(store.put("o", DATA))
     chunks = [s for s in recorder.seen if s.method == "PUT"]
     assert len(chunks) == 4
@@ -147,7 +147,7 @@ def test_a_streamed_upload_declares_the_crc32c_it_learns_at_the_end(
     server: tuple[Recorder, str],
 ) -> None:
     recorder, endpoint = server
-    store = store_on(endpoint, chunk_size=256 * 1024)
+    store = store_on(endpoint, upload_chunk_size=256 * 1024)
 
     async def chunks() -> Any:
         for start in range(0, len(DATA), 100_000):
@@ -205,7 +205,7 @@ def test_a_refused_simple_upload_is_sent_again(server: tuple[Recorder, str]) -> 
 def test_a_refused_resumable_upload_is_an_integrity_error(server: tuple[Recorder, str]) -> None:
     recorder, endpoint = server
     recorder.refuse_final = True
-    store = store_on(endpoint, resumable_threshold=1024, chunk_size=256 * 1024)
+    store = store_on(endpoint, max_simple_upload_size=1024, upload_chunk_size=256 * 1024)
     with pytest.raises(IntegrityError, match="doesn't match calculated CRC32C"):
         runtime.run(store.put("o", DATA))
     # Not repeated into a session that is over.

@@ -247,14 +247,14 @@ class GCSStore:
                 key, data, if_generation_match=if_generation_match, content_type=content_type
             )
         size = data.nbytes if isinstance(data, memoryview) else len(data)
-        if size > self._config.resumable_threshold:
+        if size > self._config.max_simple_upload_size:
             return await _resumable.put(
                 self._transport,
                 key,
                 data,
                 if_generation_match,
                 content_type,
-                self._config.chunk_size,
+                self._config.upload_chunk_size,
             )
         return await _simple.put(
             self._transport, key, data, size, if_generation_match, content_type
@@ -267,7 +267,7 @@ class GCSStore:
         if grpc is not None:
             return await grpc.put_stream(key, chunks, content_type=content_type)
         return await _resumable.put_stream(
-            self._transport, key, chunks, content_type, self._config.chunk_size
+            self._transport, key, chunks, content_type, self._config.upload_chunk_size
         )
 
     async def compose(

@@ -284,7 +284,7 @@ class GrpcPath:
             key,
             self._metadata,
             self._t.urls.uri(key),
-            flush_every=self._config.chunk_size,
+            flush_every=self._config.upload_chunk_size,
             **kw,
         )
         w.config = self._config.retry

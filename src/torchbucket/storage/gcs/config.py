@@ -40,10 +40,10 @@ class GCSConfig:
             ``googleapis.com``) and credentialed otherwise. ``False`` sends
             Google application default credentials to any endpoint, an
             emulator that requires auth included.
-        resumable_threshold: ``put`` of more bytes than this uses a resumable
-            upload instead of one request. Default 8 MiB.
-        chunk_size: Bytes per request of a resumable upload, a multiple of
-            256 KiB. Default 16 MiB.
+        max_simple_upload_size: The largest ``put`` sent as one request; more
+            bytes go as a resumable upload. Default 8 MiB.
+        upload_chunk_size: Bytes per request of a resumable upload (per flush
+            of a gRPC appendable upload), a multiple of 256 KiB. Default 16 MiB.
         connect_timeout: Seconds to open a connection. Default 10.
         hedge: When a slow read gets a second request (object reads and
             ranges: datasets, checkpoint and DCP loads). Default
@@ -78,8 +78,8 @@ class GCSConfig:
         optional=True,
         accepts=lambda v: isinstance(v, bool),
     )
-    resumable_threshold: int = size(8 << 20, minimum=0)
-    chunk_size: int = size(16 << 20, minimum=_CHUNK_ALIGN, multiple_of=_CHUNK_ALIGN)
+    max_simple_upload_size: int = size(8 << 20, minimum=0)
+    upload_chunk_size: int = size(16 << 20, minimum=_CHUNK_ALIGN, multiple_of=_CHUNK_ALIGN)
     connect_timeout: float = seconds(10.0, positive=True)
     hedge: HedgeConfig = nested(HedgeConfig)
     budget: BudgetConfig = nested(BudgetConfig)
