@@ -171,7 +171,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--tb-config",
         type=json.loads,
         default=None,
-        help="torchbucket CheckpointConfig fields as JSON, e.g. '{\"max_parts_in_flight\": 16}'",
+        help="torchbucket CheckpointConfig fields as JSON, e.g. '{\"parts_in_flight\": 16}'",
     )
     p.add_argument(
         "--latency",
