@@ -70,7 +70,9 @@ def main() -> None:
     kept: dict[str, bytes] = {}
     config = GCSConfig(
         endpoint=spec["endpoint"],
-        concurrency=ConcurrencyConfig(initial=max(concurrency, 4), maximum=max(concurrency, 512)),
+        concurrency=ConcurrencyConfig(
+            initial_in_flight=max(concurrency, 4), max_in_flight=max(concurrency, 512)
+        ),
     )
     check = verifier if inline else None
 

@@ -62,34 +62,36 @@ class RetryConfig:
 class ConcurrencyConfig:
     """Requests in flight per process, adapted to the service (AIMD).
 
-    The limit starts at ``initial``, grows by one for each ``limit`` successful
-    requests, and halves (not below ``minimum``) when the service answers 429 or
+    The limit starts at ``initial_in_flight``, grows by one for each ``limit``
+    successful requests (not above ``max_in_flight``), and halves (not below
+    ``min_in_flight``) when the service answers 429 or
     503, at most once per ``decrease_interval`` seconds so that one burst of
     rejections counts once.
 
     Attributes:
-        initial: Starting limit. Default 128.
-        minimum: Floor. Default 4.
-        maximum: Ceiling. Default 512.
+        initial_in_flight: Starting limit. Default 128.
+        min_in_flight: Floor. Default 4.
+        max_in_flight: Ceiling; it also sizes a GCS store's connection pool.
+            Default 512.
         decrease_interval: Seconds between two halvings. Default 0.5.
-        adaptive: When ``False`` the limit stays at ``initial``. Default ``True``.
+        adaptive: When ``False`` the limit stays at ``initial_in_flight``.
+            Default ``True``.
     """
 
-    initial: int = in_flight(128)
-    minimum: int = in_flight(4)
-    maximum: int = in_flight(512)
+    initial_in_flight: int = in_flight(128)
+    min_in_flight: int = in_flight(4)
+    max_in_flight: int = in_flight(512)
     decrease_interval: float = seconds(0.5)
     adaptive: bool = switch(True)
 
     def __post_init__(self) -> None:
         check_config(self)
-        if not self.minimum <= self.initial <= self.maximum:
+        if not self.min_in_flight <= self.initial_in_flight <= self.max_in_flight:
             raise config_error(
                 self,
-                "initial",
-                self.initial,
-                f"in minimum..maximum ({self.minimum}..{self.maximum}): "
-                "minimum <= initial <= maximum",
+                "initial_in_flight",
+                self.initial_in_flight,
+                f"in min_in_flight..max_in_flight ({self.min_in_flight}..{self.max_in_flight})",
             )
 
 

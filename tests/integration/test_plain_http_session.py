@@ -31,7 +31,8 @@ def test_a_plain_http_store_never_builds_a_tls_context(
     # A session key used nowhere else (a ceiling of 7), so that no session made
     # before this test is reused.
     store = gcs_bucket_factory(
-        emulator, concurrency=ConcurrencyConfig(minimum=1, initial=7, maximum=7)
+        emulator,
+        concurrency=ConcurrencyConfig(min_in_flight=1, initial_in_flight=7, max_in_flight=7),
     )
     runtime.run(store.put("k", b"payload"))
     assert runtime.run(store.get("k")) == b"payload"

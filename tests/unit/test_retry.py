@@ -137,7 +137,9 @@ def test_one_warning_per_episode(caplog: pytest.LogCaptureFixture) -> None:
 
 def test_limiter_halves_on_throttle_and_grows_back() -> None:
     limiter = retry.AdaptiveLimiter(
-        ConcurrencyConfig(initial=64, minimum=4, maximum=128, decrease_interval=0.0)
+        ConcurrencyConfig(
+            initial_in_flight=64, min_in_flight=4, max_in_flight=128, decrease_interval=0.0
+        )
     )
     limiter.on_throttle()
     assert limiter.limit == 32
@@ -150,7 +152,7 @@ def test_limiter_halves_on_throttle_and_grows_back() -> None:
 
 
 def test_limiter_counts_one_burst_once() -> None:
-    limiter = retry.AdaptiveLimiter(ConcurrencyConfig(initial=64, decrease_interval=60.0))
+    limiter = retry.AdaptiveLimiter(ConcurrencyConfig(initial_in_flight=64, decrease_interval=60.0))
     for _ in range(50):
         limiter.on_throttle()
     assert limiter.limit == 32
@@ -158,7 +160,9 @@ def test_limiter_counts_one_burst_once() -> None:
 
 
 def test_limiter_bounds_requests_in_flight() -> None:
-    limiter = retry.AdaptiveLimiter(ConcurrencyConfig(initial=4, minimum=1, maximum=4))
+    limiter = retry.AdaptiveLimiter(
+        ConcurrencyConfig(initial_in_flight=4, min_in_flight=1, max_in_flight=4)
+    )
     peak = 0
 
     async def one() -> None:
@@ -179,7 +183,9 @@ def test_limiter_bounds_requests_in_flight() -> None:
 
 
 def test_limiter_survives_cancelled_waiters() -> None:
-    limiter = retry.AdaptiveLimiter(ConcurrencyConfig(initial=1, minimum=1, maximum=1))
+    limiter = retry.AdaptiveLimiter(
+        ConcurrencyConfig(initial_in_flight=1, min_in_flight=1, max_in_flight=1)
+    )
 
     async def main() -> None:
         await limiter.acquire()
@@ -206,8 +212,10 @@ def test_retry_config_validates(kwargs: dict[str, float]) -> None:
 
 
 def test_concurrency_config_validates() -> None:
-    with pytest.raises(ConfigError, match="minimum <= initial <= maximum"):
-        ConcurrencyConfig(initial=2, minimum=4)
+    with pytest.raises(
+        ConfigError, match=r"initial_in_flight must be in min_in_flight\.\.max_in_flight"
+    ):
+        ConcurrencyConfig(initial_in_flight=2, min_in_flight=4)
 
 
 @pytest.mark.parametrize("idempotent", [True, False])

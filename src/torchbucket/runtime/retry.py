@@ -125,7 +125,7 @@ class AdaptiveLimiter:
     ) -> None:
         self.config = config or ConcurrencyConfig()
         self._clock = clock
-        self._limit = float(self.config.initial)
+        self._limit = float(self.config.initial_in_flight)
         self._in_flight = 0
         self._successes = 0
         self._last_decrease = -float("inf")
@@ -190,7 +190,7 @@ class AdaptiveLimiter:
         grew = False
         while self._successes >= self._limit:
             self._successes = max(0, self._successes - math.ceil(self._limit))
-            if self._limit >= self.config.maximum:
+            if self._limit >= self.config.max_in_flight:
                 self._successes = 0
                 break
             self._limit += 1
@@ -208,7 +208,7 @@ class AdaptiveLimiter:
             return
         self._last_decrease = now
         self._successes = 0
-        self._limit = max(float(self.config.minimum), self._limit / 2)
+        self._limit = max(float(self.config.min_in_flight), self._limit / 2)
         logger.debug("throttled: concurrency limit now %d", self.limit)
 
 

@@ -83,7 +83,7 @@ class GCSTransport:
         # that its DataLoader workers find it, even if this rank never reads.
         budget.job_budget(bucket, config.budget)
         self._session_key = session_key = _session.SessionKey(
-            limit=config.concurrency.maximum,
+            limit=config.concurrency.max_in_flight,
             read_timeout=config.retry.read_timeout,
             connect_timeout=config.connect_timeout,
             tls=endpoint.startswith("https:"),

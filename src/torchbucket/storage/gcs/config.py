@@ -31,7 +31,7 @@ class GCSConfig:
             credentials' own project).
         retry: Backoff, deadline and timeouts. Default ``RetryConfig()``.
         concurrency: Adaptive limit on requests in flight per process and
-            endpoint; its ``maximum`` also sizes the connection pool. Default
+            endpoint; its ``max_in_flight`` also sizes the connection pool. Default
             ``ConcurrencyConfig()``.
         anonymous: Send no credentials. Default ``None``: the value of
             ``$TORCHBUCKET_GCS_ANONYMOUS`` when set (``1``/``true`` or
