@@ -1,17 +1,26 @@
-"""The config rule: keyword-only config parameters named after their type.
+"""The config rules (docs/architecture.md, "Config vocabulary").
 
-The names before the rule (``gcs_config=``, ``listing_config=``, configs by
-position) are gone: nothing was published under them. Option checks raise
-``ConfigError``.
+Keyword-only config parameters named after their type; the names before the
+rule (``gcs_config=``, ``listing_config=``, configs by position) are gone:
+nothing was published under them. Every field of every public config declares
+its check (``torchbucket._checks``) and its kind, and its name follows the
+vocabulary: ``*_in_flight`` for requests at once, ``*_size`` for bytes,
+``enabled`` (never a negative name) for switches.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import inspect
+import pkgutil
+import re
 from typing import Any
 
 import pytest
 
+import torchbucket
+from torchbucket._checks import KINDS, FieldCheck
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.compose import plan_groups
 from torchbucket.errors import ConfigError
@@ -62,7 +71,7 @@ def test_config_parameters_are_keyword_only_and_named_after_their_type() -> None
             "compose",
             "fetch",
             "sharding",
-            "read",
+            "shard_read",
             "checkpoint",
             "bucket_checkpoint",
         ):
@@ -108,3 +117,167 @@ def test_option_checks_raise_config_error() -> None:
         merge_ranges([(0, 1)], max_gap=-1)
     with pytest.raises(ConfigError, match="chunk"):
         split_ranges(10, 0)
+
+
+# -- The vocabulary, on every public config ----------------------------------
+
+# The dataflux-compatible API keeps dataflux's names (a real external API).
+_OWN_NAMES = ("torchbucket.dataflux",)
+# PyTorch's own names (DataLoader's samples per batch, torch.distributed's
+# ranks), not bytes.
+_NOT_BYTES = {("DemoConfig", "batch_size"), ("ShardingConfig", "world_size")}
+# Bools say what True does: never "disable_x", "no_x", "skip_x".
+_NEGATIVE = re.compile(r"^(disable|disabled|no|not|skip|without|dont)(_|$)")
+
+
+def _public_modules() -> list[Any]:
+    found = []
+    for info in pkgutil.walk_packages(torchbucket.__path__, "torchbucket."):
+        parts = info.name.split(".")
+        if any(p.startswith("_") for p in parts[1:]) or info.name.startswith(_OWN_NAMES):
+            continue
+        if info.name.startswith("torchbucket.emulator.") or info.name.endswith("__main__"):
+            continue
+        found.append(importlib.import_module(info.name))
+    return found
+
+
+def _public_configs() -> list[type]:
+    configs: dict[str, type] = {}
+    for module in _public_modules():
+        for name, value in vars(module).items():
+            if (
+                isinstance(value, type)
+                and name.endswith("Config")
+                and dataclasses.is_dataclass(value)
+                and value.__module__.startswith("torchbucket")
+                and not value.__module__.startswith(_OWN_NAMES)
+            ):
+                configs[name] = value
+    return [configs[n] for n in sorted(configs)]
+
+
+CONFIGS = _public_configs()
+
+
+def test_every_public_config_is_checked_here() -> None:
+    assert {c.__name__ for c in CONFIGS} >= {
+        "BudgetConfig",
+        "CheckpointConfig",
+        "ComposeConfig",
+        "ConcurrencyConfig",
+        "DemoConfig",
+        "FetchConfig",
+        "GCSConfig",
+        "HedgeConfig",
+        "ListingConfig",
+        "PackConfig",
+        "RetryConfig",
+        "ShardReadConfig",
+        "ShardingConfig",
+    }
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.__name__)
+def test_config_fields_follow_the_vocabulary(config: type) -> None:
+    wrong = []
+    for item in dataclasses.fields(config):
+        name, owner = item.name, config.__name__
+        declared = item.metadata.get("check")
+        # The demo is a user of the library (no private imports): its fields
+        # are checked by name and annotation alone.
+        if config.__module__ != "torchbucket.demo.config" and (
+            not isinstance(declared, FieldCheck) or declared.kind not in KINDS
+        ):
+            wrong.append(f"{owner}.{name} declares no check")
+            continue
+        kind = declared.kind if isinstance(declared, FieldCheck) else None
+        is_bool = kind == "switch" or str(item.type).startswith("bool")
+        if name.endswith("_in_flight") != (kind == "in_flight") and kind is not None:
+            wrong.append(f"{owner}.{name}: requests at once are *_in_flight, and only they")
+        if (
+            (owner, name) not in _NOT_BYTES
+            and kind is not None
+            and name.endswith("_size") != (kind == "size")
+        ):
+            wrong.append(f"{owner}.{name}: bytes are *_size, and only bytes")
+        if kind is None and (owner, name) not in _NOT_BYTES and name.endswith("_size"):
+            wrong.append(f"{owner}.{name}: *_size is bytes")
+        if is_bool and _NEGATIVE.match(name):
+            wrong.append(f"{owner}.{name}: a switch says what True does (enabled=, not disable=)")
+    assert wrong == []
+
+
+def _bad_values(declared: FieldCheck) -> list[Any]:
+    values: list[Any] = [object()]
+    if declared.kind == "switch":
+        values += [1, "yes"]  # a bool is a bool everywhere
+    if declared.kind in ("in_flight", "size", "count"):
+        values += [True, 1.5, "8"]
+    return values
+
+
+@pytest.mark.parametrize(
+    "config", [c for c in CONFIGS if c.__name__ != "DemoConfig"], ids=lambda c: c.__name__
+)
+def test_every_field_is_refused_in_the_same_words(config: type) -> None:
+    for item in dataclasses.fields(config):
+        declared = item.metadata["check"]
+        for value in _bad_values(declared):
+            with pytest.raises(ConfigError) as caught:
+                config(**{item.name: value})
+            assert str(caught.value).startswith(f"{config.__name__}.{item.name} must be "), (
+                caught.value
+            )
+            assert ", got " in str(caught.value)
+
+
+def _callables() -> list[tuple[str, Any]]:
+    found: dict[str, Any] = {}
+    for module in _public_modules():
+        for name in getattr(module, "__all__", ()):
+            value = getattr(module, name)
+            if getattr(value, "__module__", "").startswith(_OWN_NAMES):
+                continue
+            if inspect.isclass(value):
+                for attr, member in vars(value).items():
+                    if attr == "__init__" or not attr.startswith("_"):
+                        fn = member.__func__ if isinstance(member, classmethod) else member
+                        if inspect.isfunction(fn):
+                            found[f"{value.__qualname__}.{attr}"] = fn
+            elif inspect.isfunction(value):
+                found[f"{module.__name__}.{name}"] = value
+    return sorted(found.items())
+
+
+def _snake(config_name: str) -> str:
+    stem = config_name.removesuffix("Config")
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", stem).lower()
+
+
+def test_config_parameters_are_named_after_their_type_everywhere() -> None:
+    wrong = []
+    for where, fn in _callables():
+        for parameter in inspect.signature(fn).parameters.values():
+            annotation = str(parameter.annotation)
+            types = set(re.findall(r"\b([A-Z][A-Za-z]*Config)\b", annotation))
+            if not types or parameter.name == "config":
+                continue
+            allowed = {_snake(t) for t in types}
+            if parameter.name not in allowed:
+                wrong.append(f"{where}({parameter.name}: {annotation}) wants {sorted(allowed)}")
+    assert wrong == []
+
+
+def test_classes_that_are_not_the_checkpoint_take_no_config_parameter() -> None:
+    from torchbucket.dcp import BucketStorageReader, BucketStorageWriter
+    from torchbucket.lightning import AsyncBucketCheckpointIO, BucketCheckpointIO
+
+    for cls in (
+        BucketStorageReader,
+        BucketStorageWriter,
+        BucketCheckpointIO,
+        AsyncBucketCheckpointIO,
+    ):
+        parameters = inspect.signature(cls).parameters
+        assert "config" not in parameters and "checkpoint" in parameters, cls
