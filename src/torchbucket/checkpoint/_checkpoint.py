@@ -77,11 +77,6 @@ class BucketCheckpoint:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(config=state["config"], gcs=state["gcs"])  # type: ignore[misc]
 
-    @property
-    def gcs_config(self) -> GCSConfig | None:
-        """The ``gcs`` config (the attribute's name before the config rule)."""
-        return self.gcs
-
     def open(self, uri: str) -> tuple[ObjectStore, str]:
         """The store ``uri`` lives in and the key inside it.
 
