@@ -14,7 +14,6 @@ no reader follows it to shards being rewritten.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import re
 import time
@@ -22,27 +21,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from torchbucket import runtime
-from torchbucket.errors import IntegrityError, NotFoundError
+from torchbucket.errors import NotFoundError
 from torchbucket.listing import ListingConfig, alist_objects
-from torchbucket.runtime.tasks import cancel_and_wait, gather_or_cancel
+from torchbucket.runtime.tasks import gather_or_cancel
 from torchbucket.shards._catalog import open_store
 from torchbucket.shards._index import (
     INDEX_SUFFIX,
     MANIFEST_NAME,
     Manifest,
     ManifestShard,
-    ShardIndex,
-    index_name,
 )
 from torchbucket.shards._names import check_member_names
-from torchbucket.shards._pack_stream import stream_shard
-from torchbucket.shards._plan import PlannedMember, PlannedShard, plan_shards
+from torchbucket.shards._pack_write import complete, write_shard
+from torchbucket.shards._plan import PlannedShard, plan_shards
 from torchbucket.shards._progress import Progress
-from torchbucket.shards._tar import END_OF_ARCHIVE, padding
 from torchbucket.shards.config import PackConfig
-from torchbucket.storage.base import ObjectInfo, ObjectStore, Part
-from torchbucket.storage.capabilities import SupportsZonal
-from torchbucket.storage.crc32c import Crc32c, extend
+from torchbucket.storage.base import ObjectInfo, ObjectStore
 
 if TYPE_CHECKING:
     from torchbucket.storage.gcs import GCSConfig
@@ -52,7 +46,6 @@ __all__ = ["PackResult", "apack", "pack"]
 logger = logging.getLogger(__name__)
 
 _SHARD_RE = re.compile(r"^shard-(\d{6,})(\.tar|" + re.escape(INDEX_SUFFIX) + r")$")
-_PARTS_IN_FLIGHT = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,164 +94,6 @@ def _member_base(prefix: str) -> str:
     return prefix[: prefix.rfind("/") + 1]
 
 
-async def _read(store: ObjectStore, info: ObjectInfo) -> bytes:
-    data = await store.get(info.name, generation=info.generation)
-    if len(data) != info.size:
-        raise IntegrityError(
-            f"read {len(data)} bytes, listed with {info.size}: it changed during the pack",
-            operation="pack read",
-            uri=store.uri(info.name),
-        )
-    return data
-
-
-async def _write_shard(
-    src: ObjectStore,
-    dst: ObjectStore,
-    prefix: str,
-    shard: PlannedShard,
-    config: PackConfig,
-    bar: Progress,
-) -> ManifestShard:
-    key = prefix + shard.name
-    uri = dst.uri(key)
-    if isinstance(dst, SupportsZonal) and await dst.zonal():
-        # No multipart upload on a zonal bucket: one stream, checked as a whole.
-        return await _indexed(
-            dst, prefix, shard, *await stream_shard(src, dst, key, shard, config, bar, _read)
-        )
-    upload_id = await dst.multipart_initiate(key, content_type="application/x-tar")
-    parts: dict[int, Part] = {}
-    uploads: set[asyncio.Task[None]] = set()
-    slots = asyncio.Semaphore(_PARTS_IN_FLIGHT)
-    failure: list[BaseException] = []
-
-    async def put_part(number: int, data: bytes) -> None:
-        try:
-            parts[number] = await dst.multipart_upload_part(key, upload_id, number, data)
-        except Exception as exc:  # raised by the writer below, at its next part
-            failure.append(exc)
-        finally:
-            slots.release()
-
-    async def send(number: int, data: bytes) -> None:
-        if failure:
-            raise failure[0]
-        await slots.acquire()
-        task = asyncio.ensure_future(put_part(number, data))
-        uploads.add(task)
-        task.add_done_callback(uploads.discard)
-
-    reads: collections.deque[asyncio.Task[bytes]] = collections.deque()
-    pending = iter(shard.members)
-    crcs: list[int] = []
-    total = Crc32c()
-    buffer = bytearray()
-    number = 1
-    try:
-        for member in shard.members:
-            while len(reads) < config.reads_in_flight:
-                nxt: PlannedMember | None = next(pending, None)
-                if nxt is None:
-                    break
-                reads.append(asyncio.ensure_future(_read(src, nxt.source)))
-            data = await reads.popleft()
-            crcs.append(extend(0, data))
-            buffer += member.header
-            buffer += data
-            buffer += b"\0" * padding(len(data))
-            bar.update(len(data))
-            del data
-            if len(buffer) >= config.part_size:
-                chunk = bytes(buffer)
-                buffer.clear()
-                total.update(chunk)
-                await send(number, chunk)
-                number += 1
-        buffer += END_OF_ARCHIVE
-        chunk = bytes(buffer)
-        buffer.clear()
-        total.update(chunk)
-        await send(number, chunk)
-        if uploads:
-            await asyncio.gather(*list(uploads))
-        if failure:
-            raise failure[0]
-        info = await dst.multipart_complete(key, upload_id, [parts[n] for n in sorted(parts)])
-    except BaseException:
-        await cancel_and_wait([*reads, *uploads])
-        try:
-            await asyncio.shield(dst.multipart_abort(key, upload_id))
-        except Exception:  # the upload may already be gone; nothing was made visible
-            logger.debug("aborting the upload of %s failed", uri, exc_info=True)
-        raise
-    return await _indexed(dst, prefix, shard, info, crcs, total)
-
-
-async def _indexed(
-    dst: ObjectStore,
-    prefix: str,
-    shard: PlannedShard,
-    info: ObjectInfo,
-    crcs: list[int],
-    total: Crc32c,
-) -> ManifestShard:
-    """Check the shard written against the plan, then write its index."""
-    uri = dst.uri(prefix + shard.name)
-    key = prefix + shard.name
-    if info.size != shard.size or (info.crc32c is not None and info.crc32c != total.b64()):
-        await dst.delete(key)
-        raise IntegrityError(
-            f"the shard written is {info.size} bytes (CRC32C {info.crc32c}), the plan says "
-            f"{shard.size} bytes (CRC32C {total.b64()}); deleted it",
-            operation="pack",
-            uri=uri,
-        )
-    index = ShardIndex(
-        [m.name for m in shard.members],
-        [m.data_offset for m in shard.members],
-        [m.source.size for m in shard.members],
-        crcs,
-        shard.sample_starts,
-        size=shard.size,
-        fingerprint=shard.fingerprint,
-        shard_crc32c=total.b64(),
-    )
-    await dst.put(
-        prefix + index_name(shard.name), index.to_json(shard.name), content_type="application/json"
-    )
-    logger.info("packed %s: %d members, %d bytes", uri, len(shard.members), shard.size)
-    return _manifest_entry(shard, total.b64())
-
-
-def _manifest_entry(shard: PlannedShard, crc32c: str) -> ManifestShard:
-    return ManifestShard(
-        name=shard.name,
-        size=shard.size,
-        crc32c=crc32c,
-        samples=len(shard.sample_starts),
-        members=len(shard.members),
-        fingerprint=shard.fingerprint,
-    )
-
-
-async def _complete(
-    dst: ObjectStore, prefix: str, shard: PlannedShard, existing: dict[str, ObjectInfo]
-) -> ManifestShard | None:
-    """The manifest entry of a shard already written by the same plan, else ``None``."""
-    tar = existing.get(prefix + shard.name)
-    idx_key = prefix + index_name(shard.name)
-    if tar is None or idx_key not in existing or tar.size != shard.size:
-        return None
-    try:
-        index = ShardIndex.from_json(await dst.get(idx_key))
-    except (NotFoundError, ValueError):
-        return None
-    if index.fingerprint != shard.fingerprint or index.size != shard.size:
-        return None
-    return _manifest_entry(shard, index.shard_crc32c or tar.crc32c or "")
-
-
 async def apack(
     src: ObjectStore,
     src_prefix: str,
@@ -299,20 +134,12 @@ async def apack(
     config = config or PackConfig()
     t0 = time.perf_counter()
     dst_prefix = _folder(dst_prefix)
-    objects = await alist_objects(src, src_prefix, config=listing)
-    if dst.uri("") == src.uri(""):  # the destination may lie under the source
-        objects = [o for o in objects if not o.name.startswith(dst_prefix)]
-    if not objects:
-        raise NotFoundError("no objects to pack", operation="pack", uri=src.uri(src_prefix))
-    check_member_names(src, objects, _member_base(src_prefix))
-    plan = plan_shards(
-        objects, _member_base(src_prefix), shard_size=config.shard_size, group_by=config.group_by
-    )
+    plan = await _plan(src, src_prefix, dst, dst_prefix, config, listing)
     present = await alist_objects(
         dst, dst_prefix, config=ListingConfig(progress=False, broadcast=False)
     )
     existing = {o.name: o for o in present}
-    done = await gather_or_cancel(_complete(dst, dst_prefix, s, existing) for s in plan)
+    done = await gather_or_cancel(complete(dst, dst_prefix, s, existing) for s in plan)
     kept = tuple(s.number for s, entry in zip(plan, done) if entry is not None)
     if dry_run:
         return PackResult(
@@ -321,14 +148,7 @@ async def apack(
     manifest_key = dst_prefix + MANIFEST_NAME
     source_uri = src.uri(src_prefix)
     if manifest_key in existing:
-        # A manifest of another plan must not lead readers to shards being rewritten.
-        try:
-            old = Manifest.from_json(await dst.get(manifest_key))
-            stale = [s.fingerprint for s in old.shards] != [s.fingerprint for s in plan]
-        except ValueError:
-            stale = True
-        if stale or len(kept) != len(plan):
-            await dst.delete(manifest_key)
+        await _drop_stale_manifest(dst, manifest_key, plan, whole=len(kept) == len(plan))
     await _abort_leftovers(dst, dst_prefix)
     bar = Progress(progress, sum(s.source_bytes for s in plan), f"packing {source_uri}")
     entries: list[ManifestShard | None] = list(done)
@@ -339,7 +159,7 @@ async def apack(
 
     async def write(shard: PlannedShard) -> None:
         async with slots:
-            entries[shard.number] = await _write_shard(src, dst, dst_prefix, shard, config, bar)
+            entries[shard.number] = await write_shard(src, dst, dst_prefix, shard, config, bar)
 
     try:
         await gather_or_cancel(write(s) for s in todo)
@@ -361,6 +181,42 @@ async def apack(
         time.perf_counter() - t0,
         False,
     )
+
+
+async def _plan(
+    src: ObjectStore,
+    src_prefix: str,
+    dst: ObjectStore,
+    dst_prefix: str,
+    config: PackConfig,
+    listing: ListingConfig | None,
+) -> list[PlannedShard]:
+    """List the source (less the destination, if it lies under it) and plan its shards."""
+    objects = await alist_objects(src, src_prefix, config=listing)
+    if dst.uri("") == src.uri(""):  # the destination may lie under the source
+        objects = [o for o in objects if not o.name.startswith(dst_prefix)]
+    if not objects:
+        raise NotFoundError("no objects to pack", operation="pack", uri=src.uri(src_prefix))
+    check_member_names(src, objects, _member_base(src_prefix))
+    return plan_shards(
+        objects, _member_base(src_prefix), shard_size=config.shard_size, group_by=config.group_by
+    )
+
+
+async def _drop_stale_manifest(
+    dst: ObjectStore, manifest_key: str, plan: list[PlannedShard], *, whole: bool
+) -> None:
+    """Delete a manifest of another plan, or of this plan with shards still to write.
+
+    It must not lead readers to shards being rewritten.
+    """
+    try:
+        old = Manifest.from_json(await dst.get(manifest_key))
+        stale = [s.fingerprint for s in old.shards] != [s.fingerprint for s in plan]
+    except ValueError:
+        stale = True
+    if stale or not whole:
+        await dst.delete(manifest_key)
 
 
 async def _abort_leftovers(dst: ObjectStore, prefix: str) -> None:

@@ -45,7 +45,7 @@ def planned_shards(sizes: Sequence[int], pack: PackConfig) -> list[PlannedShard]
 
 
 def _parts(shard: PlannedShard, part_size: int) -> int:
-    # As ``_pack._write_shard`` sends them: a part once a member takes the
+    # As ``_pack_write.write_shard`` sends them: a part once a member takes the
     # buffer to part_size or more, then the rest with the end-of-archive blocks.
     parts = 1
     buffered = 0
