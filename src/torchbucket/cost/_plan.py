@@ -131,6 +131,51 @@ def _shards_plan(
     return run.plan("shards", epoch, once, note=note)
 
 
+def _direct_plan(
+    run: _Run, sizes: Sequence[int], listing: RequestStats, fetch: FetchConfig
+) -> StrategyPlan:
+    from torchbucket.datasets import estimate as datasets_estimate
+
+    direct = datasets_estimate.map_epoch(sizes, fetch)
+    return run.plan(
+        "direct",
+        direct.requests,
+        listing,
+        note=(
+            "one GET per object (BucketMapDataset, compose off); from "
+            f"{fetch.large_object_size / (1 << 20):g} MiB, one per "
+            f"{fetch.range_size / (1 << 20):g} MiB range"
+        ),
+    )
+
+
+def _compose_plan(
+    run: _Run,
+    sizes: Sequence[int],
+    listing: RequestStats,
+    ranks: int,
+    workers: int,
+    fetch: FetchConfig,
+    compose: ComposeConfig,
+    soft_delete_seconds: int | None,
+) -> StrategyPlan:
+    from torchbucket.datasets import estimate as datasets_estimate
+
+    composed = datasets_estimate.iterable_epoch(
+        sizes, ranks=ranks, workers=workers, fetch=fetch, compose=compose
+    )
+    # Each rank's process reads the bucket's soft-delete policy once (its
+    # DataLoader workers inherit the answer).
+    policy = RequestStats(by_op={"bucket_get": ranks} if compose.enabled else {})
+    return run.plan(
+        "compose",
+        composed.requests,
+        listing + policy,
+        composed.composite_bytes,
+        _compose_note(compose, fetch, soft_delete_seconds),
+    )
+
+
 def plan_strategies(
     sizes: Sequence[int],
     *,
@@ -178,7 +223,6 @@ def plan_strategies(
         )
     from torchbucket.compose import ComposeConfig
     from torchbucket.datasets import FetchConfig
-    from torchbucket.datasets import estimate as datasets_estimate
 
     fetch = fetch if fetch is not None else FetchConfig()
     compose = compose if compose is not None else ComposeConfig()
@@ -187,34 +231,9 @@ def plan_strategies(
     listing = RequestStats(by_op={"list": pages} if pages else {})
     run = _Run(epochs, prices if prices is not None else prices_for(), soft_delete_seconds or 0)
 
-    direct = datasets_estimate.map_epoch(sizes, fetch)
     plans = [
-        run.plan(
-            "direct",
-            direct.requests,
-            listing,
-            note=(
-                "one GET per object (BucketMapDataset, compose off); from "
-                f"{fetch.large_object_size / (1 << 20):g} MiB, one per "
-                f"{fetch.range_size / (1 << 20):g} MiB range"
-            ),
-        )
+        _direct_plan(run, sizes, listing, fetch),
+        _compose_plan(run, sizes, listing, ranks, workers, fetch, compose, soft_delete_seconds),
     ]
-
-    composed = datasets_estimate.iterable_epoch(
-        sizes, ranks=ranks, workers=workers, fetch=fetch, compose=compose
-    )
-    # Each rank's process reads the bucket's soft-delete policy once (its
-    # DataLoader workers inherit the answer).
-    policy = RequestStats(by_op={"bucket_get": ranks} if compose.enabled else {})
-    plans.append(
-        run.plan(
-            "compose",
-            composed.requests,
-            listing + policy,
-            composed.composite_bytes,
-            _compose_note(compose, fetch, soft_delete_seconds),
-        )
-    )
     plans.append(_shards_plan(run, sizes, listing, ranks, workers, pack, shard_read))
     return plans
