@@ -227,6 +227,39 @@ def figures(run: Run, step: float) -> dict[str, float]:
     }
 
 
+def plot(rows: list[dict[str, Any]]) -> Path:
+    """Throttled and capacity fractions by job size, one line per design."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for design in DESIGNS:
+        mine = [r for r in rows if r["design"] == design]
+        nodes = [r["nodes"] for r in mine]
+        ax.plot(nodes, [max(r["throttled_fraction"], 1e-5) for r in mine], "o-", label=design)
+        ax2.plot(nodes, [r["capacity_fraction"] for r in mine], "o-", label=design)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.axhline(0.01, color="grey", ls=":", lw=0.8)
+    ax.set_xlabel("nodes (x 8 ranks x 8 workers)")
+    ax.set_ylabel("fraction of requests throttled")
+    ax2.set_xscale("log", base=2)
+    ax2.axhline(0.9, color="grey", ls=":", lw=0.8)
+    ax2.set_ylim(0, 1.05)
+    ax2.set_xlabel("nodes (x 8 ranks x 8 workers)")
+    ax2.set_ylabel("reads admitted / capacity (steady)")
+    ax.legend(fontsize=8)
+    fig.suptitle("Simulation: GCS's request-rate model, one bucket")
+    fig.tight_layout()
+    path = h.OUTPUT_DIR / f"{NAME}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = p.add_mutually_exclusive_group()
@@ -286,7 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     payload["sim_cpu_s"] = round(time.process_time() - started, 2)
     payload["sim_seconds"] = args.seconds
-    h.write_json(NAME, {"args": vars(args), "rows": rows})
+    png = plot(rows)
+    payload["figure"] = h.rel(png)
+    h.write_json(NAME, {"result": payload, "args": vars(args), "rows": rows})
     h.emit_result(payload)
     return 0
 

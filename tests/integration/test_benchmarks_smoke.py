@@ -165,11 +165,15 @@ def test_checkpoint_smoke_against_gcsfs_and_torchs_fsspec_dcp(
 
 def test_checkpoint_smoke_reports_the_tails_cost(tmp_path: Path) -> None:
     # Issue 19: both latency presets by default, save and load timed under each.
-    result = run_benchmark("checkpoint", tmp_path, "--only", "torchbucket")
+    result = run_benchmark("checkpoint", tmp_path, "--only", "torchbucket,floor")
     assert result["mismatched_tensors"] == 0
     assert result["latency_presets"] == ["same-region", "same-region-tail"]
     for op in ("save", "load"):
         assert result[f"tail_slowdown_{op}_torchbucket"] > 0
+        # Issue 45: the floor (no torch) and what torchbucket costs beside it.
+        assert result[f"{op}_fraction_of_floor"] > 0
+        assert result[f"{op}_cpu_s_per_gib"] > 0 and result[f"floor_{op}_cpu_s_per_gib"] > 0
+    assert "large_mib" not in result  # --smoke: no large state dict
 
 
 def test_listing_timeline_smoke_compares_with_a_commit(tmp_path: Path) -> None:
@@ -214,3 +218,23 @@ def test_sizes_smoke_reports_every_size_key(tmp_path: Path) -> None:
         for key in ("default_speedup_vs_dataflux", "default_speedup_vs_gcsfs"):
             assert f"{key}_{size}" in result  # null when those contenders were not run
     assert set(result["goals"]) == set(result["goals_failing"])
+
+
+def test_scale_smoke_runs_every_contender_against_the_rate_model(tmp_path: Path) -> None:
+    # Issue 41: one job of ranks x DataLoader workers per contender, side by side.
+    result = run_benchmark("scale", tmp_path, "--only", "per_process,jobwide")
+    for name in ("per_process", "jobwide"):
+        assert 0 <= result[f"throttled_fraction_{name}"] <= 1
+        assert result[f"epoch_s_{name}"] > 0
+        assert 0 < result[f"fairness_{name}"] <= 1
+        assert result[f"emulator_cpu_s_{name}"] > 0
+    assert result["speedup_vs_per_process"] > 0
+
+
+def test_scale_sim_smoke_reports_both_controllers(tmp_path: Path) -> None:
+    result = run_benchmark("scale_sim", tmp_path)
+    for nodes in (8, 64):
+        for key in ("throttled_fraction", "capacity_fraction", "fairness"):
+            assert f"sim_{key}_{nodes}" in result
+            assert f"sim_{key}_per_process_{nodes}" in result
+    assert result["sim_store_ops_per_s_64"] > 0

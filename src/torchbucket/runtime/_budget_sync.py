@@ -40,6 +40,9 @@ __all__ = ["Sync"]
 
 logger = logging.getLogger("torchbucket.runtime.budget")
 
+#: Ticks in a row without requests after which a rank counts itself idle.
+IDLE_TICKS = 8
+
 
 class Sync:
     """The controller thread of one segment: local signals, the store, the rates."""
@@ -55,8 +58,9 @@ class Sync:
         ]
         self._local = [0.0] * (2 * len(CLASSES))  # last sent, throttled per class
         self._job: dict[int, float] = {}  # the job's counters when last read
-        self._busy = False
-        self.active = 0  # ranks with requests to send, at the last tick
+        self._idle = False  # whether this rank counts itself idle in the job's counter
+        self._quiet = 0  # ticks in a row without requests
+        self.idle = 0  # ranks of the job that count themselves idle, at the last tick
         self._store: Any = None
         self._store_failed = False
         self.world = 1
@@ -111,8 +115,9 @@ class Sync:
         busy = [deltas[2 * i] > 0 or waiting[i] for i in range(len(CLASSES))]
         job = self._exchange(deltas, busy)
         # A rank spends its share of the job's rate: the rate over the ranks
-        # with requests to send (a rank that is done leaves its share to the rest).
-        share = max(1, self.active) if job is not None else self.world
+        # not idle (a rank that is done leaves its share to the rest; a dead
+        # one keeps its share: the safe side).
+        share = max(1, self.world - self.idle) if job is not None else self.world
         rates = []
         for i, ctl in enumerate(self.controllers):
             if job is not None:
@@ -137,17 +142,20 @@ class Sync:
         """Add this rank's deltas to the job's counters; the job's deltas, or ``None``.
 
         A class this rank neither sent nor waits on is not exchanged (its job
-        deltas read 0: its controller holds). The count of busy ranks is one
-        more counter, changed by +1/-1 when this rank turns busy or idle.
+        deltas read 0: its controller holds). The count of idle ranks is one
+        more counter: +1 when this rank has had nothing to send for
+        :data:`IDLE_TICKS` ticks, -1 when it has again. Every rank starts busy,
+        so that a job's first ticks never give one rank the whole job's rate.
         """
         store = self._connect()
         if store is None:
             return None
         try:
-            busy_now = any(busy)
-            change = int(busy_now) - int(self._busy)
-            self.active = int(store.add(f"{self.key}/active", change))
-            self._busy = busy_now
+            self._quiet = 0 if any(busy) else self._quiet + 1
+            idle_now = self._quiet >= IDLE_TICKS
+            change = int(idle_now) - int(self._idle)
+            self.idle = int(store.add(f"{self.key}/idle", change))
+            self._idle = idle_now
             out = [0.0] * len(deltas)
             for i in range(len(deltas)):
                 cls = i // 2

@@ -86,9 +86,9 @@ class BudgetConfig:
 
     Attributes:
         enabled: Whether requests spend from the budget. Default ``False``.
-        read_rate: The job's starting object reads per second. Default 5,000
-            (a new bucket's capacity on GCS).
-        write_rate: The job's starting writes per second. Default 1,000.
+        read_rate: A new bucket's object reads per second (GCS: 5,000, the
+            default); the job starts at 0.9 of it and probes above it slowly.
+        write_rate: The same for writes. Default 1,000.
         doubling: Seconds the ramp takes to double the rate. Default 1,200
             (GCS: "double the request rate no faster than every 20 minutes").
         interval: Seconds between two exchanges of signals. Default 0.25.
@@ -144,29 +144,41 @@ class RateController:
     - Ramp: on a tick without throttles in which the job used at least 0.8 of
       its rate, the rate grows by a factor 2 per ``doubling`` seconds; twice
       as fast below 0.9 of the ceiling (back to what was served), four times
-      slower up to 1.05 of it (probing), at the normal pace above (the bucket
-      has grown: the ceiling is forgotten).
+      slower up to 1.05 of it (probing; slower still, up to 16 times, after
+      each throttle at the same ceiling), at the normal pace above (the
+      bucket has grown: the ceiling is forgotten).
 
     Args:
-        initial: Starting rate, requests per second.
+        initial: The bucket's starting capacity as documented, requests per
+            second: the rate starts at ``margin`` of it, with it as the ceiling.
         doubling: Seconds per doubling while the job uses its rate untroubled.
         minimum: Floor of the rate.
+        margin: Fraction of ``initial`` to start at.
     """
 
     #: Growth near the rate of the last throttle is this many times slower.
     CAREFUL = 4.0
+    #: Each throttle at the same ceiling (within 10%) halves the probing pace
+    #: again, down to this many times slower still: a steady bucket is probed
+    #: less and less often.
+    PATIENCE = 4.0
     #: Growth back up to 0.9 of that rate is this many times faster.
     RECOVER = 2.0
 
-    def __init__(self, initial: float, *, doubling: float, minimum: float = 1.0) -> None:
-        self.rate = float(initial)
+    def __init__(
+        self, initial: float, *, doubling: float, minimum: float = 1.0, margin: float = 0.9
+    ) -> None:
+        # A bucket starts at "around" its documented rate: begin a margin under
+        # it, and probe above it carefully, as above the rate of a throttle.
+        self.rate = float(initial) * margin
         self.doubling = doubling
         self.minimum = minimum
-        self.ceiling: float | None = None  # the rate when last throttled
+        self.ceiling: float | None = float(initial)  # the rate when last throttled
         self.admitted: float | None = None  # the admitted rate, averaged over ~2 s
         self.cuts = 0
         self._last: float | None = None
         self._held = False  # the tick after a cut: its throttles were already answered
+        self._patience = 1.0  # probing slows down while the ceiling holds
 
     def update(self, now: float, sent: float, throttled: float) -> float:
         """One tick: ``sent`` attempts since the last, ``throttled`` of them refused.
@@ -183,6 +195,11 @@ class RateController:
         avg = self.admitted
         self.admitted = avg = admitted if avg is None else avg + weight * (admitted - avg)
         if throttled > 0 and not self._held:
+            last = self.ceiling
+            if last is not None and abs(self.rate / last - 1.0) < 0.1:
+                self._patience = min(self._patience * 2.0, self.PATIENCE)
+            else:
+                self._patience = 1.0
             self.ceiling = self.rate
             cut = min(0.9 * self.rate, max(0.95 * avg, 0.5 * self.rate))
             self.rate = max(self.minimum, cut)
@@ -197,9 +214,10 @@ class RateController:
                 if self.rate < 0.9 * ceiling:
                     growth *= self.RECOVER
                 elif self.rate < 1.05 * ceiling:
-                    growth /= self.CAREFUL
+                    growth /= self.CAREFUL * self._patience
                 else:
                     self.ceiling = None
+                    self._patience = 1.0
             self.rate *= math.exp(growth * dt)
         return self.rate
 
