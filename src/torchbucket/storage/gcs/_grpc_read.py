@@ -36,8 +36,9 @@ __all__ = ["Meta", "RangeRead", "ReadStreams"]
 
 logger = logging.getLogger(__name__)
 
-#: Ranges one stream carries at once before another stream is opened beside it.
-MAX_RANGES_PER_STREAM = 64
+#: Ranges one stream carries at once before another stream is opened beside it: a
+#: checkpoint load's ranges go out on a few streams, not all on one.
+MAX_RANGES_PER_STREAM = 16
 #: Read handles kept per store (the latest objects read).
 _HANDLES_KEPT = 1024
 
