@@ -15,6 +15,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import yarl
 
@@ -31,6 +32,9 @@ from torchbucket.storage.gcs._wire import (
     range_header,
     verify_crc32c,
 )
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = ["read", "read_into", "stream"]
 
@@ -145,29 +149,7 @@ async def read_into(
                     piece = whole[start : start + size]
                     into[: len(piece)] = piece
                     return len(piece)
-                span = content_range(resp.headers)
-                # Only a range that is the whole object can be checked against
-                # the object's CRC32C; the CRC of any other range is wasted work
-                # (callers such as checkpoint loads check the whole object once).
-                whole_object = span is not None and span[0] == 0 and span[2] == span[1] + 1
-                crc = 0
-                pos = 0
-                async for chunk in resp.content.iter_any():
-                    n = len(chunk)
-                    if pos + n > size:
-                        raise IntegrityError(
-                            f"server sent more than the {size} bytes asked for",
-                            operation="get",
-                            uri=uri,
-                        )
-                    into[pos : pos + n] = chunk
-                    if whole_object:
-                        crc = extend_crc(crc, chunk)
-                    pos += n
-                accounting.received(pos)
-                if span is not None and check_span(span, start, pos, uri):
-                    verify_crc32c(resp.headers, crc_b64(crc), uri)
-                return pos
+                return await _receive_range(resp, into, start, uri)
         except StorageError:
             raise  # NotFoundError is an OSError too: keep it as it is
         except TRANSPORT_ERRORS as exc:
@@ -191,6 +173,36 @@ async def read_into(
         return hedger.run(functools.partial(attempt, buffer), spare, adopt, size)
 
     return await transport.call(hedged, "get", uri)
+
+
+async def _receive_range(
+    resp: aiohttp.ClientResponse, into: memoryview, start: int, uri: str
+) -> int:
+    """The body of a 206 answer to ``[start, start + len(into))``, straight into ``into``."""
+    size = len(into)
+    span = content_range(resp.headers)
+    # Only a range that is the whole object can be checked against
+    # the object's CRC32C; the CRC of any other range is wasted work
+    # (callers such as checkpoint loads check the whole object once).
+    whole_object = span is not None and span[0] == 0 and span[2] == span[1] + 1
+    crc = 0
+    pos = 0
+    async for chunk in resp.content.iter_any():
+        n = len(chunk)
+        if pos + n > size:
+            raise IntegrityError(
+                f"server sent more than the {size} bytes asked for",
+                operation="get",
+                uri=uri,
+            )
+        into[pos : pos + n] = chunk
+        if whole_object:
+            crc = extend_crc(crc, chunk)
+        pos += n
+    accounting.received(pos)
+    if span is not None and check_span(span, start, pos, uri):
+        verify_crc32c(resp.headers, crc_b64(crc), uri)
+    return pos
 
 
 async def _transcoded(transport: GCSTransport, key: str) -> bool:
