@@ -117,25 +117,9 @@ async def _send(
         begin = offset
         try:
             if lost:
-                status, headers, body = await transport.request(
-                    "PUT",
-                    session_url,
-                    operation="put",
-                    uri=uri,
-                    headers={"Content-Range": f"bytes */{size}"},
-                    allow=(308,),
-                )
-                if status != 308:
-                    info = _errors.parse_info(body, operation="put", uri=uri)
-                    return info, offset + len(chunk)
-                begin = persisted(headers)
-                if not offset <= begin <= offset + len(chunk):
-                    raise StorageError(
-                        f"upload session holds {begin} bytes, expected {offset} to "
-                        f"{offset + len(chunk)}",
-                        operation="put",
-                        uri=uri,
-                    )
+                done, begin = await _held(transport, session_url, uri, size, offset, len(chunk))
+                if done is not None:
+                    return done, offset + len(chunk)
             piece = chunk[begin - offset :]
             if len(piece):
                 crange = f"bytes {begin}-{begin + len(piece) - 1}/{size}"
@@ -164,6 +148,33 @@ async def _send(
     if refused is not None:
         raise refused
     return result
+
+
+async def _held(
+    transport: GCSTransport, session_url: yarl.URL, uri: str, size: str, offset: int, length: int
+) -> tuple[ObjectInfo | None, int]:
+    """After a lost answer, ask the session how much it holds of ``length`` bytes at ``offset``.
+
+    Returns the object if the upload is complete, else ``None`` and the bytes held.
+    """
+    status, headers, body = await transport.request(
+        "PUT",
+        session_url,
+        operation="put",
+        uri=uri,
+        headers={"Content-Range": f"bytes */{size}"},
+        allow=(308,),
+    )
+    if status != 308:
+        return _errors.parse_info(body, operation="put", uri=uri), offset + length
+    begin = persisted(headers)
+    if not offset <= begin <= offset + length:
+        raise StorageError(
+            f"upload session holds {begin} bytes, expected {offset} to {offset + length}",
+            operation="put",
+            uri=uri,
+        )
+    return None, begin
 
 
 async def _cancel(transport: GCSTransport, session_url: yarl.URL, uri: str) -> None:
