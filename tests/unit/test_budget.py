@@ -33,10 +33,8 @@ def test_controller_ramps_while_used_and_cuts_to_what_was_admitted() -> None:
     assert ctl.rate == pytest.approx(200.0, rel=0.01)
     t += 0.25
     ctl.update(t, 50.0, 10.0)  # 160/s admitted over the tick, 10 refused
-    assert ctl.admitted is not None
     cut = ctl.rate
-    assert cut == pytest.approx(0.95 * ctl.admitted)  # just under what was admitted lately
-    assert 100.0 <= cut <= 180.0  # between 0.5 and 0.9 of the rate
+    assert cut == pytest.approx(0.9 * 200.0)  # the same factor on every rank
     t += 0.25
     ctl.update(t, 45.0, 5.0)  # the next tick's throttles answer requests sent before
     assert ctl.rate == cut

@@ -83,7 +83,13 @@ class Sync:
         self.stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(self.config.store_timeout + 1.0)
-        self._store = None
+        store, self._store = self._store, None
+        if store is not None and not self._idle and not self._thread.is_alive():
+            # A rank that ends gives its share back (one that dies keeps it).
+            try:
+                store.add(f"{self.key}/idle", 1)
+            except Exception:  # at exit, there is nothing to fall back to
+                pass
 
     def _run(self) -> None:
         while not self.stop.is_set():

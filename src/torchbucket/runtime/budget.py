@@ -136,9 +136,10 @@ class BudgetConfig:
 class RateController:
     """The job's rate for one request class: ramp, hold, cut (pure; time passed in).
 
-    - Cut: on a tick with throttled answers, the rate falls to 0.95 of the
-      rate the bucket admitted lately (an average over about 2 s), kept
-      between 0.5 and 0.9 of the rate; the rate before the cut is remembered
+    - Cut: on a tick with throttled answers, the rate falls to 0.9 of itself
+      (the same on every rank), or, when the bucket admitted much less lately
+      (an average over about 2 s), to 0.95 of that, not below half the rate;
+      the rate before the cut is remembered
       as the ceiling. The next tick's throttles are not counted again (they
       answer requests sent before the cut).
     - Ramp: on a tick without throttles in which the job used at least 0.8 of
@@ -201,7 +202,11 @@ class RateController:
             else:
                 self._patience = 1.0
             self.ceiling = self.rate
-            cut = min(0.9 * self.rate, max(0.95 * avg, 0.5 * self.rate))
+            # 0.9 of the rate, the same on every rank; lower only when the bucket
+            # admitted much less (a rate far above it), down to half.
+            cut = 0.9 * self.rate
+            if 0.95 * avg < 0.8 * self.rate:
+                cut = max(0.95 * avg, 0.5 * self.rate)
             self.rate = max(self.minimum, cut)
             self.cuts += 1
             self._held = True
