@@ -21,8 +21,9 @@ google-cloud-storage 3.x's ``_storage_v2``, and its ``AsyncAppendableObjectWrite
   "periodically" persists on its own; a client may count on nothing more than
   the persisted size it was told, and the client resumes from it).
 - A takeover (``append_object_spec`` on a stream other than the owner's) makes
-  the new stream the owner; the old one's next message fails with
-  FAILED_PRECONDITION, which the client does not retry.
+  the new stream the owner; the old one's next flush, state lookup or finish
+  fails with FAILED_PRECONDITION, which the client does not retry (the data
+  it sent meanwhile is dropped).
 - Appendable objects exist only in zonal buckets (Rapid); elsewhere
   ``appendable`` is refused (INVALID_ARGUMENT).
 
@@ -134,6 +135,11 @@ class _Upload:
         self._own()
         return self._opened()
 
+    @property
+    def zonal(self) -> bool:
+        """Whether the object's bucket is a zonal one."""
+        return bool(self.g.store.bucket(self.bucket).zonal)
+
     def _own(self) -> None:
         assert self.obj is not None
         self.g.owners[(self.bucket, self.name, self.obj.generation)] = self.token
@@ -147,7 +153,7 @@ class _Upload:
 
     # -- messages -------------------------------------------------------------
 
-    def _check_live(self) -> None:
+    def check_live(self) -> None:
         obj = self.obj
         if obj is None:
             return
@@ -201,13 +207,13 @@ class _Upload:
         """
         await self._break_if_faulted()
         await self.g.first_byte("put")
-        self._check_live()
+        self.check_live()
         if commit:
             self.commit()
 
     def commit(self) -> None:
         """Persist the pending bytes (no await: atomic on the server's loop)."""
-        self._check_live()
+        self.check_live()
         if self.obj is not None:
             self.obj.append(self.pending, self.crc)
             self.pending = []
@@ -230,7 +236,7 @@ class _Upload:
             raise RpcError(_BAD, "the object's CRC32C does not match the data received")
         await self._break_if_faulted()
         await self.g.first_byte("put")
-        self._check_live()
+        self.check_live()
         if self.obj is not None:
             self.obj.append(self.pending, self.crc)
             self.obj.finalize()
@@ -299,18 +305,21 @@ class WriteApi:
         while True:
             if upload.finished:
                 raise RpcError(_BAD, "a message after finish_write")
-            upload._check_live()
+            # A displaced writer learns of the takeover at its next flush, state
+            # lookup or finish (data alone gets no answer: it is dropped), so the
+            # error comes on a call the client waits on.
             upload.take_data(msg)
             if msg.finish_write:
                 obj = await upload.finish(msg)
                 out = pb.BidiWriteObjectResponse()
-                out.resource.CopyFrom(object_proto(obj, zonal=upload.obj is not None))
+                out.resource.CopyFrom(object_proto(obj, zonal=upload.zonal))
                 yield out
             elif msg.flush:
                 await upload.flush()
                 if msg.state_lookup:
                     yield upload.persisted_response()
             elif msg.state_lookup:
+                upload.check_live()
                 yield upload.persisted_response()
             try:
                 msg = await it.__anext__()
@@ -342,7 +351,7 @@ class WriteApi:
             if msg.finish_write:
                 obj = await upload.finish(msg)
                 out = pb.WriteObjectResponse()
-                out.resource.CopyFrom(object_proto(obj, zonal=False))
+                out.resource.CopyFrom(object_proto(obj, zonal=upload.zonal))
                 return out
             try:
                 msg = await it.__anext__()

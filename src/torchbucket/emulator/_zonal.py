@@ -22,7 +22,6 @@ import base64
 import time
 from typing import TYPE_CHECKING, Any
 
-import google_crc32c
 from aiohttp import web
 
 from torchbucket.emulator._http import ApiError, Route, error_response, rfc3339
@@ -34,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ZONAL_REFUSED_OPS",
     "AppendableObject",
+    "check_zonal",
     "create_appendable",
     "is_zonal",
     "zonal_refusal",
@@ -162,11 +162,6 @@ def create_appendable(
     )
     store.bucket(bucket).objects[name] = obj  # same name: the sorted key list stands
     return obj
-
-
-def next_crc(value: int, chunk: bytes) -> int:
-    """``value`` (a CRC32C) extended over ``chunk``."""
-    return int(google_crc32c.extend(value, chunk))
 
 
 def check_zonal(store: ModelStore, bucket: str) -> None:
