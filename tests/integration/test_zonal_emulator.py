@@ -151,7 +151,7 @@ def test_shards_pack_and_read_on_a_zonal_bucket(emu: Emulator, bucket: str) -> N
 
 
 def test_checkpoints_save_and_load_and_a_failed_save_keeps_the_old(
-    emu: Emulator, bucket: str
+    emu: Emulator, bucket: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     ck = BucketCheckpoint(config=CheckpointConfig(), gcs=_gcs(emu))
     uri = f"gs://{bucket}/ck/model.pt"
@@ -159,6 +159,8 @@ def test_checkpoints_save_and_load_and_a_failed_save_keeps_the_old(
     ck.save(old, uri)
     back = ck.load(uri)
     assert torch.equal(back["w"], old["w"]) and back["step"] == 1
+    # No multipart upload there is expected, not a warning.
+    assert [r for r in caplog.records if r.levelname == "WARNING"] == []
     assert "compose" not in emu.stats()["by_op"]
 
     class Boom(RuntimeError):

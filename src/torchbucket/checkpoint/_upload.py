@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from torchbucket.errors import BucketNotFoundError, StorageError
 from torchbucket.runtime.tasks import cancel_and_wait
 from torchbucket.storage.base import MultipartUpload, ObjectInfo, ObjectStore, Part
-from torchbucket.storage.capabilities import RemoteStore
+from torchbucket.storage.capabilities import RemoteStore, SupportsZonal
 
 __all__ = [
     "MultipartSession",
@@ -67,11 +67,19 @@ def multipart_refused(exc: BaseException) -> bool:
     )
 
 
-def _note_refused(store: ObjectStore, exc: StorageError) -> None:
+async def _note_refused(store: ObjectStore, exc: StorageError) -> None:
     key = _bucket_key(store)
     if key in _no_multipart:
         return
     _no_multipart.add(key)
+    if isinstance(store, SupportsZonal) and await store.zonal():
+        # Expected there, not a misconfiguration: a zonal bucket has none.
+        logger.info(
+            "%s is a zonal bucket, which has no multipart upload: checkpoints there are "
+            "streamed into one appendable object",
+            store.uri(),
+        )
+        return
     logger.warning(
         "multipart upload is refused or not implemented on %s (%s); checkpoints there are "
         "saved by resumable upload from now on in this process (set "
@@ -110,7 +118,7 @@ async def list_stale_candidates(store: ObjectStore, key: str) -> list[MultipartU
     except StorageError as exc:
         if not multipart_refused(exc):
             raise
-        _note_refused(store, exc)
+        await _note_refused(store, exc)
         return []
 
 
@@ -216,7 +224,7 @@ class MultipartSession(UploadSession):
             except StorageError as exc:
                 if not multipart_refused(exc):
                     raise
-                _note_refused(self.store, exc)
+                await _note_refused(self.store, exc)
                 self._to_stream(number, view, release)  # the stream releases it
                 handed_over = True
                 return
