@@ -211,7 +211,10 @@ class DataAdmin:
         """Counters since start or the last reset.
 
         Returns:
-            ``requests``; ``by_class`` (``"A"``, ``"B"``, ``"free"``), ``by_op`` and
+            ``requests``; ``by_class`` (``"A"``, ``"B"``, ``"free"``), ``by_op``
+            (gRPC calls under the same operations: a read stream one ``get``, a
+            write stream one ``put``), ``by_rpc`` (gRPC calls by method, and
+            ``BidiReadObject.ranges``) and
             ``by_status`` (status as a string; ``"0"`` for a reset or stall);
             ``faults`` by kind; ``throttled``; ``bytes_in`` / ``bytes_out``;
             ``by_bucket`` (per bucket named in a request: its ``by_op``,

@@ -105,6 +105,10 @@ class ReadApi:
         bucket = bucket_of(request.bucket)
         await self.g.admit(context, tally, "head", bucket, request.object_)
         await self.g.first_byte("head")
+        if request.soft_deleted:  # the model store keeps no soft-deleted objects
+            raise RpcError(
+                grpc.StatusCode.NOT_FOUND, f"No soft-deleted object {bucket}/{request.object_}"
+            )
         obj = self._object(bucket, request.object_, request.generation, request)
         return object_proto(obj, zonal=self._zonal(bucket))
 
