@@ -26,7 +26,8 @@ from torchbucket.errors import (
     TransientError,
 )
 from torchbucket.listing import ListingConfig, ListingStats, alist_objects, list_objects
-from torchbucket.listing._ranges import _AHEAD_PIECES, Planner, Range, counted_up
+from torchbucket.listing._probes import AHEAD_PIECES, counted_up
+from torchbucket.listing._ranges import Planner, Range
 from torchbucket.storage.base import ListPage, ObjectInfo
 from torchbucket.storage.memory import MemoryStore
 
@@ -295,7 +296,7 @@ def test_pieces_are_guessed_past_the_first_page_of_spread_names_only(
     bucket: MemoryStore, stem: bool
 ) -> None:
     # Hashes spread over the key space (50 pages): the far probe and
-    # _AHEAD_PIECES pieces right past the first page go out together after
+    # AHEAD_PIECES pieces right past the first page go out together after
     # it, in the second round. Hashes under one date: the first page shares
     # "d/20240101_" beyond the prefix, and its density held over the key
     # space after "d/" makes billions of pages; pieces past it would come
@@ -309,7 +310,7 @@ def test_pieces_are_guessed_past_the_first_page_of_spread_names_only(
     if stem:
         assert counting.calls <= 4
     else:
-        assert collections.Counter(counting.rounds)[2] >= _AHEAD_PIECES + 1
+        assert collections.Counter(counting.rounds)[2] >= AHEAD_PIECES + 1
         assert counting.calls <= 1.3 * 50
 
 

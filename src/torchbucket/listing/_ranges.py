@@ -12,115 +12,29 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 from torchbucket.listing._keyspace import Columns, KeyScale
+from torchbucket.listing._probes import (
+    COUNTED_PIECES,
+    MAX_PROBES,
+    PAGE_AIM,
+    PIECES_PER_LISTER,
+    SEARCH_HIT_RATE,
+    TAIL_PAGES,
+    counted_up,
+    even_cuts,
+    first_page_offsets,
+    search_offsets,
+    top_offsets,
+)
 from torchbucket.storage.base import ObjectInfo
 
 __all__ = ["ListingStats", "Planner", "Range", "counted_up"]
 
 logger = logging.getLogger(__name__)
-
-# A fill piece is aimed at this fraction of a page, so that the spread of the
-# names around the estimate seldom pushes it onto a second page.
-_PAGE_AIM = 0.9
-# The last probe starts this many pages short of where the names would end if
-# the density measured held to the end of the key space.
-_TAIL_PAGES = 1.5
-# Probes in flight at once: at most this many per page listed past the first,
-# and at most _MAX_PROBES.
-_PROBES_PER_PAGE = 2.0
-_MAX_PROBES = 8
-# After a first page of names counted up (``img/000000.jpg``...), the top
-# range also probes midway (geometrically) between the next page and the last
-# probe when that spans more pages than this: 100k such names then fan out a
-# round sooner (0.15 s, not 0.23 s, on the emulator's same-region latency) for
-# one more request on a prefix of two pages (four, not three).
-_MIDWAY_PAGES = 16.0
-# After a first page of names spread thinly over their key space (hashes),
-# the top range also hands out up to this many pieces of a page each right
-# past the first page, listed while the far probe finds where the names end:
-# 100k hashed names fanned out at 0.07 s, not 0.15 s, with 16; with 32 the
-# client parses them until the fan-out's first answers come (interleaved:
-# idle 0.142 s, not 0.190 s; wall 0.522 s, not 0.590 s; 64 gained nothing
-# more). Names spread evenly have them all, and a prefix of a few pages is
-# predicted as such (no pieces); names spread thinly at first and packed
-# further on leave some empty.
-_AHEAD_PIECES = 32
-# ... unless the first page's density, held to the end of the key space,
-# makes more pages than this (a billion objects): names packed under a stem
-# the first page shares beyond the prefix (``d/20240101_<hash>``: 5.6e9
-# pages) are not spread over the key space, and pieces past them would
-# come back empty.
-_SPREAD_PAGES = 1_000_000.0
-# A page is counted up when at least this fraction of its neighbouring names
-# (a sample of) first differ at the deepest place any of them do.
-_COUNTED_UP = 0.5
-_COUNT_PAIRS = 64
-# Past names counted up, a range whose names end within this many pieces of a
-# page (the range past it came back empty) is cut into such pieces, not
-# searched: counted names are dense up to their end, so each piece short of it
-# is a page, where the search's probes, several pages apart, each needed a
-# second page a round later (100k counted names on the emulator: idle 0.21 s,
-# not 0.25-0.27 s, for 125 requests, not 122; on the memory store's count of
-# rounds 30k, 130k and 170k of them end a round sooner, for 0-5 more).
-_COUNTED_PIECES = 16
-# Probes of an exponential search past the end of the names: at least this
-# many, else as many per page listed as above, up to one per doubling.
-_MIN_SEARCH = 4
-# While fewer than this fraction of search probes find names (Laplace
-# estimate), a range waits for its page in flight before searching past it.
-_SEARCH_HIT_RATE = 0.5
-# A cut makes at most this many pieces per lister (a range of more pages than
-# that is cut into pieces of several pages each, listed with page tokens).
-_PIECES_PER_LISTER = 4
-
-
-def counted_up(names: list[str]) -> bool:
-    """Whether sorted ``names`` count up (``000998``, ``000999``, ``001000``...).
-
-    Most neighbours of counted names first differ at their last digit, the
-    deepest place at which any neighbours differ; neighbours among spread
-    names (hashes) differ at places spread over a few characters, and few at
-    the deepest. Counted names are packed at the start of the key space a
-    density extrapolates over; spread names fill it.
-    """
-    if len(names) < 3:
-        return False
-    step = max(1, (len(names) - 1) // _COUNT_PAIRS)
-    places = []
-    for i in range(0, len(names) - 1, step):
-        a, b = names[i], names[i + 1]
-        n = min(len(a), len(b))
-        place = next((j for j in range(n) if a[j] != b[j]), n)
-        places.append(place)
-    deepest = max(places)
-    return places.count(deepest) >= _COUNTED_UP * len(places)
-
-
-def _pieces(pos: int, end: int, page: int, count: int, in_flight: bool) -> list[int]:
-    """Cuts of ``[pos, end)`` into ``count`` even pieces (``page``: one page's width).
-
-    With the range's page in flight (about to end near ``pos``) the first cut
-    lies a little short of ``pos``: the page runs past it rather than leaving
-    a sliver that would cost its own request, or a round (the range listing
-    it itself after that page).
-    """
-    if in_flight:
-        pos -= page // 20
-        return [pos + (end - pos) * i // count for i in range(count)]
-    return [pos + (end - pos) * i // count for i in range(1, count)]
-
-
-def _geometric(first: float, last: float, count: int) -> list[float]:
-    """``count`` offsets from ``first`` to ``last`` (one: ``last``), each a constant factor apart."""
-    if count <= 1:
-        return [last]
-    ratio = (last / first) ** (1 / (count - 1))
-    return [first * ratio**i for i in range(count - 1)] + [last]
 
 
 @dataclass
@@ -326,10 +240,10 @@ class Planner:
         scale, pos, page_num, page_den = measured
         left = scale.value(r.end) - pos
         pages = left * page_den / page_num
-        count = min(int(pages / _PAGE_AIM) + 1, _PIECES_PER_LISTER * self.parallelism)
+        count = min(int(pages / PAGE_AIM) + 1, PIECES_PER_LISTER * self.parallelism)
         if count < 2 or pages < 1.2:
             return
-        targets = _pieces(pos, scale.value(r.end), page_num // page_den, count, r.in_flight)
+        targets = even_cuts(pos, scale.value(r.end), page_num // page_den, count, r.in_flight)
         self.fills.extend(self._cut(r, scale, targets, probe=False))
 
     def _probe(self, r: Range) -> None:
@@ -339,70 +253,30 @@ class Planner:
             return
         scale, pos, page_num, page_den = measured
         pages = (scale.value(r.end) - pos) * page_den / page_num
-        if pages < 2 * _PAGE_AIM:
+        if pages < 2 * PAGE_AIM:
             return
         offsets: list[float] = []
         targets: list[int] | None = None  # set directly where cut into even pieces
+        pages_listed = self.listed / self.page_size - 1.0
         if r.end is None:
-            # Nothing says where the names end: probe near where they would
-            # end if the density held (spread names end there), and on the
-            # way there as far as the budget goes.
-            tail = pages - _TAIL_PAGES
-            if tail < 2 * _PAGE_AIM:
+            tail = pages - TAIL_PAGES
+            if tail < 2 * PAGE_AIM:
                 return
-            pages_listed = self.listed / self.page_size - 1.0
-            # No more than one probe more than twice those of the top range
-            # that found names: names in clusters (folders) leave most
-            # probes between them empty.
-            budget = max(1.0, _PROBES_PER_PAGE * pages_listed)
-            count = int(min(_MAX_PROBES, budget, 1 + 2 * self.top_hits))
-            offsets = _geometric(_PAGE_AIM, tail, count)
-            if count == 1 and self.listed <= self.page_size:
-                # After the first page the probe near the end finds names
-                # only where they are spread (hashes), and the fan-out waits
-                # for it a round.
+            offsets = top_offsets(tail, pages_listed, self.top_hits)
+            if len(offsets) == 1 and self.listed <= self.page_size:
                 self.counted = counted_up([o.name for o in r.objects])
-                if not self.counted and tail <= _SPREAD_PAGES:
-                    # Spread: pieces of a page each right past the first
-                    # page are listed meanwhile.
-                    ahead = min(_AHEAD_PIECES, int(tail / _PAGE_AIM) - 1)
-                    offsets = [_PAGE_AIM * i for i in range(1, ahead + 1)] + [tail]
-                elif tail > _MIDWAY_PAGES:
-                    # Packed at the start (counters): the far probe comes
-                    # back empty and a search after it costs a round more; a
-                    # probe midway (geometrically) finds them in this one.
-                    offsets = _geometric(_PAGE_AIM, tail, 3)[1:]
-        elif pages <= _PAGE_AIM * (_MAX_PROBES + 1) or (
-            self.counted and pages <= _PAGE_AIM * (_COUNTED_PIECES + 1)
+                offsets = first_page_offsets(tail, counted=self.counted)
+        elif pages <= PAGE_AIM * (MAX_PROBES + 1) or (
+            self.counted and pages <= PAGE_AIM * (COUNTED_PIECES + 1)
         ):
             # The names end within a few pages: pieces of a page each.
-            count = int(pages / _PAGE_AIM) + 1
-            targets = _pieces(pos, scale.value(r.end), page_num // page_den, count, r.in_flight)
+            count = int(pages / PAGE_AIM) + 1
+            targets = even_cuts(pos, scale.value(r.end), page_num // page_den, count, r.in_flight)
         else:
-            # The names end before r's end (the range past it came back empty,
-            # or its names start far from it): double the distance with each
-            # probe, an exponential search in one round. Past the end of the
-            # names only a few come back empty, whichever the end.
-            # As many probes as doublings, fewer while few pages are listed:
-            # a prefix of a few pages costs a few empty requests, not ten.
-            pages_listed = self.listed / self.page_size - 1.0
-            count = min(
-                math.ceil(math.log2(pages / _PAGE_AIM)),
-                int(max(_MIN_SEARCH, _PROBES_PER_PAGE * pages_listed) * self._search_hit_rate()),
-            )
-            count = max(count, 1)
-            offsets = _geometric(_PAGE_AIM, pages, count + 1)[:-1]
             below = pos * page_den / page_num  # pages of key space below the cursor
-            if self.counted and below >= _PAGE_AIM:
-                # Counted names start near the start of the key space and end
-                # at their count, anywhere between the cursor and r's end: as
-                # likely at twice the cursor's count as at the next page. The
-                # probes are a constant factor apart in position (counted
-                # from the key space's start), not in distance from the
-                # cursor, which crowded them right past it and left the end
-                # to later rounds (100k counted names: 6 rounds, not 7;
-                # 200k: 7, not 11; 2-4 requests more).
-                offsets = [g - below for g in _geometric(below, below + pages, count + 2)[1:-1]]
+            offsets = search_offsets(
+                pages, pages_listed, self._search_hit_rate(), counted=self.counted, below=below
+            )
         if targets is None:
             targets = [pos + round(g * 1000) * page_num // (page_den * 1000) for g in offsets]
         top = r.end is None  # (before the cut lowers it)
@@ -467,7 +341,7 @@ class Planner:
             if r.memo == memo:
                 continue
             near = above.first is not None and not self._far(r, above.first)
-            if not near and r.in_flight and self._search_hit_rate() < _SEARCH_HIT_RATE:
+            if not near and r.in_flight and self._search_hit_rate() < SEARCH_HIT_RATE:
                 continue
             r.memo = memo
             if near:
