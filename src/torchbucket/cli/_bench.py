@@ -15,7 +15,7 @@ import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 from torchbucket import runtime
@@ -133,67 +133,101 @@ async def run_bench(
         CommandError: Bytes read back differ from what was written.
     """
     base = join_key(prefix, f"torchbucket-bench-{uuid.uuid4().hex[:12]}/")
-    small = [(f"{base}small/{i:06d}", os.urandom(small_size)) for i in range(small_count)]
-    large_key = f"{base}large"
-    large = os.urandom(large_size) if large_size else b""
-    written: list[str] = []
-    rows: list[BenchRow] = []
-
-    async def put(key: str, data: bytes) -> None:
-        await store.put(key, data)
-        written.append(key)
-
+    bench = _Bench(
+        store,
+        jobs,
+        part_size,
+        small=[(f"{base}small/{i:06d}", os.urandom(small_size)) for i in range(small_count)],
+        large_key=f"{base}large",
+        large=os.urandom(large_size) if large_size else b"",
+    )
     try:
-        rows.append(
+        await bench.write()
+        await bench.list_back(base)
+        await bench.read_back()
+    finally:
+        started = time.perf_counter()
+        count = len(bench.written)
+        await asyncio.shield(_delete_all(store, bench.written, jobs))
+        bench.rows.append(BenchRow("delete", count, 0, time.perf_counter() - started))
+    return bench.rows
+
+
+@dataclass
+class _Bench:
+    """The steps of one run, the keys it wrote (to delete) and a row per step."""
+
+    store: ObjectStore
+    jobs: int
+    part_size: int
+    small: list[tuple[str, bytes]]
+    large_key: str
+    large: bytes
+    written: list[str] = field(default_factory=list)
+    rows: list[BenchRow] = field(default_factory=list)
+
+    async def write(self) -> None:
+        async def put(key: str, data: bytes) -> None:
+            await self.store.put(key, data)
+            self.written.append(key)
+
+        small_size = len(self.small[0][1]) if self.small else 0
+        self.rows.append(
             await _timed(
                 "write small",
-                small_count,
-                small_count * small_size,
-                _gather_limited([partial(put, k, d) for k, d in small], jobs),
+                len(self.small),
+                len(self.small) * small_size,
+                _gather_limited([partial(put, k, d) for k, d in self.small], self.jobs),
             )
         )
-        if large_size:
+        if self.large:
             started = time.perf_counter()
-            await _write_large(store, large_key, large, part_size, jobs)
-            written.append(large_key)
-            rows.append(BenchRow("write large", 1, large_size, time.perf_counter() - started))
-
-        started = time.perf_counter()
-        listed = await alist_objects(store, base, progress=False)
-        rows.append(BenchRow("list", len(listed), 0, time.perf_counter() - started))
-        if len(listed) != len(written):
-            raise CommandError(
-                f"listing {store.uri(base)} found {len(listed)} objects, {len(written)} written"
+            await _write_large(self.store, self.large_key, self.large, self.part_size, self.jobs)
+            self.written.append(self.large_key)
+            self.rows.append(
+                BenchRow("write large", 1, len(self.large), time.perf_counter() - started)
             )
 
+    async def list_back(self, base: str) -> None:
+        started = time.perf_counter()
+        listed = await alist_objects(self.store, base, progress=False)
+        self.rows.append(BenchRow("list", len(listed), 0, time.perf_counter() - started))
+        if len(listed) != len(self.written):
+            raise CommandError(
+                f"listing {self.store.uri(base)} found {len(listed)} objects, "
+                f"{len(self.written)} written"
+            )
+
+    async def read_back(self) -> None:
         got: dict[str, bytes] = {}
 
         async def get(key: str) -> None:
-            got[key] = await store.get(key)
+            got[key] = await self.store.get(key)
 
-        rows.append(
+        small_size = len(self.small[0][1]) if self.small else 0
+        self.rows.append(
             await _timed(
                 "read small",
-                small_count,
-                small_count * small_size,
-                _gather_limited([partial(get, k) for k, _ in small], jobs),
+                len(self.small),
+                len(self.small) * small_size,
+                _gather_limited([partial(get, k) for k, _ in self.small], self.jobs),
             )
         )
-        for key, data in small:
+        for key, data in self.small:
             if got[key] != data:
-                raise CommandError(f"read back different bytes from {store.uri(key)}")
-        if large_size:
+                raise CommandError(f"read back different bytes from {self.store.uri(key)}")
+        if self.large:
             started = time.perf_counter()
-            back = await _read_large(store, large_key, large_size, part_size, jobs)
-            rows.append(BenchRow("read large", 1, large_size, time.perf_counter() - started))
-            if back != large:
-                raise CommandError(f"read back different bytes from {store.uri(large_key)}")
-    finally:
-        started = time.perf_counter()
-        count = len(written)
-        await asyncio.shield(_delete_all(store, written, jobs))
-        rows.append(BenchRow("delete", count, 0, time.perf_counter() - started))
-    return rows
+            back = await _read_large(
+                self.store, self.large_key, len(self.large), self.part_size, self.jobs
+            )
+            self.rows.append(
+                BenchRow("read large", 1, len(self.large), time.perf_counter() - started)
+            )
+            if back != self.large:
+                raise CommandError(
+                    f"read back different bytes from {self.store.uri(self.large_key)}"
+                )
 
 
 async def _delete_all(store: ObjectStore, keys: list[str], jobs: int) -> None:
