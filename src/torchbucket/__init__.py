@@ -29,6 +29,7 @@ from torchbucket.errors import (
     TorchBucketError,
     TransientError,
 )
+from torchbucket.runtime.budget import BudgetConfig
 from torchbucket.storage import ObjectInfo, ObjectStore, store_for
 
 if _typing.TYPE_CHECKING:
@@ -76,6 +77,7 @@ __all__ = [
     "BucketNotFoundError",
     "BucketShardDataset",
     "BucketShardMapDataset",
+    "BudgetConfig",
     "CheckpointConfig",
     "ComposeConfig",
     "ConcurrencyConfig",
