@@ -18,6 +18,12 @@ import secrets
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchbucket.emulator._grpc_server import GrpcFront
+    from torchbucket.emulator._server import FrontServer
+    from torchbucket.emulator._token_service import TokenService
 
 __all__ = ["main"]
 
@@ -103,6 +109,12 @@ def _parser() -> argparse.ArgumentParser:
         help="also serve the gRPC API (google.storage.v2, model backend only) on this port "
         "of 127.0.0.1 (0: a free one); default: no gRPC",
     )
+    _add_access_args(parser)
+    return parser
+
+
+def _add_access_args(parser: argparse.ArgumentParser) -> None:
+    """Logs, TLS, tokens and when to exit."""
     parser.add_argument("--fake-gcs-log", default=None, help="log file of fake-gcs-server")
     parser.add_argument(
         "--tls-cert",
@@ -132,7 +144,6 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="exit when this process is no longer the parent",
     )
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -170,26 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _serve(args: argparse.Namespace, latency: object) -> None:
-    from torchbucket.emulator._ratemodel import rate_model_arg
-    from torchbucket.emulator._server import FrontServer
-
-    backend: object
-    if args.backend == "fake-gcs":
-        from torchbucket.emulator._fakegcs import FakeGcsBackend
-
-        backend = FakeGcsBackend(log_path=args.fake_gcs_log)
-    else:
-        from torchbucket.emulator._model_api import ModelBackend
-
-        backend = ModelBackend()
-    await backend.start()  # type: ignore[attr-defined]
-    front = FrontServer(
-        backend,  # type: ignore[arg-type]
-        latency=latency,  # type: ignore[arg-type]
-        rps_cap=args.rps_cap,
-        rate_model=rate_model_arg(args.rate_model),
-        min_part_size=args.min_part_size,
-    )
+    front = await _start_front(args, latency)
     tls = None
     if args.tls_cert:
         import ssl
@@ -222,6 +214,45 @@ async def _serve(args: argparse.Namespace, latency: object) -> None:
             with open(args.tls_key, "rb") as k, open(args.tls_cert, "rb") as c:
                 keys = (k.read(), c.read())
         await grpc_front.start(args.grpc_port, tls=keys)
+    _stop_on_exit_signals(args, front)
+    _announce(args, front, scheme, port, token_service, grpc_front)
+    await front.stopped.wait()
+    if grpc_front is not None:
+        await grpc_front.close()
+    if token_service is not None:
+        await token_service.close()
+    try:
+        await asyncio.wait_for(front.close(), timeout=5)
+    except asyncio.TimeoutError:
+        logger.warning("emulator did not stop within 5 s; exiting anyway")
+
+
+async def _start_front(args: argparse.Namespace, latency: object) -> FrontServer:
+    """The backend started, and the HTTP front server over it (not yet listening)."""
+    from torchbucket.emulator._ratemodel import rate_model_arg
+    from torchbucket.emulator._server import FrontServer
+
+    backend: object
+    if args.backend == "fake-gcs":
+        from torchbucket.emulator._fakegcs import FakeGcsBackend
+
+        backend = FakeGcsBackend(log_path=args.fake_gcs_log)
+    else:
+        from torchbucket.emulator._model_api import ModelBackend
+
+        backend = ModelBackend()
+    await backend.start()  # type: ignore[attr-defined]
+    return FrontServer(
+        backend,  # type: ignore[arg-type]
+        latency=latency,  # type: ignore[arg-type]
+        rps_cap=args.rps_cap,
+        rate_model=rate_model_arg(args.rate_model),
+        min_part_size=args.min_part_size,
+    )
+
+
+def _stop_on_exit_signals(args: argparse.Namespace, front: FrontServer) -> None:
+    """Stop on SIGINT/SIGTERM, and at stdin's end or the parent's exit when asked to."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, front.stopped.set)
@@ -248,6 +279,17 @@ async def _serve(args: argparse.Namespace, latency: object) -> None:
                 loop.call_later(1.0, check_parent)
 
         check_parent()
+
+
+def _announce(
+    args: argparse.Namespace,
+    front: FrontServer,
+    scheme: str,
+    port: int,
+    token_service: TokenService | None,
+    grpc_front: GrpcFront | None,
+) -> None:
+    """The JSON line on stdout (what a parent process reads), and a note for people on stderr."""
     line = {
         "endpoint": f"{scheme}://127.0.0.1:{port}",
         "port": port,
@@ -264,30 +306,22 @@ async def _serve(args: argparse.Namespace, latency: object) -> None:
         line["admin_token"] = front.admin_token
     sys.stdout.write(json.dumps(line) + "\n")
     sys.stdout.flush()
-    if not args.watch_stdin:
-        sys.stderr.write(
-            f"GCS emulator ({front.backend.name}) listening; point clients at it with\n"
-            f"  export STORAGE_EMULATOR_HOST={scheme}://127.0.0.1:{port}\n"
-            "Ctrl-C stops it.\n"
-        )
-        if grpc_front is not None:
-            sys.stderr.write(
-                f"gRPC (google.storage.v2): 127.0.0.1:{grpc_front.port} "
-                "(ClientOptions(api_endpoint=...), an insecure channel)\n"
-            )
-        if token_service is not None:
-            sys.stderr.write(
-                f"Tokens: key files with token_uri http://127.0.0.1:{token_service.port}/token, "
-                f"or GCE_METADATA_HOST=GCE_METADATA_IP=127.0.0.1:{token_service.port}\n"
-                "Admin API (/_emulator/...): send the header "
-                f"x-emulator-admin-token: {front.admin_token}\n"
-            )
-    await front.stopped.wait()
+    if args.watch_stdin:
+        return
+    sys.stderr.write(
+        f"GCS emulator ({front.backend.name}) listening; point clients at it with\n"
+        f"  export STORAGE_EMULATOR_HOST={scheme}://127.0.0.1:{port}\n"
+        "Ctrl-C stops it.\n"
+    )
     if grpc_front is not None:
-        await grpc_front.close()
+        sys.stderr.write(
+            f"gRPC (google.storage.v2): 127.0.0.1:{grpc_front.port} "
+            "(ClientOptions(api_endpoint=...), an insecure channel)\n"
+        )
     if token_service is not None:
-        await token_service.close()
-    try:
-        await asyncio.wait_for(front.close(), timeout=5)
-    except asyncio.TimeoutError:
-        logger.warning("emulator did not stop within 5 s; exiting anyway")
+        sys.stderr.write(
+            f"Tokens: key files with token_uri http://127.0.0.1:{token_service.port}/token, "
+            f"or GCE_METADATA_HOST=GCE_METADATA_IP=127.0.0.1:{token_service.port}\n"
+            "Admin API (/_emulator/...): send the header "
+            f"x-emulator-admin-token: {front.admin_token}\n"
+        )
