@@ -81,6 +81,10 @@ def uri_text(uri: str | os.PathLike[str]) -> str:
     return text
 
 
+# A URI scheme followed by ':' (two letters at least, so a Windows drive is a path).
+_SCHEME_LIKE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:")
+
+
 def as_uri(uri: str | os.PathLike[str], *, directory: bool = False) -> str:
     """``uri`` as a URI string; a local path becomes the ``file://`` URI of its absolute path.
 
@@ -98,7 +102,8 @@ def as_uri(uri: str | os.PathLike[str], *, directory: bool = False) -> str:
     if not isinstance(uri, (str, os.PathLike)):
         return uri  # type: ignore[unreachable]
     text = uri_text(uri)
-    if not isinstance(text, str) or "://" in text:
+    if not isinstance(text, str) or "://" in text or _SCHEME_LIKE.match(text):
+        # ``gs:/bucket/x`` is a URI typed wrong, not a local path: parse_uri refuses it.
         return text
     path = os.path.abspath(os.path.expanduser(text))
     if text.endswith(("/", os.sep)) or (directory and os.path.isdir(path)):

@@ -116,7 +116,6 @@ MALFORMED = [
     "gs://b/d/",  # too short for a bucket name
     "s3://bucket/d/",
     "gs:/bucket/d/",
-    "bucket/d/",
     "gs:///d/",
     "file://relative/dir/",
     "gs://bucket/line\nbreak",
@@ -134,6 +133,19 @@ def test_malformed_uri(uri: str) -> None:
     ):
         error = raises(InvalidURIError, repr(uri)[1:-1].split("\\n")[0], make)
         assert isinstance(error, ValueError)
+
+
+def test_a_relative_path_is_a_local_directory_named_in_the_error(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As on the command line, a path with no scheme is local (file://), not a bucket.
+    monkeypatch.chdir(tmp_path)
+    error = raises(
+        NotFoundError,
+        f"file://{tmp_path}/bucket/d/",
+        lambda: BucketMapDataset.from_prefix("bucket/d/"),
+    )
+    assert isinstance(error, FileNotFoundError)
 
 
 def test_a_checkpoint_uri_must_name_an_object(model_bucket: Bucket) -> None:
