@@ -192,33 +192,9 @@ class FrontServer:
         route = parse_route(request.method, path, query)
         op = route.op
         stats = self.stats
-        if self.auth is not None:
-            refused = self.auth.check(request.headers, route)
-            if refused is not None:
-                if request.body_exists and "Expect" not in request.headers:
-                    await request.read()
-                stats.count(op, refused.status, 0, 0, route.bucket)
-                return refused
-        if self.rate_cap is not None:
-            wait = self.rate_cap.take()
-            if wait:
-                stats.throttled += 1
-                resp = error_response(
-                    429,
-                    "The rate of requests exceeds the emulator's rps cap.",
-                    xml=route.xml,
-                    headers={"Retry-After": str(max(1, math.ceil(wait)))},
-                )
-                stats.count(op, 429, 0, 0, route.bucket)
-                return resp
-        if self.rate_model is not None:
-            status = self.rate_model.check(op, route.name or "")
-            if status:
-                stats.throttled += 1
-                stats.count(op, status, 0, 0, route.bucket)
-                return error_response(
-                    status, "The bucket's modelled request rate is exceeded.", xml=route.xml
-                )
+        turned_away = await self._turn_away(request, route)
+        if turned_away is not None:
+            return turned_away
         rule = self.faults.check(op, route.name or route.bucket) if self.faults.rules else None
         if request.body_exists:
             if request.headers.get("Expect", "").lower() == "100-continue":
@@ -247,19 +223,7 @@ class FrontServer:
         call = Call(
             request.method, route, raw, query, request.headers, body, request.host, request.scheme
         )
-        written = written_name(call)
-        problem = name_problem(written) if written is not None else None
-        refused = zonal_refusal(self.backend, route) if route.op in ZONAL_REFUSED_OPS else None
-        if problem is not None:
-            resp = error_response(400, problem, xml=route.xml)  # as GCS: reason "invalid"
-        elif refused is not None:
-            resp = refused  # compose, rewrite, XML multipart on a zonal bucket
-        elif route.xml:
-            resp = await self.xml.handle(call)
-        elif op == "iam":
-            resp = await self._iam(call)
-        else:
-            resp = await self.backend.handle(call)
+        resp = await self._apply(call)
         out_len = len(resp.body) if resp.body is not None else 0  # type: ignore[arg-type]
         stats.count(op, resp.status, len(body), out_len, route.bucket)
         if latency is not None:
@@ -282,6 +246,54 @@ class FrontServer:
         if rule is not None and rule.kind not in ("corrupt_request", "stall_apply"):
             return await self._mangle(request, resp, rule.kind)
         return resp
+
+    async def _turn_away(self, request: web.BaseRequest, route: Route) -> web.StreamResponse | None:
+        """The answer to a request refused before it is applied (no token, over a rate), if so."""
+        op, stats = route.op, self.stats
+        if self.auth is not None:
+            refused = self.auth.check(request.headers, route)
+            if refused is not None:
+                if request.body_exists and "Expect" not in request.headers:
+                    await request.read()
+                stats.count(op, refused.status, 0, 0, route.bucket)
+                return refused
+        if self.rate_cap is not None:
+            wait = self.rate_cap.take()
+            if wait:
+                stats.throttled += 1
+                resp = error_response(
+                    429,
+                    "The rate of requests exceeds the emulator's rps cap.",
+                    xml=route.xml,
+                    headers={"Retry-After": str(max(1, math.ceil(wait)))},
+                )
+                stats.count(op, 429, 0, 0, route.bucket)
+                return resp
+        if self.rate_model is not None:
+            status = self.rate_model.check(op, route.name or "")
+            if status:
+                stats.throttled += 1
+                stats.count(op, status, 0, 0, route.bucket)
+                return error_response(
+                    status, "The bucket's modelled request rate is exceeded.", xml=route.xml
+                )
+        return None
+
+    async def _apply(self, call: Call) -> web.Response:
+        """Apply the request: the XML API, IAM, or the backend (unless its name or bucket refuse it)."""
+        route = call.route
+        written = written_name(call)
+        problem = name_problem(written) if written is not None else None
+        refused = zonal_refusal(self.backend, route) if route.op in ZONAL_REFUSED_OPS else None
+        if problem is not None:
+            return error_response(400, problem, xml=route.xml)  # as GCS: reason "invalid"
+        if refused is not None:
+            return refused  # compose, rewrite, XML multipart on a zonal bucket
+        if route.xml:
+            return await self.xml.handle(call)
+        if route.op == "iam":
+            return await self._iam(call)
+        return await self.backend.handle(call)
 
     async def _early_fault(
         self, request: web.BaseRequest, rule: FaultRule, route: Route, body_len: int
