@@ -54,6 +54,8 @@ __all__ = [
     "available",
     "bucket_path",
     "error_for_rpc",
+    "error_for_status",
+    "error_of_call",
     "hold",
     "inherited",
     "pb",
@@ -264,7 +266,29 @@ def error_for_rpc(
     code = getattr(exc, "code", None)
     name = code().name if callable(code) else ""
     details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)  # type: ignore[attr-defined]
-    message = f"gRPC {name or type(exc).__name__}: {(details or '')[:300]}"
+    return error_for_status(
+        name or type(exc).__name__, details, operation=operation, uri=uri, bucket_op=bucket_op
+    )
+
+
+async def error_of_call(call: Any, exc: BaseException, *, operation: str, uri: str) -> StorageError:
+    """:func:`error_for_rpc`, or, for a write to a call that has ended (asyncio's
+    ``InvalidStateError``), the error of the status it ended with."""
+    if isinstance(exc, asyncio.InvalidStateError) and call is not None:
+        try:
+            code = await call.code()
+            details = await call.details()
+        except Exception:  # no status to be had: the stream ended, that is all
+            return TransientError("the stream ended", operation=operation, uri=uri)
+        return error_for_status(code.name, details, operation=operation, uri=uri)
+    return error_for_rpc(exc, operation=operation, uri=uri)
+
+
+def error_for_status(
+    name: str, details: str | None, *, operation: str, uri: str, bucket_op: bool = False
+) -> StorageError:
+    """The :mod:`torchbucket.errors` type of gRPC status ``name`` (``"NOT_FOUND"``...)."""
+    message = f"gRPC {name or 'error'}: {(details or '')[:300]}"
     cls, status = _CODES.get(name, (StorageError, 400))
     if cls is NotFoundError and bucket_op:
         cls = BucketNotFoundError

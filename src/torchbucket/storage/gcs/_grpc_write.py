@@ -258,7 +258,7 @@ class Writer:
 
     async def _attempt(self, step: Callable[[], Any]) -> None:
         """Run ``step`` on the stream; on a break, reopen, resend and run it again."""
-        from torchbucket.storage.gcs._grpc_wire import error_for_rpc
+        from torchbucket.storage.gcs._grpc_wire import error_of_call
 
         deadline = time.monotonic() + self.config.deadline
         attempt = 0
@@ -270,8 +270,8 @@ class Writer:
                 return
             except (StorageError, asyncio.CancelledError):
                 raise
-            except Exception as exc:  # grpc.aio.AioRpcError
-                error = error_for_rpc(exc, operation="put", uri=self.uri)
+            except Exception as exc:  # grpc.aio.AioRpcError, or a write after the end
+                error = await error_of_call(self._call, exc, operation="put", uri=self.uri)
                 if self._call is not None:
                     self._call.cancel()
                 self._call = None
