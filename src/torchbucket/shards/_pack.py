@@ -151,20 +151,10 @@ async def apack(
         await _drop_stale_manifest(dst, manifest_key, plan, whole=len(kept) == len(plan))
     await _abort_leftovers(dst, dst_prefix)
     bar = Progress(progress, sum(s.source_bytes for s in plan), f"packing {source_uri}")
-    entries: list[ManifestShard | None] = list(done)
     for number in kept:
         bar.update(plan[number].source_bytes)
     todo = [s for s, entry in zip(plan, done) if entry is None]
-    slots = asyncio.Semaphore(config.shards_in_flight)
-
-    async def write(shard: PlannedShard) -> None:
-        async with slots:
-            entries[shard.number] = await write_shard(src, dst, dst_prefix, shard, config, bar)
-
-    try:
-        await gather_or_cancel(write(s) for s in todo)
-    finally:
-        bar.close()
+    entries = await _write_shards(src, dst, dst_prefix, todo, list(done), config, bar)
     await _delete_stale(dst, dst_prefix, existing, len(plan))
     manifest = Manifest(
         source=source_uri,
@@ -181,6 +171,29 @@ async def apack(
         time.perf_counter() - t0,
         False,
     )
+
+
+async def _write_shards(
+    src: ObjectStore,
+    dst: ObjectStore,
+    dst_prefix: str,
+    todo: list[PlannedShard],
+    entries: list[ManifestShard | None],
+    config: PackConfig,
+    bar: Progress,
+) -> list[ManifestShard | None]:
+    """Write the shards ``todo``, ``config.shards_in_flight`` at a time, into ``entries``."""
+    slots = asyncio.Semaphore(config.shards_in_flight)
+
+    async def write(shard: PlannedShard) -> None:
+        async with slots:
+            entries[shard.number] = await write_shard(src, dst, dst_prefix, shard, config, bar)
+
+    try:
+        await gather_or_cancel(write(s) for s in todo)
+    finally:
+        bar.close()
+    return entries
 
 
 async def _plan(
