@@ -329,7 +329,7 @@ async def write_once(writer: Writer, data: bytes) -> Meta:
         IntegrityError: The object finalized is not what was sent.
         StorageError: The mapped error of the RPC.
     """
-    from torchbucket.storage.gcs._grpc_wire import error_for_rpc
+    from torchbucket.storage.gcs._grpc_wire import error_of_call
 
     m = pb()
     request = m.BidiWriteObjectRequest(write_offset=0, finish_write=True)
@@ -365,8 +365,9 @@ async def write_once(writer: Writer, data: bytes) -> Meta:
         call.cancel()
         raise
     except Exception as exc:
+        error = await error_of_call(call, exc, operation="put", uri=writer.uri)
         call.cancel()
-        raise error_for_rpc(exc, operation="put", uri=writer.uri) from exc
+        raise error from exc
     if resp is None:
         raise TransientError("finalizing named no object", operation="put", uri=writer.uri)
     meta = meta_of(resp.resource)
