@@ -299,3 +299,25 @@ def test_data_objects_are_hidden_from_listings() -> None:
     from torchbucket.storage.base import HIDDEN_PREFIXES
 
     assert POINTER_PREFIX in HIDDEN_PREFIXES
+
+
+def test_a_zonal_bucket_without_grpcio_says_so_and_takes_the_json_api(
+    server: FakeServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from torchbucket.storage.gcs import _grpc_wire, _layout, _route
+
+    monkeypatch.setattr(_layout, "_cache", {})
+    monkeypatch.setattr(_route, "_warned", set())
+    monkeypatch.setattr(_grpc_wire, "available", lambda: False)
+    config = GCSConfig(
+        endpoint="http://127.0.0.1:9", anonymous=True, grpc_endpoint=f"http://{server.target}"
+    )
+    s = GCSStore("b", config=config)
+
+    async def request(method: str, url: object, **kw: object) -> tuple[int, dict[str, str], bytes]:
+        return 200, {}, b'{"locationType": "zone"}'
+
+    monkeypatch.setattr(s._transport, "request", request)
+    assert runtime.run(s._router.grpc()) is None
+    assert runtime.run(s.zonal())  # still zonal: compose stays off
+    assert any("torchbucket[rapid]" in r.getMessage() for r in caplog.records)

@@ -84,9 +84,10 @@ class Router:
         if mode == "auto":
             # Only where gRPC could be taken is the bucket asked: an emulator
             # without a gRPC endpoint costs no request more than before.
-            if target is None or not _grpc_wire.available():
+            if target is None or not (await bucket_layout(self._t)).zonal:
                 return None
-            if not (await bucket_layout(self._t)).zonal:
+            if not _grpc_wire.available():
+                self._warn(uri, "grpcio is missing (pip install 'torchbucket[rapid]')")
                 return None
         if not _grpc_wire.available():
             raise ConfigError(
@@ -168,7 +169,7 @@ class Router:
         known = known_layout(self._t)
         if known is not None or mode == "http":
             return known is not None and known.zonal
-        if grpc_target(self._config, self._t.endpoint) is None or not _grpc_wire.available():
+        if grpc_target(self._config, self._t.endpoint) is None:
             return False
         return (await bucket_layout(self._t)).zonal
 
