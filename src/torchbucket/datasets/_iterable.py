@@ -13,6 +13,7 @@ from torchbucket import runtime
 from torchbucket._checks import check_bool
 from torchbucket.compose import ComposeConfig
 from torchbucket.compose.registry import drain_deletes
+from torchbucket.datasets._batch import Item
 from torchbucket.datasets._common import (
     DataFormatFn,
     apply_format,
@@ -21,7 +22,7 @@ from torchbucket.datasets._common import (
     raise_item,
     read_compose_policies,
 )
-from torchbucket.datasets._fetch import Item, PrefetchWindow
+from torchbucket.datasets._fetch import PrefetchWindow
 from torchbucket.datasets._shm import enable as reuse_shared_memory
 from torchbucket.datasets._stats import EpochBoard
 from torchbucket.datasets.catalog import Catalog

@@ -11,6 +11,7 @@ from torch.utils.data import Dataset
 from torchbucket import runtime
 from torchbucket.compose import ComposeConfig
 from torchbucket.compose.registry import drain_deletes
+from torchbucket.datasets._batch import Item, fetch_batch
 from torchbucket.datasets._common import (
     DataFormatFn,
     apply_format,
@@ -19,7 +20,6 @@ from torchbucket.datasets._common import (
     raise_item,
     read_compose_policies,
 )
-from torchbucket.datasets._fetch import Item, fetch_batch
 from torchbucket.datasets._readahead import ReadAhead
 from torchbucket.datasets._receive import read_object
 from torchbucket.datasets._sampler import BatchPlan

@@ -33,7 +33,8 @@ from torch.utils.data import get_worker_info
 from torchbucket import runtime
 from torchbucket.compose import ComposeConfig
 from torchbucket.compose.registry import drain_deletes
-from torchbucket.datasets._fetch import Item, PrefetchWindow
+from torchbucket.datasets._batch import Item
+from torchbucket.datasets._fetch import PrefetchWindow
 from torchbucket.datasets._sampler import BatchPlan
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig
