@@ -20,6 +20,16 @@ import pytest
 from torchbucket import runtime
 from torchbucket.config import RetryConfig
 from torchbucket.emulator import Emulator
+from torchbucket.storage import (
+    RemoteStore,
+    SupportsBucketInfo,
+    SupportsBuckets,
+    SupportsCreationTime,
+    SupportsFolders,
+    SupportsSoftDelete,
+    SupportsZonal,
+    UncheckedMultipartAssembly,
+)
 from torchbucket.storage.base import ObjectStore
 from torchbucket.storage.local import LocalStore
 from torchbucket.storage.memory import MemoryStore, delete_memory_bucket
@@ -35,6 +45,47 @@ GCS_BACKENDS = [
     pytest.param("gcs-model", marks=pytest.mark.emulator),
     pytest.param("gcs-fake", marks=pytest.mark.emulator),
 ]
+#: The optional protocols (``storage.capabilities``) each backend claims, exactly.
+GCS_CLAIMS: set[type] = {
+    SupportsBuckets,
+    SupportsFolders,
+    SupportsBucketInfo,
+    SupportsSoftDelete,
+    SupportsCreationTime,
+    UncheckedMultipartAssembly,
+    RemoteStore,
+    SupportsZonal,
+}
+CLAIMS: dict[str, set[type]] = {
+    "memory": {SupportsBuckets, SupportsFolders},
+    "local": {SupportsBuckets},
+    "gcs-model": GCS_CLAIMS,
+    "gcs-fake": GCS_CLAIMS,
+    "gcs-model-https": GCS_CLAIMS,
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test marked ``capability(P)`` exists only for the backends that claim ``P``.
+
+    Not collected rather than skipped: a backend without the feature has
+    nothing to run, and ``test_backend_claims_exactly_its_protocols`` checks
+    that it does not claim it.
+    """
+    keep, drop = [], []
+    for item in items:
+        marker = item.get_closest_marker("capability")
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("backend") if callspec is not None else None
+        if marker is not None and backend is not None and marker.args[0] not in CLAIMS[backend]:
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 # Short backoff so that a fault test's retries cost milliseconds.
 FAST_RETRY = RetryConfig(initial_backoff=0.01, max_backoff=0.05, deadline=20.0, read_timeout=10.0)
 

@@ -4,7 +4,7 @@ Code above the seam reaches a store's optional features only through
 ``isinstance`` on these protocols, so a backend that claims one it does not
 honour (or honours one it does not claim) changes what users get. Each backend
 claims exactly the protocols in ``CLAIMS``; each protocol runs on every backend
-that claims it and is skipped, by name, on the others.
+that claims it and is not collected for the others (tests/conformance/conftest.py).
 """
 
 from __future__ import annotations
@@ -19,40 +19,16 @@ from torchbucket.errors import NotFoundError
 from torchbucket.storage import (
     RemoteStore,
     SupportsBucketInfo,
-    SupportsBuckets,
     SupportsCreationTime,
-    SupportsFolders,
     SupportsSoftDelete,
     SupportsZonal,
     UncheckedMultipartAssembly,
 )
 from torchbucket.storage.gcs import GCSStore
 
-from .conftest import SyncStore
+from .conftest import CLAIMS, GCS_CLAIMS, SyncStore
 
-GCS = {
-    SupportsBuckets,
-    SupportsFolders,
-    SupportsBucketInfo,
-    SupportsSoftDelete,
-    SupportsCreationTime,
-    UncheckedMultipartAssembly,
-    RemoteStore,
-    SupportsZonal,
-}
-CLAIMS: dict[str, set[type]] = {
-    "memory": {SupportsBuckets, SupportsFolders},
-    "local": {SupportsBuckets},
-    "gcs-model": GCS,
-    "gcs-fake": GCS,
-    "gcs-model-https": GCS,
-}
-PROTOCOLS = sorted(GCS, key=lambda p: p.__name__)
-
-
-def _claims(s: SyncStore, protocol: type) -> None:
-    if not isinstance(s.store, protocol):
-        pytest.skip(f"{s.backend} has no {protocol.__name__}")
+PROTOCOLS = sorted(GCS_CLAIMS, key=lambda p: p.__name__)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.__name__)
@@ -60,8 +36,8 @@ def test_backend_claims_exactly_its_protocols(s: SyncStore, protocol: type) -> N
     assert isinstance(s.store, protocol) == (protocol in CLAIMS[s.backend])
 
 
+@pytest.mark.capability.with_args(SupportsBucketInfo)
 def test_bucket_exists_tells_a_bucket_from_a_missing_one(s: SyncStore) -> None:
-    _claims(s, SupportsBucketInfo)
     assert isinstance(s.store, SupportsBucketInfo)
     assert s.run(s.store.bucket_exists()) is True
     assert isinstance(s.store, GCSStore)  # the one backend that claims it
@@ -72,16 +48,16 @@ def test_bucket_exists_tells_a_bucket_from_a_missing_one(s: SyncStore) -> None:
         s.run(missing.close())
 
 
+@pytest.mark.capability.with_args(SupportsSoftDelete)
 def test_soft_delete_retention_is_seconds(s: SyncStore) -> None:
-    _claims(s, SupportsSoftDelete)
     assert isinstance(s.store, SupportsSoftDelete)
     # A fresh emulator bucket keeps nothing (GCS's 7-day default is not modelled
     # on creation through the admin API).
     assert s.run(s.store.soft_delete_retention()) == 0
 
 
+@pytest.mark.capability.with_args(SupportsCreationTime)
 def test_created_is_when_the_object_was_written(s: SyncStore) -> None:
-    _claims(s, SupportsCreationTime)
     assert isinstance(s.store, SupportsCreationTime)
     before = time.time()
     info = s.put("made", b"x")
@@ -93,21 +69,21 @@ def test_created_is_when_the_object_was_written(s: SyncStore) -> None:
         s.run(s.store.created(s.k("never-written")))
 
 
+@pytest.mark.capability.with_args(UncheckedMultipartAssembly)
 def test_unchecked_assembly_says_so(s: SyncStore) -> None:
-    _claims(s, UncheckedMultipartAssembly)
     assert isinstance(s.store, UncheckedMultipartAssembly)
     assert s.store.unchecked_multipart_assembly is True
 
 
+@pytest.mark.capability.with_args(RemoteStore)
 def test_remote_store_names_its_endpoint_and_retries(s: SyncStore) -> None:
-    _claims(s, RemoteStore)
     assert isinstance(s.store, RemoteStore)
     assert s.emulator is not None
     assert s.store.endpoint == s.emulator.endpoint
     assert isinstance(s.store.retry, RetryConfig)
 
 
+@pytest.mark.capability.with_args(SupportsZonal)
 def test_an_emulator_bucket_is_not_zonal(s: SyncStore) -> None:
-    _claims(s, SupportsZonal)
     assert isinstance(s.store, SupportsZonal)
     assert s.run(s.store.zonal()) is False
