@@ -13,16 +13,13 @@ throttled epoch does not flood the log.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
-import math
-import os
 import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from torchbucket.config import ConcurrencyConfig, RetryConfig
+from torchbucket.config import RetryConfig
 from torchbucket.errors import (
     DeadlineExceededError,
     IntegrityError,
@@ -34,6 +31,7 @@ from torchbucket.errors import (
 )
 from torchbucket.runtime import accounting, watchdog
 from torchbucket.runtime.budget import Budget, budget_class
+from torchbucket.runtime.limiter import AdaptiveLimiter, get_limiter
 
 __all__ = ["AdaptiveLimiter", "backoff_delay", "call", "get_limiter", "is_retryable"]
 
@@ -103,131 +101,6 @@ class _EpisodeLog:
 _episodes = _EpisodeLog()
 
 
-class AdaptiveLimiter:
-    """AIMD limit on requests in flight.
-
-    Additive increase: the limit grows by one after ``limit`` consecutive
-    successes. Multiplicative decrease: it halves on 429/503, at most once per
-    ``decrease_interval`` so one burst of rejections counts once.
-
-    Must be used on one event loop only; :func:`get_limiter` gives each process
-    (and each loop) its own.
-
-    Args:
-        config: Limits and growth.
-        clock: Monotonic seconds (a simulation passes its own clock).
-    """
-
-    def __init__(
-        self,
-        config: ConcurrencyConfig | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.config = config or ConcurrencyConfig()
-        self._clock = clock
-        self._limit = float(self.config.initial_in_flight)
-        self._in_flight = 0
-        self._successes = 0
-        self._last_decrease = -float("inf")
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self.throttle_events = 0
-
-    @property
-    def limit(self) -> int:
-        """The current number of requests allowed in flight."""
-        return int(self._limit)
-
-    @property
-    def in_flight(self) -> int:
-        """Requests now in flight."""
-        return self._in_flight
-
-    def try_acquire(self) -> bool:
-        """Take a slot if one is free now and nobody waits; whether it did."""
-        if self._in_flight < int(self._limit) and not self._waiters:
-            self._in_flight += 1
-            return True
-        return False
-
-    async def acquire(self) -> None:
-        """Wait for a slot."""
-        if self._in_flight < self.limit and not self._waiters:
-            self._in_flight += 1
-            return
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                # The slot was handed over just as we were cancelled: pass it on.
-                self._in_flight -= 1
-                self._wake()
-            else:
-                try:
-                    self._waiters.remove(waiter)
-                except ValueError:
-                    pass
-            raise
-
-    def release(self) -> None:
-        """Give a slot back."""
-        self._in_flight -= 1
-        self._wake()
-
-    def _wake(self) -> None:
-        while self._waiters and self._in_flight < self.limit:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                self._in_flight += 1
-                waiter.set_result(None)
-
-    def on_success(self, n: int = 1) -> None:
-        """Record ``n`` requests that were not throttled (as ``n`` calls of one)."""
-        if not self.config.adaptive:
-            return
-        self._successes += n
-        grew = False
-        while self._successes >= self._limit:
-            self._successes = max(0, self._successes - math.ceil(self._limit))
-            if self._limit >= self.config.max_in_flight:
-                self._successes = 0
-                break
-            self._limit += 1
-            grew = True
-        if grew and self._waiters:
-            self._wake()
-
-    def on_throttle(self) -> None:
-        """Record a 429/503: halve the limit unless it was just halved."""
-        self.throttle_events += 1
-        if not self.config.adaptive:
-            return
-        now = self._clock()
-        if now - self._last_decrease < self.config.decrease_interval:
-            return
-        self._last_decrease = now
-        self._successes = 0
-        self._limit = max(float(self.config.min_in_flight), self._limit / 2)
-        logger.debug("throttled: concurrency limit now %d", self.limit)
-
-
-_limiters: dict[tuple[int, int, str], AdaptiveLimiter] = {}
-
-
-def get_limiter(name: str, config: ConcurrencyConfig | None = None) -> AdaptiveLimiter:
-    """The limiter for ``name`` (an endpoint) in this process and loop."""
-    loop = asyncio.get_running_loop()
-    key = (os.getpid(), id(loop), name)
-    limiter = _limiters.get(key)
-    if limiter is None:
-        # Drop limiters of dead loops (after fork, or a loop that was replaced).
-        for stale in [k for k in _limiters if k[0] != key[0]]:
-            del _limiters[stale]
-        limiter = _limiters[key] = AdaptiveLimiter(config)
-    return limiter
-
-
 def _give_up_unreachable(
     error: UnreachableError, attempts: int, elapsed: float, delay: float, config: RetryConfig
 ) -> None:
@@ -239,6 +112,56 @@ def _give_up_unreachable(
         operation=error.operation,
         uri=error.uri,
     ) from error
+
+
+def _final_error(
+    last: StorageError, operation: str, uri: str, *, corrupt: str, other: str
+) -> StorageError:
+    """The error raised when retrying ends: a prefix, then the last error's message.
+
+    The last error's own message: its operation, URI and status are this
+    error's too, and are named once (errors.StorageError.__str__). Corrupt
+    answers until the end stay an :class:`IntegrityError` (after ``corrupt``),
+    so that ``except IntegrityError`` catches them on every read path; any
+    other error becomes a :class:`DeadlineExceededError` (after ``other``)
+    naming the last error's type.
+    """
+    if isinstance(last, IntegrityError):
+        return IntegrityError(
+            corrupt + last.message, operation=operation, uri=uri, status=last.status
+        )
+    return DeadlineExceededError(
+        f"{other}{type(last).__name__}: {last.message}",
+        operation=operation,
+        uri=uri,
+        status=last.status,
+    )
+
+
+def _log_retry(error: StorageError, operation: str, uri: str, delay: float) -> None:
+    """Log a retry: at DEBUG each, and a WARNING once per episode of the error's type."""
+    if isinstance(error, UnreachableError):
+        # It fails or recovers within seconds, and then the error says it all.
+        logger.debug("%s %s failed (%s); retrying in %.2f s", operation, uri, error, delay)
+        return
+    _episodes.note(
+        type(error).__name__,
+        "%s %s failed (%s: %s); retrying in %.2f s",
+        operation,
+        uri,
+        type(error).__name__,
+        error.message,
+        delay,
+    )
+
+
+def _throttled(limiter: AdaptiveLimiter | None, budget: Budget | None, spend: int) -> None:
+    """Tell the limiter, the request counts and the budget of a throttled attempt."""
+    if limiter is not None:
+        limiter.on_throttle()
+    accounting.throttle()
+    if budget is not None:
+        budget.throttled(spend)
 
 
 def _plural_attempts(count: int) -> str:
@@ -283,8 +206,7 @@ async def call(
     """
     start = time.monotonic()
     deadline = start + config.deadline
-    attempt = 0
-    last: StorageError | None = None  # the previous attempt's error
+    failed: _Failed | None = None  # made at the first failure: the fast path makes none
     dog = watchdog.watchdog()
     spend = budget_class(operation) if budget is not None else 0
     while True:
@@ -302,43 +224,10 @@ async def call(
         try:
             result = await fn()
         except (asyncio.CancelledError, asyncio.TimeoutError) as exc:
-            cause: BaseException = exc
-            if isinstance(exc, asyncio.CancelledError):
-                if not dog.stop(watch):
-                    raise  # cancelled from outside, not by the attempt's limit
-                cause = asyncio.TimeoutError(f"attempt cut short after {timeout:.3g} s")
-            if cut_by_deadline:
-                why = (
-                    f"the {config.deadline:g} s retry deadline "
-                    f"({attempt + 1} attempt{'s' if attempt else ''}, "
-                    f"{time.monotonic() - start:.1f} s)"
-                )
-                if isinstance(last, IntegrityError):
-                    # Every answer was corrupt: that, not the cut, is what persisted.
-                    raise IntegrityError(
-                        f"gave up at {why}; last answer: {last.message}",
-                        operation=operation,
-                        uri=uri,
-                        status=last.status,
-                    ) from last
-                if last is not None:
-                    # The cut attempt is not what failed: the tries before it
-                    # were (an endless throttle reported a bare timeout).
-                    raise DeadlineExceededError(
-                        f"no answer before {why}; last error: "
-                        f"{type(last).__name__}: {last.message}",
-                        operation=operation,
-                        uri=uri,
-                        status=last.status,
-                    ) from last
-                raise DeadlineExceededError(
-                    f"no answer before {why}", operation=operation, uri=uri
-                ) from cause
-            error: StorageError = TransientError(
-                f"no answer within the {config.attempt_timeout:g} s attempt timeout",
-                operation=operation,
-                uri=uri,
-            )
+            if isinstance(exc, asyncio.CancelledError) and not dog.stop(watch):
+                raise  # cancelled from outside, not by the attempt's limit
+            failed = failed or _Failed(config, operation, uri, start)
+            error: StorageError = failed.timed_out(exc, timeout, cut_by_deadline)
         except StorageError as exc:
             error = exc
         else:
@@ -350,57 +239,90 @@ async def call(
             if limiter is not None:
                 limiter.release()
 
-        last = error
-        if isinstance(error, ThrottledError) and limiter is not None:
-            limiter.on_throttle()
         if isinstance(error, ThrottledError):
-            accounting.throttle()
-            if budget is not None:
-                budget.throttled(spend)
+            _throttled(limiter, budget, spend)
         if not is_retryable(error, idempotent=idempotent):
             raise error
-        attempt += 1
+        failed = failed or _Failed(config, operation, uri, start)
+        delay = failed.next_delay(error, rng)
+        accounting.retried(delay, throttled=isinstance(error, ThrottledError))
+        await asyncio.sleep(delay)
+
+
+class _Failed:
+    """A call's failed attempts so far, and what comes after one: a delay, or the error raised."""
+
+    __slots__ = ("attempt", "config", "last", "operation", "start", "uri")
+
+    def __init__(self, config: RetryConfig, operation: str, uri: str, start: float) -> None:
+        self.config, self.operation, self.uri, self.start = config, operation, uri, start
+        self.attempt = 0  # attempts failed and retried
+        self.last: StorageError | None = None  # the previous attempt's error
+
+    def timed_out(self, exc: BaseException, timeout: float, cut_by_deadline: bool) -> StorageError:
+        """The error of an attempt cut short after ``timeout`` seconds.
+
+        Raises it when the deadline cut the attempt (chained from the previous
+        attempt's error, else from the timeout); returns it when the attempt's
+        own limit did (a :class:`TransientError`, retried).
+        """
+        if cut_by_deadline:
+            cause: BaseException = exc
+            if isinstance(exc, asyncio.CancelledError):
+                cause = asyncio.TimeoutError(f"attempt cut short after {timeout:.3g} s")
+            raise self._cut_short() from (self.last if self.last is not None else cause)
+        return TransientError(
+            f"no answer within the {self.config.attempt_timeout:g} s attempt timeout",
+            operation=self.operation,
+            uri=self.uri,
+        )
+
+    def _cut_short(self) -> StorageError:
+        """The error raised when the deadline cut an attempt short."""
+        attempt = self.attempt
+        why = (
+            f"the {self.config.deadline:g} s retry deadline "
+            f"({attempt + 1} attempt{'s' if attempt else ''}, "
+            f"{time.monotonic() - self.start:.1f} s)"
+        )
+        if self.last is None:
+            return DeadlineExceededError(
+                f"no answer before {why}", operation=self.operation, uri=self.uri
+            )
+        # The cut attempt is not what failed: the tries before it were (an
+        # endless throttle reported a bare timeout; every answer corrupt is
+        # reported as that).
+        return _final_error(
+            self.last,
+            self.operation,
+            self.uri,
+            corrupt=f"gave up at {why}; last answer: ",
+            other=f"no answer before {why}; last error: ",
+        )
+
+    def next_delay(self, error: StorageError, rng: random.Random | None) -> float:
+        """Seconds to wait before retrying after ``error``, or raise when retrying is over."""
+        config = self.config
+        self.last = error
+        self.attempt += 1
+        attempt = self.attempt
         delay = backoff_delay(attempt - 1, config, rng)
         retry_after = getattr(error, "retry_after", None)
         if retry_after is not None:
             delay = max(delay, retry_after)
         now = time.monotonic()
         if isinstance(error, UnreachableError):
-            _give_up_unreachable(error, attempt, now - start, delay, config)
+            _give_up_unreachable(error, attempt, now - self.start, delay, config)
         out_of_attempts = config.max_attempts is not None and attempt >= config.max_attempts
-        if out_of_attempts or now + delay >= deadline:
+        if out_of_attempts or now + delay >= self.start + config.deadline:
             why = (
                 f"{attempt} attempts"
                 if out_of_attempts
                 else f"the {config.deadline:g} s retry deadline"
             )
-            # The last error's own message: its operation, URI and status are
-            # this error's too, and are named once (errors.StorageError.__str__).
-            gave_up = f"gave up after {why} ({now - start:.1f} s); last error: "
-            if isinstance(error, IntegrityError):
-                # Corrupt answers until the end: the caller sees what they are,
-                # so that `except IntegrityError` catches them on every read path.
-                raise IntegrityError(
-                    gave_up + error.message, operation=operation, uri=uri, status=error.status
-                ) from error
-            raise DeadlineExceededError(
-                f"{gave_up}{type(error).__name__}: {error.message}",
-                operation=operation,
-                uri=uri,
-                status=error.status,
+            gave_up = f"gave up after {why} ({now - self.start:.1f} s); last error: "
+            raise _final_error(
+                error, self.operation, self.uri, corrupt=gave_up, other=gave_up
             ) from error
-        if isinstance(error, UnreachableError):
-            # It fails or recovers within seconds, and then the error says it all.
-            logger.debug("%s %s failed (%s); retrying in %.2f s", operation, uri, error, delay)
-        else:
-            _episodes.note(
-                type(error).__name__,
-                "%s %s failed (%s: %s); retrying in %.2f s",
-                operation,
-                uri,
-                type(error).__name__,
-                error.message,
-                delay,
-            )
-        accounting.retried(delay, throttled=isinstance(error, ThrottledError))
-        await asyncio.sleep(delay)
+        _log_retry(error, self.operation, self.uri, delay)
+        return delay
