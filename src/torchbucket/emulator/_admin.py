@@ -85,6 +85,7 @@ async def handle_admin(front: FrontServer, request: web.BaseRequest, path: str) 
 
 
 async def _dispatch(front: FrontServer, request: web.BaseRequest, path: str) -> web.Response:
+    """The endpoints about the server itself (stats, faults, latency, rates), else the rest."""
     method = request.method
     if path == "health":
         return _ok({"ok": True, "backend": front.backend.name, "port": front.port})
@@ -121,6 +122,12 @@ async def _dispatch(front: FrontServer, request: web.BaseRequest, path: str) -> 
         rps = body.get("rps") if isinstance(body, dict) else None
         front.rate_cap = RateCap(float(rps)) if rps else None
         return _ok({"ok": True})
+    return await _dispatch_data(front, request, path)
+
+
+async def _dispatch_data(front: FrontServer, request: web.BaseRequest, path: str) -> web.Response:
+    """The endpoints about buckets and objects, and shutdown."""
+    method = request.method
     if path == "buckets" and method == "POST":
         body = await _json(request)
         name = body.get("name") if isinstance(body, dict) else None

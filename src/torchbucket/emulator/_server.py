@@ -183,11 +183,7 @@ class FrontServer:
         raw = request.raw_path
         path = raw.partition("?")[0]
         if path.startswith("/_emulator/"):
-            if self.admin_token is not None and not admin_token_ok(request, self.admin_token):
-                return await admin_refused(request)
-            if self.auth is not None and path.startswith("/_emulator/auth/"):
-                return await self.auth.admin(request, path[len("/_emulator/auth/") :])
-            return await handle_admin(self, request, path)
+            return await self._admin(request, path)
         query = request.query
         route = parse_route(request.method, path, query)
         op = route.op
@@ -196,13 +192,7 @@ class FrontServer:
         if turned_away is not None:
             return turned_away
         rule = self.faults.check(op, route.name or route.bucket) if self.faults.rules else None
-        if request.body_exists:
-            if request.headers.get("Expect", "").lower() == "100-continue":
-                # The low-level server leaves this to the handler (curl waits a second otherwise).
-                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            body = await request.read()
-        else:
-            body = b""
+        body = await _read_body(request)
         if rule is not None:
             stats.faults[rule.kind] += 1
             early = await self._early_fault(request, rule, route, len(body))
@@ -247,6 +237,14 @@ class FrontServer:
             return await self._mangle(request, resp, rule.kind)
         return resp
 
+    async def _admin(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
+        """Answer a request of the admin API (``/_emulator/...``)."""
+        if self.admin_token is not None and not admin_token_ok(request, self.admin_token):
+            return await admin_refused(request)
+        if self.auth is not None and path.startswith("/_emulator/auth/"):
+            return await self.auth.admin(request, path[len("/_emulator/auth/") :])
+        return await handle_admin(self, request, path)
+
     async def _turn_away(self, request: web.BaseRequest, route: Route) -> web.StreamResponse | None:
         """The answer to a request refused before it is applied (no token, over a rate), if so."""
         op, stats = route.op, self.stats
@@ -280,7 +278,7 @@ class FrontServer:
         return None
 
     async def _apply(self, call: Call) -> web.Response:
-        """Apply the request: the XML API, IAM, or the backend (unless its name or bucket refuse it)."""
+        """Apply the request: the XML API, IAM or the backend, unless its name or bucket refuse it."""
         route = call.route
         written = written_name(call)
         problem = name_problem(written) if written is not None else None
@@ -380,6 +378,16 @@ async def _stream(
         await out.write(chunk)
     await out.write_eof()
     return out
+
+
+async def _read_body(request: web.BaseRequest) -> bytes:
+    """The request's body (``b""`` for none), a ``100 Continue`` sent first if asked for."""
+    if not request.body_exists:
+        return b""
+    if request.headers.get("Expect", "").lower() == "100-continue":
+        # The low-level server leaves this to the handler (curl waits a second otherwise).
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    return await request.read()
 
 
 def _reset(request: web.BaseRequest) -> None:
