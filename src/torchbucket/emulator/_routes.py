@@ -67,7 +67,11 @@ def _json_route(method: str, rest: str, query: Mapping[str, str]) -> Route:
         return Route("iam", "iam", bucket)
     if not tail.startswith("o/"):
         return Route("unknown", "unknown", bucket)
-    obj = tail[2:]
+    return _object_route(method, bucket, tail[2:], query)
+
+
+def _object_route(method: str, bucket: str, obj: str, query: Mapping[str, str]) -> Route:
+    # obj is what follows "/storage/v1/b/{bucket}/o/": "{name}", "{name}/compose"...
     if method == "POST":
         # objects.move: POST .../b/{bucket}/o/{source}/moveTo/o/{destination}
         # (https://cloud.google.com/storage/docs/json_api/v1/objects/move).

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchbucket._opclass import OP_CLASS, OPERATIONS
+from torchbucket.runtime._classify import classify
 
 __all__ = [
     "OPERATIONS",
@@ -164,65 +165,6 @@ def _reset() -> None:
 
 
 os.register_at_fork(after_in_child=_reset)
-
-
-def classify(method: str, path: str, query: str) -> str:
-    """The operation of a GCS JSON or XML API request (the emulator's names).
-
-    Args:
-        method: HTTP method, upper case.
-        path: The raw (percent-encoded) URL path.
-        query: The raw query string.
-    """
-    i = path.find("/storage/v1/b")
-    if i >= 0:
-        upload = path.startswith("/upload", max(0, i - 7)) and i >= 7
-        if upload:
-            if "upload_id=" in query or "uploadType=resumable" in query:
-                return "resumable"
-            return "put"
-        rest = path[i + 13 :]
-        if rest in ("", "/"):
-            return "bucket_create" if method == "POST" else "bucket_list"
-        tail = rest[1:].partition("/")[2]
-        if not tail:
-            return "bucket_delete" if method == "DELETE" else "bucket_get"
-        if tail in ("o", "o/"):
-            return "list" if method == "GET" else "put"
-        if tail == "iam/testPermissions":
-            return "iam"
-        if "/rewriteTo/b/" in tail or "/copyTo/b/" in tail:
-            return "copy"
-        if "/moveTo/o/" in tail:
-            return "move"
-        if method == "POST" and tail.endswith("/compose"):
-            return "compose"
-        if method == "GET":
-            return "get" if "alt=media" in query else "head"
-        if method == "DELETE":
-            return "delete"
-        return "patch"
-    # XML API: /{bucket} or /{bucket}/{object}
-    has_key = bool(path[1:].partition("/")[2])
-    if "uploadId=" in query:
-        if method == "PUT":
-            return "mpu_part"
-        if method == "POST":
-            return "mpu_complete"
-        if method == "DELETE":
-            return "mpu_abort"
-        return "mpu_parts"
-    if any(part == "uploads" or part.startswith("uploads=") for part in query.split("&")):
-        return "mpu_initiate" if method == "POST" else "mpu_list"
-    if not has_key:
-        return "list" if method == "GET" else "bucket_create"
-    if method == "GET":
-        return "get"
-    if method == "HEAD":
-        return "head"
-    if method == "DELETE":
-        return "delete"
-    return "put"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
