@@ -153,6 +153,7 @@ def _compose_plan(
     run: _Run,
     sizes: Sequence[int],
     listing: RequestStats,
+    *,
     ranks: int,
     workers: int,
     fetch: FetchConfig,
@@ -233,7 +234,16 @@ def plan_strategies(
 
     plans = [
         _direct_plan(run, sizes, listing, fetch),
-        _compose_plan(run, sizes, listing, ranks, workers, fetch, compose, soft_delete_seconds),
+        _compose_plan(
+            run,
+            sizes,
+            listing,
+            ranks=ranks,
+            workers=workers,
+            fetch=fetch,
+            compose=compose,
+            soft_delete_seconds=soft_delete_seconds,
+        ),
     ]
     plans.append(_shards_plan(run, sizes, listing, ranks, workers, pack, shard_read))
     return plans
