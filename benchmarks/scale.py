@@ -181,7 +181,7 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     ax.axhline(0.9, color="grey", lw=0.8, ls=":")
     ax.set_ylabel("reads admitted / capacity")
     ax.set_ylim(0, 1.3)
-    ax2.set_ylabel("reads admitted per s (--: capacity of the last run)")
+    ax2.set_ylabel(f"reads admitted per s (--: capacity, {next(iter(results))} run)")
     ax2.set_xlabel("seconds from a cold bucket")
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title("One job against GCS's request-rate model (scaled): per-second windows")

@@ -1,11 +1,11 @@
 """One rank of the budget's rank-death test (launched by test_budget_torchrun.py).
 
-Usage: ``torchrun --nproc_per_node 2 _dist_budget_worker.py ENDPOINT BUCKET OUT_DIR``.
+Usage: ``torchrun --nproc_per_node 2 _dist_budget_worker.py ENDPOINT BUCKET OUT_DIR DEAD``.
 Both ranks read through a DataLoader (2 workers) with the job-wide budget on;
-after a barrier rank 1 writes what it saw and exits abruptly (``os._exit``:
-no atexit, no process group teardown, its share of the job never given
-back), and rank 0 reads the whole prefix again. Each rank writes
-``OUT_DIR/rank<r>.json``.
+after a barrier rank DEAD writes what it saw and exits abruptly (``os._exit``:
+no atexit, no process group teardown, its share of the job never given back;
+rank 0 also publishes the job's rate), and the other reads the whole prefix
+again. Each rank writes ``OUT_DIR/rank<r>.json``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def count(dataset: object) -> int:
 
 
 def main() -> None:
-    endpoint, bucket, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    endpoint, bucket, out, dead = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     gcs = GCSConfig(endpoint=endpoint, anonymous=True)
@@ -45,14 +45,14 @@ def main() -> None:
     before = budget_status()[bucket]
     dist.barrier()
     report = {"rank": rank, "first": first, "before": before}
-    if rank == 1:
-        (out / "rank1.json").write_text(json.dumps(report))
+    if rank == dead:
+        (out / f"rank{rank}.json").write_text(json.dumps(report))
         os._exit(0)
     start = time.monotonic()
     report["again"] = count(dataset)
     report["again_s"] = time.monotonic() - start
     report["after"] = budget_status()[bucket]
-    (out / "rank0.json").write_text(json.dumps(report))
+    (out / f"rank{rank}.json").write_text(json.dumps(report))
 
 
 if __name__ == "__main__":

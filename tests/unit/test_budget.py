@@ -39,10 +39,15 @@ def test_controller_ramps_while_used_and_cuts_to_what_was_admitted() -> None:
     ctl.update(t, 45.0, 5.0)  # the next tick's throttles answer requests sent before
     assert ctl.rate == cut
     assert ctl.cuts == 1
-    for _ in range(40):  # used at a tenth of its rate: neither grows nor falls
+    for _ in range(40):  # used at a tenth of its rate: it stops growing, and never falls
         t += 0.25
         ctl.update(t, ctl.rate * 0.025, 0)
-    assert ctl.rate == cut
+    held = ctl.rate
+    assert cut <= held < 1.02 * cut  # the ~2 s average of use ran out
+    for _ in range(40):
+        t += 0.25
+        ctl.update(t, ctl.rate * 0.025, 0)
+    assert ctl.rate == held
 
 
 def test_controller_probes_slowly_near_the_last_throttle() -> None:

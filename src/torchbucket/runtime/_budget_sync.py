@@ -42,6 +42,10 @@ logger = logging.getLogger("torchbucket.runtime.budget")
 
 #: Ticks in a row without requests after which a rank counts itself idle.
 IDLE_TICKS = 8
+#: Ticks without a new rate from rank 0 after which a rank uses its own.
+LEADER_TICKS = 8
+#: A published rate is ``round(rate * 1000) * _TICKS + tick % _TICKS``.
+_TICKS = 4096
 
 
 class Sync:
@@ -61,6 +65,13 @@ class Sync:
         self._idle = False  # whether this rank counts itself idle in the job's counter
         self._quiet = 0  # ticks in a row without requests
         self.idle = 0  # ranks of the job that count themselves idle, at the last tick
+        self.rank = 0
+        self._ticks = 0
+        n = len(CLASSES)
+        self._published = [0] * n  # rank 0: the code it last published per class
+        self._seen: list[int | None] = [None] * n  # the others: rank 0's last tick seen
+        self._stale = [0] * n
+        self.leader: list[float | None] = [None] * n  # rank 0's rate, while it publishes
         self._store: Any = None
         self._store_failed = False
         self.world = 1
@@ -134,7 +145,20 @@ class Sync:
                 ctl.update(now, sent, throttled)
             else:
                 ctl._last = now  # idle: neither grow nor cut
+            leader = self.leader[i]
+            if job is not None and leader is not None and self.rank != 0:
+                ctl.rate = leader  # one rate for the job: rank 0's, while it publishes
             rates.append(ctl.rate)
+            logger.debug(
+                "budget tick %s: sent %.0f throttled %.0f -> rate %.1f (rank %d, leader %s)",
+                CLASSES[i],
+                sent,
+                throttled,
+                ctl.rate,
+                self.rank,
+                leader,
+            )
+        self._ticks += 1
         with self.segment.locked() as c:
             for i, rate in enumerate(rates):
                 row = _HEAD + _ROW * i
@@ -173,11 +197,42 @@ class Sync:
                 last = self._job.get(i)
                 self._job[i] = total
                 out[i] = total - last if last is not None else 0.0
+            for cls in range(len(CLASSES)):
+                if busy[cls]:
+                    self._share_rate(store, cls)
         except Exception as exc:  # a dead store or rank 0: local mode from now on
             logger.warning("request budget: the job's store failed (%s); local mode", exc)
             self._store, self._store_failed = None, True
             return None
         return out
+
+    def _share_rate(self, store: Any, cls: int) -> None:
+        """Rank 0 publishes its rate of class ``cls``; the others read it (one request).
+
+        Ranks that read the same counters at slightly different moments
+        drifted apart by 25-45% over a minute on 4 ranks (a throttle seen on
+        one tick by some and the next by others cuts twice); adopting rank
+        0's rate keeps them together. The rate travels as an ``add`` to a
+        counter (one round trip, never a blocking ``get``) with rank 0's tick
+        number in its low bits, so that a rank 0 that stopped publishing is
+        noticed after :data:`LEADER_TICKS` ticks and each rank runs its own
+        controller again.
+        """
+        key = f"{self.key}/{CLASSES[cls]}/rate"
+        if self.rank == 0:
+            code = round(self.controllers[cls].rate * 1000) * _TICKS + self._ticks % _TICKS
+            store.add(key, code - self._published[cls])
+            self._published[cls] = code
+            return
+        code = int(store.add(key, 0))
+        milli, tick = divmod(code, _TICKS)
+        if code and tick != self._seen[cls]:
+            self._seen[cls], self._stale[cls] = tick, 0
+            self.leader[cls] = milli / 1000
+            return
+        self._stale[cls] += 1
+        if self._stale[cls] > LEADER_TICKS:
+            self.leader[cls] = None
 
     def _connect(self) -> Any:
         if self._store is not None or self._store_failed:
@@ -205,4 +260,5 @@ class Sync:
             self._store_failed = True
             return None
         self.world = dist.get_world_size()
+        self.rank = dist.get_rank()
         return self._store

@@ -9,19 +9,25 @@ limit (:class:`~torchbucket.runtime.retry.AdaptiveLimiter`) learns the
 bucket's limit from its own 429s, all of them starting at full speed. The
 budget makes the job one client instead:
 
-- **one rate per job** (:class:`RateController`): it starts at
-  ``BudgetConfig.read_rate`` / ``write_rate`` (reads and writes apart, as GCS
-  counts them), grows while the job uses it and nothing is throttled,
-  doubling every ``doubling`` seconds (GCS's guidance; near the rate of the
-  last throttle four times slower), and on a throttle falls to just under the
-  rate the bucket admitted (0.95 of it, between 0.5 and 0.9 of the rate);
+- **one rate per job** (:class:`RateController`): it starts at 0.9 of
+  ``BudgetConfig.read_rate`` / ``write_rate`` (a new bucket's documented
+  rate; reads and writes apart, as GCS counts them), grows while the job
+  uses it and nothing is throttled, doubling every ``doubling`` seconds
+  (GCS's guidance; near the rate of the last throttle 4-16 times slower),
+  and on a throttle falls to 0.9 of itself (or just under what the bucket
+  admitted, when that is much lower);
 - **ranks share what they learn** through torch.distributed's store: every
-  ``interval`` (on ticks of the wall clock, so ranks step together) each
-  rank adds the attempts and the throttled answers of its processes to two
-  job-wide counters per class (``TCPStore.add``: one round trip each, which
-  also returns the job's total). Every rank runs the same controller on the
-  same totals, so they agree on the rate without a leader, and one rank's 429
-  slows the whole job at the next tick. A rank spends ``rate / world_size``;
+  tick (``interval``, longer for large worlds: :meth:`BudgetConfig.tick`; on
+  ticks of the wall clock, so ranks step together) each rank adds the
+  attempts and the throttled answers of its processes to two job-wide
+  counters per class (``TCPStore.add``: one round trip each, which also
+  returns the job's total), reads a count of idle ranks, and rank 0's rate.
+  Every rank runs the same controller on the same totals and adopts rank
+  0's rate while rank 0 publishes it (ranks reading at slightly different
+  moments drift apart otherwise), so one rank's 429 slows the whole job at
+  the next tick, and a rank 0 that dies leaves every rank its own. A rank
+  spends the rate over the ranks not idle (a rank that ends gives its share
+  back; one that dies keeps it);
 - **a rank's processes share one token bucket** (:class:`Budget`): a small
   file in shared memory (``/dev/shm``), a GCRA cell per class under ``flock``,
   that the rank's DataLoader workers (fork or spawn: they find it through
@@ -129,8 +135,9 @@ class BudgetConfig:
             raise ConfigError(f"${ENV} must be 0, 1 or JSON BudgetConfig fields: {exc}") from exc
 
     def tick(self, world: int) -> float:
-        """Seconds between exchanges for ``world`` ranks (two store requests per class each)."""
-        return max(self.interval, 2.0 * len(CLASSES) * world / self.store_ops)
+        """Seconds between exchanges for ``world`` ranks (up to four store requests per
+        class each: the idle count, attempts, throttles, rank 0's rate)."""
+        return max(self.interval, 4.0 * len(CLASSES) * world / self.store_ops)
 
 
 class RateController:
@@ -212,7 +219,9 @@ class RateController:
             self._held = True
             return self.rate
         self._held = False
-        if throttled == 0 and sent >= 0.8 * self.rate * dt:
+        # Used: this tick's attempts, or the ~2 s average when a tick reads
+        # noisy (ranks' additions interleave with this rank's reads).
+        if throttled == 0 and max(sent / dt, avg) >= 0.8 * self.rate:
             growth = math.log(2.0) / self.doubling
             ceiling = self.ceiling
             if ceiling is not None:
@@ -234,7 +243,7 @@ _C_RATE, _C_TAT, _C_SENT, _C_THROTTLED, _C_WAITED, _C_JOB_RATE, _C_JOB_THROTTLED
 _ROW = 8
 _CELLS = _HEAD + _ROW * len(CLASSES)
 _MAGIC = 41.0
-_BURST_S = 0.05
+_BURST_S = 0.2
 #: How far ahead a process may book its turn, seconds.
 AHEAD_S = 0.25
 MODES = ("off", "local", "job")
