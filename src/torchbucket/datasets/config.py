@@ -51,10 +51,15 @@ class FetchConfig:
             per composite, and objects read one by one views of shared
             segments of up to 64 of them (a batch crosses with a handle per
             composite or segment; a view keeps its whole one alive).
-            Pick ``"tensor"`` from about 100 KiB up (audio, video, large
-            images, ``.npy``/``.pt`` blobs, token blocks; at 100 KiB with
-            compose it read ~1.4x the samples/s of ``"bytes"``); at ~10 KiB
-            ``"bytes"`` is faster. See the README's "Large samples".
+            Pick ``"tensor"`` for raw samples of about 1 MiB and more
+            (audio, video, large images, ``.npy``/``.pt`` blobs, token
+            blocks): a ``bytes`` sample crosses from a worker to the main
+            process pickled through a pipe, and at 1-64 MiB ``"tensor"``
+            read 1.5-3x the samples/s at 1.3-2.1 against 4.1-6.0 ms of
+            client CPU per MiB (``benchmarks/sizes.py``); below 1 MiB the
+            two were within the noise, and at ~10 KiB ``"bytes"`` is faster.
+            A ``data_format_fn`` that decodes already hands over only what
+            it returns. See the guide's "Which settings matter at which size".
         reuse_shared_memory: With ``output="tensor"``, a DataLoader worker
             reuses a shared-memory segment once the main process holds no
             tensor of it any more, instead of making one per composite or
