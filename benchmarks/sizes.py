@@ -27,7 +27,8 @@ Latency (``--latency``): ``same-region`` (constant) and ``same-region-tail``,
 alternated repeat by repeat; under the tail only the two defaults and the bare
 loop run (the tail goal is theirs). ``--quick``: the counts below (epochs of
 one to a few seconds at the limit), 2 runs of the defaults and the bare loop
-per preset, 1 of the others (~13 minutes on the 2-core VM); the full run
+per preset, 1 of the others (28 minutes on the 2-core VM shared with other
+work at load 4-12, 2026-12-05: over issue 43's 15); the full run
 doubles the counts and runs everything 3 times. ``--smoke``: three sizes,
 tiny counts, one run. ``--sizes`` picks sizes (``512b,1mib``...), ``--only``
 contenders.
@@ -138,7 +139,7 @@ def batch_size(size: int) -> int:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="nine sizes, ~13 minutes")
+    mode.add_argument("--quick", action="store_true", help="nine sizes, 2 runs of the defaults")
     mode.add_argument("--smoke", action="store_true", help="three tiny sizes (a code-path check)")
     p.add_argument("--repeats", type=int, default=None, help="runs of the defaults and the loop")
     p.add_argument("--slow-repeats", type=int, default=None, help="runs of the other contenders")
