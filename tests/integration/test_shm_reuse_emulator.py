@@ -168,8 +168,14 @@ def test_a_worker_where_the_handover_cannot_work_keeps_fresh_segments(
 
 
 def _segment_names() -> list[str]:
-    """Names in /dev/shm of segments the pool's workers would have made (none)."""
-    return [n for n in os.listdir("/dev/shm") if "torchbucket" in n]
+    """Names in /dev/shm of segments the pool's workers would have made (none).
+
+    The request budget's directories (``torchbucket-budget-*``) are another
+    feature's, with their own lifetime (tests/unit/test_budget.py).
+    """
+    return [
+        n for n in os.listdir("/dev/shm") if "torchbucket" in n and "torchbucket-budget-" not in n
+    ]
 
 
 def _mapped_segments(pid: int | str = "self") -> list[str]:
@@ -252,7 +258,11 @@ deadline = time.monotonic() + 30
 while len(mapped(pid)) < 8 and time.monotonic() < deadline:
     time.sleep(0.05)
 segments = mapped(pid)
-named = [n for n in os.listdir("/dev/shm") if "torchbucket" in n or n.startswith(f"torch_{pid}_")]
+named = [
+    n
+    for n in os.listdir("/dev/shm")
+    if ("torchbucket" in n and "torchbucket-budget-" not in n) or n.startswith(f"torch_{pid}_")
+]
 os.kill(pid, 9)
 os.waitpid(pid, 0)
 held = mapped(os.getpid())  # the first batch's segments, still readable

@@ -125,6 +125,48 @@ def test_forked_workers_share_one_rate(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert os.listdir(tmp_path)
 
 
+def _make_dir(out: Any) -> None:
+    out.put(budget._segment_dir())
+
+
+def test_a_worker_that_made_the_directory_removes_it_when_it_exits(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A DataLoader worker ends through multiprocessing (os._exit, no atexit):
+    # the directory it made must go with it, not stay in /dev/shm.
+    monkeypatch.delenv("TORCHBUCKET_BUDGET_DIR", raising=False)
+    monkeypatch.setattr(budget.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(budget.os.path, "isdir", lambda p: p != "/dev/shm" and os.path.lexists(p))
+    ctx = multiprocessing.get_context("fork")
+    out: multiprocessing.Queue[str] = ctx.Queue()  # type: ignore[assignment]
+    proc = ctx.Process(target=_make_dir, args=(out,))
+    proc.start()
+    made = out.get(timeout=30)
+    proc.join(30)
+    assert proc.exitcode == 0
+    assert made.startswith(str(tmp_path))
+    assert not os.path.exists(made)
+
+
+def test_directories_of_processes_that_are_gone_are_removed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ctx = multiprocessing.get_context("fork")
+    gone = ctx.Process(target=time.sleep, args=(0,))
+    gone.start()
+    gone.join(30)
+    orphan = tmp_path / f"torchbucket-budget-{gone.pid}-abcd1234"
+    orphan.mkdir()
+    (orphan / "segment").write_bytes(b"x")
+    alive = tmp_path / f"torchbucket-budget-{os.getpid()}-efgh5678"
+    alive.mkdir()
+    other = tmp_path / "torchbucket-segment-1"
+    other.write_bytes(b"")
+    budget._remove_orphans(str(tmp_path))
+    assert not orphan.exists()
+    assert alive.exists() and other.exists()
+
+
 def test_a_stale_controller_is_skipped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("TORCHBUCKET_BUDGET_DIR", str(tmp_path))
     b = budget.job_budget("stale-bucket", BudgetConfig(enabled=True, read_rate=1, stale_after=0.2))

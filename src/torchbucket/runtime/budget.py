@@ -364,13 +364,23 @@ _syncs: list[Any] = []
 _dir_lock = threading.Lock()
 
 
+_DIR_PREFIX = "torchbucket-budget-"
+
+
 def _segment_dir() -> str:
-    """This rank's directory of segments, made (and exported) on first use."""
+    """This rank's directory of segments, made (and exported) on first use.
+
+    The process that makes it removes it when it exits, a DataLoader worker
+    too (``multiprocessing`` runs its finalizers, not ``atexit``); one that
+    was killed leaves it, so each new directory first removes those of
+    processes that no longer run.
+    """
     path = os.environ.get(DIR_ENV)
     if path and os.path.isdir(path):
         return path
     base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    path = tempfile.mkdtemp(prefix=f"torchbucket-budget-{os.getpid()}-", dir=base)
+    _remove_orphans(base)
+    path = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-", dir=base)
     os.environ[DIR_ENV] = path
     owner = os.getpid()
 
@@ -379,9 +389,31 @@ def _segment_dir() -> str:
             shutil.rmtree(path, ignore_errors=True)
 
     import atexit
+    import multiprocessing.util
 
     atexit.register(remove)
+    multiprocessing.util.Finalize(None, remove, exitpriority=0)
     return path
+
+
+def _remove_orphans(base: str) -> None:
+    """Remove the segment directories whose maker no longer runs (killed, never cleaned)."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(_DIR_PREFIX):
+            continue
+        pid_text = name[len(_DIR_PREFIX) :].partition("-")[0]
+        if not pid_text.isdigit():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+        except OSError:
+            pass  # alive, another user's
 
 
 def job_budget(bucket: str, config: BudgetConfig) -> Budget | None:
