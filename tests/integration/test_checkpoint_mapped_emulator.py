@@ -61,7 +61,8 @@ def test_a_checkpoint_rewritten_during_the_load_fails_it(emulator: Emulator, sto
     checkpoint.save(state(1), uri)
     # The second range stalls; meanwhile another writer saves a new checkpoint
     # there, and the range read again finds its generation gone.
-    emulator.add_fault("get", "stall", nth=2, match=name, stall_seconds=2.0)
+    # Long enough for the rewrite to land first even on a loaded machine.
+    emulator.add_fault("get", "stall", nth=2, match=name, stall_seconds=6.0)
 
     def rewrite() -> None:
         time.sleep(0.5)
