@@ -7,9 +7,9 @@ does not give back all it held after an upload of several GiB: a fresh one
 per run bounds what it holds to that run's object).
 
 The machine the benchmarks run on is shared: before each save or load, the
-memory it needs (the contender's process and the emulator's, :data:`NEED`,
-in state dicts) must be available, waited for up to :data:`WAIT_S` seconds;
-otherwise the run is skipped and said in the notes. A load whose contender's
+memory it adds (the contender's process and, for a save, the emulator's
+growth: :data:`NEED`, in state dicts) must be available, waited for up to
+:data:`WAIT_S` seconds; otherwise the run is skipped and said in the notes. A load whose contender's
 save was skipped loads an object saved by torchbucket's script instead (the
 same state dict, untimed), so dataflux's load is measured even where its save
 (the state dict, a ``BytesIO`` of the whole checkpoint that grows as it is
@@ -33,18 +33,21 @@ import _harness as h
 
 MiB = 1 << 20
 GiB = 1 << 30
-#: Memory a run needs, in state dicts (the contender's process and the emulator
-#: together), plus 1 GiB; measured at 4 GiB: the emulator held 2 during an upload's
-#: completion (parts and their join), the torchbucket and floor processes 1.1.
+#: Memory a run adds, in state dicts, plus 1 GiB (what is already in use, the
+#: emulator's object included, is not available): a save, the contender's
+#: process and the emulator's growth (its parts and their join, 2 state dicts;
+#: measured at 4 GiB); a load, the contender's process alone (the object is
+#: already in the emulator): torchbucket's and the floor's hold it once,
+#: dataflux's twice (the downloaded bytes and the tensors copied out of them).
 NEED = {
     ("torchbucket", "save"): 3.2,
     ("floor", "save"): 3.2,
     ("dataflux", "save"): 5.0,
-    ("torchbucket", "load"): 2.2,
-    ("floor", "load"): 2.2,
-    ("dataflux", "load"): 3.2,
+    ("torchbucket", "load"): 1.2,
+    ("floor", "load"): 1.2,
+    ("dataflux", "load"): 2.2,
 }
-WAIT_S = 120.0
+WAIT_S = 30.0
 
 
 def _available() -> int:
@@ -54,7 +57,7 @@ def _available() -> int:
 
 
 def _room(key: str, op: str, size: int) -> tuple[bool, str]:
-    """Whether the memory a run needs is available (waiting up to WAIT_S for it)."""
+    """Whether the memory a run adds is available (waiting up to WAIT_S for it)."""
     need = int(NEED.get((key, op), 3.0) * size) + GiB
     deadline = time.monotonic() + WAIT_S
     while True:
