@@ -5,8 +5,8 @@
     python benchmarks/run_all.py --quick          # what `make bench` runs
     python benchmarks/run_all.py --docs-only      # rebuild the page from bench-output/
 
-Runs ``transport``, ``listing``, ``dataloading``, ``checkpoint``, ``soak``
-and ``shards`` in that order (``--quick`` passes ``--quick`` to each),
+Runs ``transport``, ``listing``, ``dataloading``, ``sizes``, ``checkpoint``,
+``soak``, ``shards``, ``scale``, ``scale_sim`` and ``zonal`` in that order (``--quick`` passes ``--quick`` to each),
 skipping any whose script does not exist yet. Each one's stdout is echoed
 and kept in ``bench-output/<name>.stdout.txt``; its last line must be
 ``RESULT {json}``.
@@ -34,7 +34,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
 
-BENCHMARKS = ["transport", "listing", "dataloading", "checkpoint", "soak", "shards"]
+BENCHMARKS = [
+    "transport",
+    "listing",
+    "dataloading",
+    "sizes",
+    "checkpoint",
+    "soak",
+    "shards",
+    "scale",
+    "scale_sim",
+    "zonal",
+]
 DOCS = h.ROOT / "docs"
 IMG = DOCS / "img"
 PAGE = DOCS / "benchmarks.md"
