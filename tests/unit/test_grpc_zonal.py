@@ -200,6 +200,21 @@ def test_a_new_save_replaces_and_delete_removes_both(store: GCSStore, server: Fa
         runtime.run(store.delete("k"))
 
 
+def test_a_fresh_store_replacing_a_pointer_deletes_the_old_data_object(
+    store: GCSStore, server: FakeServer
+) -> None:
+    runtime.run(store.put_stream("k", _chunks(_data(3 * MiB), MiB)))
+    fresh = GCSStore("b", config=store.config)  # never saw the old pointer
+    new = _data(3 * MiB, seed=29)
+    try:
+        runtime.run(fresh.put_stream("k", _chunks(new, MiB)))
+    finally:
+        runtime.run(fresh.close())
+    assert len([n for n in server.storage.objects if n.startswith(POINTER_PREFIX)]) == 1
+    # The first store remembers the deleted data object: it asks the name again.
+    assert runtime.run(store.get("k")) == new
+
+
 def test_stream_yields_the_object(store: GCSStore, server: FakeServer) -> None:
     data = _data(9 * MiB + 3, seed=23)
     server.put("s", data)

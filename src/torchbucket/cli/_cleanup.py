@@ -1,14 +1,18 @@
 """``torchbucket cleanup``: remove what a crashed job left in a bucket.
 
-Three kinds of leftovers cost money and confuse listings: composed objects under
+Four kinds of leftovers cost money and confuse listings: composed objects under
 ``dataflux-composed-objects/`` (a dataset's coalesced reads; normally deleted at
 once, left behind only when a process is killed), incomplete multipart
 uploads (a checkpoint save that died; their parts are billed but invisible to a
 listing), and staged checkpoint objects (``dir/.name.tbtmp-<16 hex>``: a
 multipart save on GCS killed between completing its upload under that hidden
 name and deleting it; found by listing every object under the prefix, see
-``_staged.py``). ``--older-than`` spares uploads and staged objects younger
-than it, which may belong to a save still running.
+``_staged.py``), and on a zonal (Rapid) bucket data objects under
+``torchbucket-zonal-objects/`` that no pointer names (a save killed before its
+checkpoint's name pointed at its data; ``SupportsZonal.zonal_orphans``, which
+asks the pointer again right before each delete). ``--older-than`` spares
+uploads, staged objects and data objects younger than it, which may belong to
+a save still running.
 
 Whether the bucket exists is asked of the bucket itself (a bucket GET where the
 store has one), never inferred from the multipart listing: an endpoint without
@@ -35,6 +39,7 @@ from torchbucket.storage import (
     ObjectInfo,
     ObjectStore,
     SupportsBucketInfo,
+    SupportsZonal,
 )
 from torchbucket.storage.pages import list_all
 
@@ -43,6 +48,10 @@ __all__ = ["add_cleanup", "find_leftovers", "parse_duration"]
 logger = logging.getLogger(__name__)
 
 _COMPOSED_PREFIX = HIDDEN_PREFIXES[0]
+_ZONAL = "zonal data object"
+
+#: A zonal data object no pointer names, and when it was last written.
+Orphan = tuple[ObjectInfo, float | None]
 
 #: Statuses of a multipart listing that mean "no multipart API here" (not found,
 #: method not allowed, not implemented), as opposed to a missing bucket (XML
@@ -125,21 +134,37 @@ async def find_leftovers(
     return composed, uploads or []
 
 
+async def _orphans(store: ObjectStore, prefix: str, older_than: float) -> list[Orphan]:
+    """A zonal bucket's data objects under ``prefix`` that no pointer names."""
+    if not isinstance(store, SupportsZonal):
+        return []
+    return await store.zonal_orphans(prefix, older_than=older_than)
+
+
 async def _remove(
-    store: ObjectStore, prefix: str, older_than: float, staged: list[Staged], *, uploads: bool
-) -> tuple[int, tuple[int, int], int]:
+    store: ObjectStore,
+    prefix: str,
+    older_than: float,
+    staged: list[Staged],
+    orphans: list[Orphan],
+    *,
+    uploads: bool,
+) -> tuple[int, tuple[int, int], tuple[int, int], int]:
     from torchbucket.checkpoint import abort_incomplete_uploads
     from torchbucket.compose import cleanup_composites
 
     composites = await cleanup_composites(store)
     removed = await remove_staged(store, staged)
+    zonal = (0, 0)
+    if orphans and isinstance(store, SupportsZonal):
+        zonal = await store.remove_zonal_orphans(orphans)
     aborted = await abort_incomplete_uploads(store, prefix, older_than=older_than) if uploads else 0
-    return composites, removed, aborted
+    return composites, removed, zonal, aborted
 
 
-def _staged_part(count: int, size: int) -> list[str]:
-    """The staged objects' words in a summary; none when there are none."""
-    return [f"{plural(count, 'staged checkpoint object')} ({human_bytes(size)})"] if count else []
+def _staged_part(count: int, size: int, what: str = "staged checkpoint object") -> list[str]:
+    """The staged (or zonal data) objects' words in a summary; none when there are none."""
+    return [f"{plural(count, what)} ({human_bytes(size)})"] if count else []
 
 
 def _joined(parts: list[str]) -> str:
@@ -171,7 +196,10 @@ def add_cleanup(
             "checkpoint save that died; its parts are billed but invisible), and every "
             "staged checkpoint object under URI's key (a hidden dir/.name.tbtmp-<16 hex> "
             "that a save killed between completing its upload and putting it in place left; "
-            "found by listing every object under URI). Prints each thing found, then a "
+            "found by listing every object under URI), and on a zonal (Rapid) bucket every "
+            "data object under torchbucket-zonal-objects/ of a key under URI's key that no "
+            "pointer names (a save killed before the checkpoint's name pointed at it; the "
+            "pointer is asked again right before each delete). Prints each thing found, then a "
             "total. Stop jobs that read or write the bucket first, or use --older-than so a "
             "save still running is left alone. Finding nothing is not an error."
         ),
@@ -190,8 +218,9 @@ def add_cleanup(
         type=parse_duration,
         default=0.0,
         metavar="AGE",
-        help="only abort uploads begun, and remove staged checkpoint objects created, at "
-        "least this long ago: 90, 90s, 10m, 2h, 1d (default: 0, every one)",
+        help="only abort uploads begun, and remove staged checkpoint objects created and "
+        "zonal data objects last written, at least this long ago: 90, 90s, 10m, 2h, 1d "
+        "(default: 0, every one)",
     )
     parser.set_defaults(func=_cleanup)
 
@@ -203,6 +232,8 @@ def _cleanup(args: argparse.Namespace) -> int:
         composed, uploads, no_api = runtime.run(_find(store, target.key, args.older_than, None))
         staged = runtime.run(find_staged(store, target.key, older_than=args.older_than))
         staged_bytes = sum(info.size for info, _ in staged)
+        orphans = runtime.run(_orphans(store, target.key, args.older_than))
+        orphan_bytes = sum(info.size for info, _ in orphans)
         verb = "would remove" if args.dry_run else "removing"
         for obj in composed:
             print(f"{verb} composed object {target.uri_of(obj.name)} ({human_bytes(obj.size)})")
@@ -210,6 +241,11 @@ def _cleanup(args: argparse.Namespace) -> int:
             print(
                 f"{verb} staged checkpoint object {target.uri_of(obj.name)} "
                 f"({human_bytes(obj.size)}{when(created)})"
+            )
+        for obj, written in orphans:
+            print(
+                f"{verb} {_ZONAL} {target.uri_of(obj.name)} "
+                f"({human_bytes(obj.size)}{when(written, 'last written')})"
             )
         verb = "would abort" if args.dry_run else "aborting"
         for upload in uploads or []:
@@ -225,17 +261,21 @@ def _cleanup(args: argparse.Namespace) -> int:
         if args.dry_run:
             parts = [plural(len(composed), "composed object")]
             parts += _staged_part(len(staged), staged_bytes)
+            parts += _staged_part(len(orphans), orphan_bytes, _ZONAL)
             if uploads is not None:
                 parts.append(plural(len(uploads), "incomplete upload"))
             print(f"dry run: {_joined(parts)} would be removed from {target.uri}{skipped}")
             return 0
-        if not composed and not uploads and not staged:
+        if not composed and not uploads and not staged and not orphans:
             print(f"nothing to clean up in {target.uri}{skipped}")
             return 0
-        removed, (staged_count, staged_size), aborted = runtime.run(
-            _remove(store, target.key, args.older_than, staged, uploads=uploads is not None)
+        removed, staged_done, zonal_done, aborted = runtime.run(
+            _remove(
+                store, target.key, args.older_than, staged, orphans, uploads=uploads is not None
+            )
         )
-        parts = [plural(removed, "composed object"), *_staged_part(staged_count, staged_size)]
+        parts = [plural(removed, "composed object"), *_staged_part(*staged_done)]
+        parts += _staged_part(*zonal_done, _ZONAL)
         done = ", ".join(parts) if uploads is not None else _joined(parts)
         if uploads is not None:
             done += f" and aborted {plural(aborted, 'incomplete upload')}"

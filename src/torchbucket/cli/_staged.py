@@ -97,9 +97,9 @@ async def remove_staged(store: ObjectStore, staged: list[Staged]) -> tuple[int, 
     return len(sizes), sum(sizes)
 
 
-def when(created: float | None) -> str:
+def when(created: float | None, what: str = "created") -> str:
     """``", created 2024-05-01 12:00:00 UTC"``, or ``""`` when not known."""
     if created is None:
         return ""
     stamp = datetime.datetime.fromtimestamp(created, tz=datetime.timezone.utc)
-    return f", created {stamp:%Y-%m-%d %H:%M:%S} UTC"
+    return f", {what} {stamp:%Y-%m-%d %H:%M:%S} UTC"

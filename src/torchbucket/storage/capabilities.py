@@ -23,10 +23,11 @@ SupportsZonal               no      no     yes
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from torchbucket.config import RetryConfig
-from torchbucket.storage.base import ListPage
+from torchbucket.storage.base import ListPage, ObjectInfo
 
 __all__ = [
     "RemoteStore",
@@ -187,5 +188,26 @@ class SupportsZonal(Protocol):
         """Whether the bucket is zonal (or the store is told to treat it so).
 
         Asked of the bucket at most once per process.
+        """
+        ...
+
+    async def zonal_orphans(
+        self, prefix: str = "", *, older_than: float = 0.0, now: float | None = None
+    ) -> list[tuple[ObjectInfo, float | None]]:
+        """The data objects of a zonal save that no pointer names (a killed save's).
+
+        ``torchbucket cleanup`` removes them. Those of keys under ``prefix``,
+        last written at least ``older_than`` seconds ago (one of unknown age is
+        then spared), each with that time; none on a regional bucket.
+        """
+        ...
+
+    async def remove_zonal_orphans(
+        self, orphans: Sequence[tuple[ObjectInfo, float | None]]
+    ) -> tuple[int, int]:
+        """Delete ``orphans`` that no pointer names still, each the generation listed.
+
+        Returns:
+            How many objects, and bytes, this call deleted.
         """
         ...

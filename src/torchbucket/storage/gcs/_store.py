@@ -32,7 +32,15 @@ from torchbucket.config import RetryConfig
 from torchbucket.errors import NotFoundError
 from torchbucket.storage._common import check_range
 from torchbucket.storage.base import ListPage, MultipartUpload, ObjectInfo, Part
-from torchbucket.storage.gcs import _bucket, _head, _objects, _reads, _resumable, _simple
+from torchbucket.storage.gcs import (
+    _bucket,
+    _head,
+    _objects,
+    _orphans,
+    _reads,
+    _resumable,
+    _simple,
+)
 from torchbucket.storage.gcs._multipart import XMLMultipart
 from torchbucket.storage.gcs._route import Router
 from torchbucket.storage.gcs._transport import GCSTransport
@@ -98,6 +106,27 @@ class GCSStore:
         ``"auto"`` and a gRPC endpoint is known; ``"grpc"`` says yes.
         """
         return await self._router.zonal()
+
+    async def zonal_orphans(
+        self, prefix: str = "", *, older_than: float = 0.0, now: float | None = None
+    ) -> list[tuple[ObjectInfo, float | None]]:
+        """The data objects under ``torchbucket-zonal-objects/`` that no pointer names.
+
+        What a zonal save killed before its pointer was written leaves (see
+        :mod:`._orphans`): those of keys under ``prefix``, last written at least
+        ``older_than`` seconds ago, with that time; none on a regional bucket.
+        """
+        return await _orphans.find_orphans(self._transport, prefix, older_than, now)
+
+    async def remove_zonal_orphans(
+        self, orphans: Sequence[tuple[ObjectInfo, float | None]]
+    ) -> tuple[int, int]:
+        """Delete ``orphans`` (pinned to the generation listed) that no pointer names still.
+
+        Returns:
+            How many data objects, and bytes, this call deleted.
+        """
+        return await _orphans.remove_orphans(self._transport, orphans)
 
     @property
     def config(self) -> GCSConfig:

@@ -25,17 +25,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import logging
 import os
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from torchbucket.errors import NotFoundError, StorageError
 from torchbucket.runtime import accounting
 from torchbucket.storage.base import ObjectInfo
-from torchbucket.storage.crc32c import b64, from_b64
+from torchbucket.storage.crc32c import b64
 from torchbucket.storage.gcs._grpc_read import Meta, RangeRead, ReadStreams
 from torchbucket.storage.gcs._grpc_wire import (
     CHUNK_LIMIT,
@@ -46,20 +44,22 @@ from torchbucket.storage.gcs._grpc_wire import (
     pb,
 )
 from torchbucket.storage.gcs._grpc_write import Writer, write, write_once
+from torchbucket.storage.gcs._pointers import (
+    CRC,
+    GENERATION,
+    POINTER_PREFIX,
+    SIZE,
+    TARGET,
+    data_name,
+    listed_info,
+    pointed,
+)
 from torchbucket.storage.gcs._transport import GCSTransport
 from torchbucket.storage.gcs.config import GCSConfig
 
-__all__ = ["POINTER_PREFIX", "GrpcPath", "grpc_target", "pointed"]
+__all__ = ["POINTER_PREFIX", "GrpcPath", "grpc_target", "listed_info", "pointed"]
 
 logger = logging.getLogger(__name__)
-
-#: Where the data objects of pointers live (in ``HIDDEN_PREFIXES``).
-POINTER_PREFIX = "torchbucket-zonal-objects/"
-_TARGET = "torchbucket-target"
-_GENERATION = "torchbucket-target-generation"
-_SIZE = "torchbucket-target-size"
-_CRC = "torchbucket-target-crc32c"
-_MAX_NAME = 1024
 
 
 def grpc_target(config: GCSConfig, endpoint: str) -> tuple[str, bool] | None:
@@ -79,30 +79,6 @@ def grpc_target(config: GCSConfig, endpoint: str) -> tuple[str, bool] | None:
     if ":" not in host.rpartition("]")[2]:
         host += ":443" if secure else ":80"
     return host, secure
-
-
-def pointed(info_metadata: dict[str, str]) -> tuple[str, int, int, str | None] | None:
-    """``(data object, generation, size, crc32c)`` of a pointer's metadata, else ``None``."""
-    target = info_metadata.get(_TARGET)
-    if not target:
-        return None
-    try:
-        return (
-            target,
-            int(info_metadata[_GENERATION]),
-            int(info_metadata[_SIZE]),
-            info_metadata.get(_CRC) or None,
-        )
-    except (KeyError, ValueError):
-        return None
-
-
-def _data_name(key: str) -> str:
-    name = f"{POINTER_PREFIX}{key}/{uuid.uuid4().hex[:16]}"
-    if len(name.encode("utf-8", "surrogatepass")) <= _MAX_NAME:
-        return name
-    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    return f"{POINTER_PREFIX}{digest}/{uuid.uuid4().hex[:16]}"
 
 
 class _Followed(StorageError):
@@ -164,7 +140,8 @@ class GrpcPath:
                 uri=self._t.urls.uri(key),
                 status=404,
             )
-        for _ in range(3):
+        asked = False  # the name asked again after its remembered data object was gone
+        for _ in range(4):
             read = RangeRead(start, end, sink)
             try:
                 meta = await self._t.call(
@@ -199,6 +176,9 @@ class GrpcPath:
                     return 0, None
                 if isinstance(exc, NotFoundError) and name != key:
                     self._pointers.pop(key, None)  # replaced since: ask the name again
+                    if generation is None and not asked:
+                        asked, name, gen = True, key, None
+                        continue
                     exc.uri = self._t.urls.uri(key)
                 raise
             return read.pos - start, meta
@@ -344,21 +324,29 @@ class GrpcPath:
         content_type: str | None,
         if_generation_match: int | None = None,
     ) -> ObjectInfo:
-        """Write a data object, check it, then point ``key`` at it (see the module)."""
-        data_name = _data_name(key)
-        writer = self._writer(data_name, content_type=content_type, if_generation_match=0)
+        """Write a data object, check it, then point ``key`` at it (see the module).
+
+        The data object ``key`` pointed at before is deleted once the new
+        pointer is in place (asked of the bucket, not only remembered: a fresh
+        process replacing a checkpoint leaves one data object, not two).
+        """
+        name = data_name(key)
+        writer = self._writer(name, content_type=content_type, if_generation_match=0)
         try:
             meta = await write(writer, chunks)
         except BaseException:
-            await self._forget(data_name, None)
+            await self._forget(name, None)
             raise
-        previous = self._pointers.get(key)
+        try:
+            previous = await self._target_of(key)
+        except StorageError:  # left over if so: ``torchbucket cleanup`` finds it
+            previous = self._pointers.get(key)
         crc = b64(meta.crc32c) if meta.crc32c is not None else None
         pointer = {
-            _TARGET: data_name,
-            _GENERATION: str(meta.generation),
-            _SIZE: str(meta.size),
-            **({_CRC: crc} if crc else {}),
+            TARGET: name,
+            GENERATION: str(meta.generation),
+            SIZE: str(meta.size),
+            **({CRC: crc} if crc else {}),
         }
         try:
             await self._one_message(
@@ -369,12 +357,29 @@ class GrpcPath:
                 if_generation_match=if_generation_match,
             )
         except BaseException:
-            await self._forget(data_name, meta.generation)
+            await self._forget_unless_pointed(key, name, meta.generation)
             raise
-        self._pointers[key] = (data_name, meta.generation, meta.size, crc)
-        if previous is not None and previous[0] != data_name:
+        self._pointers[key] = (name, meta.generation, meta.size, crc)
+        if previous is not None and previous[0] != name:
             await self._forget(previous[0], previous[1])
         return ObjectInfo(key, meta.size, meta.generation, crc)
+
+    async def _target_of(self, key: str) -> tuple[str, int, int, str | None] | None:
+        """The data object ``key`` points at now, asked of the bucket (``None``: not a pointer)."""
+        try:
+            await self.head(key)
+        except NotFoundError:
+            self._pointers.pop(key, None)
+        return self._pointers.get(key)
+
+    async def _forget_unless_pointed(self, key: str, name: str, generation: int) -> None:
+        """A pointer write failed: delete its data object, unless it took effect after all."""
+        try:
+            target = await self._target_of(key)
+        except (StorageError, asyncio.CancelledError):
+            return  # unknown: leave it; ``torchbucket cleanup`` removes it if no pointer names it
+        if target is None or target[0] != name:
+            await self._forget(name, generation)
 
     async def delete(self, key: str, generation: int | None) -> None:
         """Delete ``key`` over ``DeleteObject``; a 404 after a lost answer means done.
@@ -431,17 +436,3 @@ class GrpcPath:
 
     async def close(self) -> None:
         await self.channels.close()
-
-
-def listed_info(doc: dict[str, Any], info: ObjectInfo) -> ObjectInfo:
-    """A listed object's :class:`ObjectInfo`, a pointer's data object's under its name."""
-    target = pointed(doc.get("metadata") or {})
-    if target is None:
-        return info
-    _, generation, size, crc = target
-    if crc is not None:
-        try:
-            from_b64(crc)
-        except ValueError:
-            crc = None
-    return ObjectInfo(info.name, size, generation, crc, info.storage_class)

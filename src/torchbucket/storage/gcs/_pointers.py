@@ -1,0 +1,96 @@
+"""Pointers of a zonal bucket: the format of a pointer and of its data object's name.
+
+A write to a zonal bucket larger than one message goes to a data object
+``torchbucket-zonal-objects/<key>/<16 hex>`` (``<32 hex of sha256(key)>/<16
+hex>`` where the name would pass 1024 bytes), and ``key`` becomes a pointer to
+it: an empty object whose metadata names the data object, its generation, size
+and CRC32C (see :mod:`._zonal`). Only the pointer at ``key`` ever names a data
+object of ``key``; :mod:`._orphans` relies on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from typing import Any
+
+from torchbucket.storage.base import ObjectInfo
+from torchbucket.storage.crc32c import from_b64
+
+__all__ = [
+    "CRC",
+    "GENERATION",
+    "POINTER_PREFIX",
+    "SIZE",
+    "TARGET",
+    "data_name",
+    "hashed",
+    "listed_info",
+    "pointed",
+    "pointer_key",
+]
+
+#: Where the data objects of pointers live (in ``HIDDEN_PREFIXES``).
+POINTER_PREFIX = "torchbucket-zonal-objects/"
+TARGET = "torchbucket-target"
+GENERATION = "torchbucket-target-generation"
+SIZE = "torchbucket-target-size"
+CRC = "torchbucket-target-crc32c"
+_MAX_NAME = 1024
+_DATA_NAME = re.compile(re.escape(POINTER_PREFIX) + r"(.+)/[0-9a-f]{16}", re.DOTALL)
+_HASHED = re.compile(re.escape(POINTER_PREFIX) + r"[0-9a-f]{32}/[0-9a-f]{16}")
+
+
+def pointed(info_metadata: dict[str, str]) -> tuple[str, int, int, str | None] | None:
+    """``(data object, generation, size, crc32c)`` of a pointer's metadata, else ``None``."""
+    target = info_metadata.get(TARGET)
+    if not target:
+        return None
+    try:
+        return (
+            target,
+            int(info_metadata[GENERATION]),
+            int(info_metadata[SIZE]),
+            info_metadata.get(CRC) or None,
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+def data_name(key: str) -> str:
+    """A new data object's name for ``key``."""
+    name = f"{POINTER_PREFIX}{key}/{uuid.uuid4().hex[:16]}"
+    if len(name.encode("utf-8", "surrogatepass")) <= _MAX_NAME:
+        return name
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{POINTER_PREFIX}{digest}/{uuid.uuid4().hex[:16]}"
+
+
+def pointer_key(name: str) -> str | None:
+    """The key whose pointer may name data object ``name``; ``None``: not a data object's name.
+
+    For a hashed name (a key too long to spell out) this is the digest, which a
+    pointer is at only by chance: see :func:`hashed`.
+    """
+    match = _DATA_NAME.fullmatch(name)
+    return match.group(1) if match else None
+
+
+def hashed(name: str) -> bool:
+    """Whether ``name`` has the form of a long key's data object (its key is not in it)."""
+    return _HASHED.fullmatch(name) is not None
+
+
+def listed_info(doc: dict[str, Any], info: ObjectInfo) -> ObjectInfo:
+    """A listed object's :class:`ObjectInfo`, a pointer's data object's under its name."""
+    target = pointed(doc.get("metadata") or {})
+    if target is None:
+        return info
+    _, generation, size, crc = target
+    if crc is not None:
+        try:
+            from_b64(crc)
+        except ValueError:
+            crc = None
+    return ObjectInfo(info.name, size, generation, crc, info.storage_class)
