@@ -87,3 +87,4 @@ def test_remote_store_names_its_endpoint_and_retries(s: SyncStore) -> None:
 def test_an_emulator_bucket_is_not_zonal(s: SyncStore) -> None:
     assert isinstance(s.store, SupportsZonal)
     assert s.run(s.store.zonal()) is False
+    assert s.run(s.store.zonal_orphans()) == []  # no data objects: one listing
