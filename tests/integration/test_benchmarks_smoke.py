@@ -238,3 +238,24 @@ def test_scale_sim_smoke_reports_both_controllers(tmp_path: Path) -> None:
             assert f"sim_{key}_{nodes}" in result
             assert f"sim_{key}_per_process_{nodes}" in result
     assert result["sim_store_ops_per_s_64"] > 0
+
+
+def test_zonal_smoke_compares_with_gcsfs_on_the_grpc_endpoint(tmp_path: Path) -> None:
+    # Issue 42: torchbucket and gcsfs's ZonalFile side by side on the emulator's
+    # zonal bucket over gRPC (this benchmark writes no JSON or figure of its own).
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "zonal.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TORCHBUCKET_BENCH_OUTPUT=str(tmp_path)),
+        cwd=ROOT,
+        timeout=540,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("RESULT "), proc.stdout[-2000:]
+    result = json.loads(last[len("RESULT ") :])
+    for case in ("10k", "100k", "save", "load"):
+        assert result[f"speedup_vs_gcsfs_zonal_{case}"] > 0
+        assert result[f"cpu_ms_per_mib_zonal_torchbucket_{case}"] > 0
+        assert result[f"cpu_ms_per_mib_zonal_gcsfs_{case}"] > 0
