@@ -371,3 +371,48 @@ def check_load(c: Any, load: dict[str, Any], expected: dict[bool, Any]) -> int:
         extra = sum(len(set(got.get(r) or {}) - set(want[r])) for r in want)
         return bad + extra
     return sum(1 for n in want if got.get(n) != want[n]) + len(set(got) - set(want))
+
+
+def write(
+    result: dict[str, Any],
+    summaries: dict[str, Any],
+    first: str,
+    large_summary: dict[str, Any],
+    large_runs: dict[str, Any],
+    runs_by: dict[str, Any],
+    selected: list[Any],
+    notes: list[str],
+    png: Path,
+) -> Path:
+    """``bench-output/checkpoint.json``: the result, summaries, runs and notes."""
+    summary, runs = summaries[first], runs_by[first]
+    return h.write_json(
+        "checkpoint",
+        {
+            "result": result,
+            "summary": summary,
+            "summary_by_latency": summaries,
+            "summary_large": large_summary,
+            "runs_large": large_runs,
+            "figure": h.rel(png),
+            "contenders": {c.key: c.label for c in selected},
+            "runs": runs,
+            "notes": [
+                *notes,
+                "Each save and load is its own process with a warm client (one request "
+                "before the measured phase).",
+                "Extra RSS: peak RSS during the operation minus the RSS just before it "
+                "(sampled every 5 ms in the process); the largest over repeats.",
+                "Loads are checked tensor by tensor (SHA-1 of each tensor or shard).",
+                "server busy = the emulator's CPU seconds / wall seconds (on a loaded machine "
+                "the server may be the bottleneck well below 1). Ingesting an upload costs the "
+                "emulator about 4 ms of CPU per MiB (MD5 of each part for its ETag, CRC32C, "
+                "body accumulation, the join of the parts): about 250 MB/s on one core, below "
+                "what the latency model lets 8 parts in flight reach (8 x 8 MiB per 82 ms), so "
+                "saves by every contender are paced by the server's CPU and save ratios are "
+                "compressed towards 1.",
+                "dataflux DCP: a shim makes its buffer's second close() a no-op "
+                "(dataflux 1.4.0 fails under torch 2.13 without it: ValueError: I/O operation on closed file).",
+            ],
+        },
+    )

@@ -299,12 +299,9 @@ def run_size(
     return runs_by
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    bench_py = h.bench_python()
-    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+def select(args: argparse.Namespace, bench_py: str | None, notes: list[str]) -> list[Contender]:
+    """The contenders ``--only`` names that this machine has the environments for."""
     selected = [c for c in CONTENDERS if not args.only or c.key in args.only.split(",")]
-    notes: list[str] = []
     if bench_py is None:
         notes.append("dataflux and google-cloud-storage skipped: no .venv-bench")
         print(f"{notes[-1]} (run benchmarks/setup_bench_env.sh)")
@@ -320,6 +317,15 @@ def main(argv: list[str] | None = None) -> int:
             "never answers)"
         )
         print(notes[-1])
+    return selected
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    bench_py = h.bench_python()
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    notes: list[str] = []
+    selected = select(args, bench_py, notes)
     size = args.size_mib * MiB
     print(
         f"checkpoint ({mode}): state dict of {args.size_mib} MiB, latency "
@@ -367,7 +373,6 @@ def main(argv: list[str] | None = None) -> int:
     }
     report.add_floor_fractions(large_summary)
     summary = summaries[args.presets[0]]
-    runs = runs_by[args.presets[0]]
 
     result = report.speedups(summaries, args.presets)
     result.update(report.floor_result(summary))
@@ -395,35 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     report.print_report(args, selected, large, summary, large_summary, result)
 
     png = report.figure(args, selected, summary)
-    path = h.write_json(
-        NAME,
-        {
-            "result": result,
-            "summary": summary,
-            "summary_by_latency": summaries,
-            "summary_large": large_summary,
-            "runs_large": large_runs,
-            "figure": h.rel(png),
-            "contenders": {c.key: c.label for c in selected},
-            "runs": runs,
-            "notes": [
-                *notes,
-                "Each save and load is its own process with a warm client (one request "
-                "before the measured phase).",
-                "Extra RSS: peak RSS during the operation minus the RSS just before it "
-                "(sampled every 5 ms in the process); the largest over repeats.",
-                "Loads are checked tensor by tensor (SHA-1 of each tensor or shard).",
-                "server busy = the emulator's CPU seconds / wall seconds (on a loaded machine "
-                "the server may be the bottleneck well below 1). Ingesting an upload costs the "
-                "emulator about 4 ms of CPU per MiB (MD5 of each part for its ETag, CRC32C, "
-                "body accumulation, the join of the parts): about 250 MB/s on one core, below "
-                "what the latency model lets 8 parts in flight reach (8 x 8 MiB per 82 ms), so "
-                "saves by every contender are paced by the server's CPU and save ratios are "
-                "compressed towards 1.",
-                "dataflux DCP: a shim makes its buffer's second close() a no-op "
-                "(dataflux 1.4.0 fails under torch 2.13 without it: ValueError: I/O operation on closed file).",
-            ],
-        },
+    path = report.write(
+        result, summaries, args.presets[0], large_summary, large_runs, runs_by, selected, notes, png
     )
     print(f"wrote {h.rel(path)} and {h.rel(png)}")
     h.emit_result(result)
