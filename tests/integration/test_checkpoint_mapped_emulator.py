@@ -9,6 +9,7 @@ whole read; one rewritten by another writer while it loads fails with a
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -20,6 +21,7 @@ import pytest
 import torch
 
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
+from torchbucket.config import HedgeConfig
 from torchbucket.emulator import Emulator
 from torchbucket.errors import IntegrityError, NotFoundError
 
@@ -55,17 +57,28 @@ def test_a_checkpoint_corrupt_in_the_bucket_fails_the_load_naming_it(
 
 
 def test_a_checkpoint_rewritten_during_the_load_fails_it(emulator: Emulator, store: Any) -> None:
-    checkpoint = BucketCheckpoint(config=CONFIG, gcs=store.config)
+    # No hedge of the held range and no timeout shorter than the hold: the
+    # range is read again only after the rewrite has landed.
+    gcs = dataclasses.replace(
+        store.config,
+        hedge=HedgeConfig(enabled=False),
+        retry=dataclasses.replace(store.config.retry, read_timeout=30.0, attempt_timeout=30.0),
+    )
+    checkpoint = BucketCheckpoint(config=CONFIG, gcs=gcs)
     name = f"moving-{uuid.uuid4().hex[:8]}.pt"
     uri = f"gs://{store.bucket}/{name}"
     checkpoint.save(state(1), uri)
-    # The second range stalls; meanwhile another writer saves a new checkpoint
-    # there, and the range read again finds its generation gone.
-    # Long enough for the rewrite to land first even on a loaded machine.
-    emulator.add_fault("get", "stall", nth=2, match=name, stall_seconds=6.0)
+    # The second range is held (then its connection reset); while it is held
+    # another writer saves a new checkpoint there, and the range read again
+    # finds its generation gone.
+    emulator.add_fault("get", "stall", nth=2, match=name, stall_seconds=8.0)
+    gets_before = emulator.stats()["by_op"].get("get", 0)
 
     def rewrite() -> None:
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while emulator.stats()["by_op"].get("get", 0) < gets_before + 2:
+            assert time.monotonic() < deadline, "the load never reached its second range"
+            time.sleep(0.05)
         BucketCheckpoint(config=CONFIG, gcs=store.config).save(state(2), uri)
 
     writer = threading.Thread(target=rewrite)
