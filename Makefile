@@ -27,9 +27,13 @@ typecheck: $(STAMP)
 	$(PY) -m mypy
 
 # Everything but the benchmark smokes, which take as long again: `make test-smoke`
-# runs those, and CI (.ci/run) runs both.
+# runs those, and CI (.ci/run) runs both. Three pytest-xdist workers on two
+# cores: most of a test's time is spent waiting (modelled latency, DataLoader
+# workers starting), and each worker starts its own emulators.
+PYTEST_WORKERS ?= 3
+
 test: lint typecheck
-	$(PY) -m pytest -q tests -m "not bench_smoke"
+	$(PY) -m pytest -q tests -m "not bench_smoke" -n $(PYTEST_WORKERS)
 
 test-smoke: $(STAMP)
 	$(PY) -m pytest -q tests -m bench_smoke
