@@ -49,6 +49,7 @@ BENCHMARKS = [
 DOCS = h.ROOT / "docs"
 IMG = DOCS / "img"
 PAGE = DOCS / "benchmarks.md"
+HISTORY = DOCS / "benchmarks-history.md"
 RESULT_PREFIX = "RESULT "
 
 
@@ -275,6 +276,15 @@ def build_page(statuses: dict[str, dict[str, Any]], quick: bool) -> str:
         for fig in figures_of(name):
             shutil.copyfile(fig, IMG / fig.name)
             out += [f"![{name}: {fig.stem}](img/{fig.name})", ""]
+    # Earlier runs live in a page of their own, kept by hand; the page ends by pointing to it.
+    if HISTORY.exists():
+        out += [
+            "## History",
+            "",
+            "Earlier runs, with their tables, logs and notes, are in"
+            f" [Benchmarks: earlier runs]({HISTORY.name}).",
+            "",
+        ]
     return "\n".join(out).rstrip("\n") + "\n"
 
 
