@@ -177,7 +177,9 @@ def _compose_plan(
     )
 
 
-def plan_strategies(
+# The public API: every option keyword-only, the run's shape and one config per
+# strategy, each defaulting to the feature's own (a bundle would be a config of configs).
+def plan_strategies(  # noqa: PLR0913
     sizes: Sequence[int],
     *,
     epochs: int,
