@@ -17,7 +17,9 @@ reopened with ``AppendObjectSpec`` (generation and write handle), a state
 lookup gives the persisted size, and the bytes from there on are sent again
 from what is kept. Retries follow the store's :class:`RetryConfig` (backoff,
 deadline) and hold one slot of the endpoint's adaptive limiter for the
-stream's life.
+stream's life; each stream opened (the first, and each reopened to resume)
+spends one write from the job's request budget, when it is on, as a request
+of the JSON API would.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 from torchbucket.config import RetryConfig
 from torchbucket.errors import IntegrityError, StorageError, ThrottledError, TransientError
 from torchbucket.runtime import accounting, retry
+from torchbucket.runtime.budget import Budget
 from torchbucket.storage import crc32c
 from torchbucket.storage.gcs._grpc_read import Meta, meta_of
 from torchbucket.storage.gcs._grpc_wire import CHUNK_LIMIT, EOF, Channels, bucket_path, pb
@@ -255,6 +258,7 @@ class Writer:
 
     config: RetryConfig = RetryConfig()
     limiter: retry.AdaptiveLimiter | None = None
+    budget: Budget | None = None  # the job's request budget: one write per stream opened
 
     async def _attempt(self, step: Callable[[], Any]) -> None:
         """Run ``step`` on the stream; on a break, reopen, resend and run it again."""
@@ -265,6 +269,8 @@ class Writer:
         while True:
             try:
                 if self._call is None:
+                    if self.budget is not None:
+                        await self.budget.turn(1)
                     await self._open()
                 await step()
                 return
@@ -279,6 +285,8 @@ class Writer:
                     accounting.throttle()
                     if self.limiter is not None:
                         self.limiter.on_throttle()
+                    if self.budget is not None:
+                        self.budget.throttled(1)
                 if not retry.is_retryable(error, idempotent=True):
                     raise error from exc
                 if self.generation is None and self.if_generation_match is None:

@@ -163,8 +163,12 @@ class GCSTransport:
             uri=uri,
             idempotent=idempotent,
             limiter=self.loop_state()[2],
-            budget=budget.job_budget(self._bucket, self._budget_config),
+            budget=self.job_budget(),
         )
+
+    def job_budget(self) -> budget.Budget | None:
+        """The job-wide request budget of this bucket in this process, or ``None`` when off."""
+        return budget.job_budget(self._bucket, self._budget_config)
 
     async def headers(
         self, extra: Mapping[str, str] | None, operation: str, uri: str

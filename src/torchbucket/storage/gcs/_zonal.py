@@ -269,6 +269,7 @@ class GrpcPath:
         )
         w.config = self._config.retry
         w.limiter = self._t.loop_state()[2]
+        w.budget = self._t.job_budget()
         return w
 
     async def _one_message(
