@@ -32,6 +32,7 @@ from torchbucket.emulator import Emulator
 from torchbucket.errors import StorageError
 from torchbucket.shards import BucketShardDataset, BucketShardMapDataset, PackConfig, pack
 from torchbucket.storage.gcs import GCSConfig, GCSStore
+from torchbucket.storage.pages import list_all
 
 pytestmark = pytest.mark.emulator
 pytest.importorskip("grpc")
@@ -121,6 +122,65 @@ def test_a_worker_forked_after_grpc_was_used_reads_over_json(emu: Emulator, buck
     emu.reset_stats()
     assert sorted(x for batch in loader for x in batch) == sorted(payload(i) for i in range(N))
     assert "compose" not in emu.stats()["by_op"]
+
+
+def _read_in_a_forked_child(store: GCSStore, key: str, generation: int) -> list[object]:
+    import multiprocessing
+
+    def child(out: multiprocessing.SimpleQueue[list[object]]) -> None:
+        try:
+            out.put(read())
+        except Exception as exc:
+            out.put([repr(exc)])
+
+    def read() -> list[object]:
+        info = runtime.run(store.head(key))
+        pinned = runtime.run(store.get(key, generation=generation))
+        into = bytearray(info.size)
+        runtime.run(store.get_into(key, memoryview(into), generation=generation))
+        streamed = b"".join(_chunks(store, key))
+        listed = [(i.name, i.size, i.generation) for i in runtime.run(list_all(store, key))]
+        return [info.size, info.generation, pinned, bytes(into), streamed, listed]
+
+    ctx = multiprocessing.get_context("fork")
+    out: multiprocessing.SimpleQueue[list[object]] = ctx.SimpleQueue()
+    proc = ctx.Process(target=child, args=(out,))
+    proc.start()
+    got = out.get()  # before join: the answer is larger than a pipe holds
+    proc.join(60)
+    assert len(got) > 1, got[0]
+    return got
+
+
+def _chunks(store: GCSStore, key: str) -> list[bytes]:
+    async def collect() -> list[bytes]:
+        return [c async for c in store.stream(key, chunk_size=4096)]
+
+    return runtime.run(collect())
+
+
+def test_a_process_forked_after_grpc_was_used_follows_pointers_over_json(
+    emu: Emulator, bucket: str
+) -> None:
+    # A checkpoint-sized write is a pointer to a hidden data object; a forked
+    # child reads over the JSON API and must still read the data object's
+    # bytes, pinned to the generation a listing gave (it read the empty
+    # pointer, or 404 for a pinned read, before).
+    store = GCSStore(bucket, config=_gcs(emu))
+    data = random.Random(7).randbytes(3 * 1024 * 1024 + 5)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for at in range(0, len(data), 1 << 20):
+            yield data[at : at + (1 << 20)]
+
+    info = runtime.run(store.put_stream("ckpt/big.pt", chunks()))
+    assert runtime.run(store.get("ckpt/big.pt", start=5, end=9)) == data[5:9]  # gRPC used
+    size, generation, pinned, into, streamed, listed = _read_in_a_forked_child(
+        store, "ckpt/big.pt", info.generation
+    )
+    assert (size, generation) == (len(data), info.generation)
+    assert pinned == into == streamed == data
+    assert listed == [("ckpt/big.pt", len(data), info.generation)]
 
 
 def test_a_stream_broken_mid_read_is_resumed(emu: Emulator, bucket: str) -> None:

@@ -33,6 +33,7 @@ from torchbucket.storage.gcs._layout import bucket_layout, known_layout
 from torchbucket.storage.gcs._transport import GCSTransport
 from torchbucket.storage.gcs._wire import INFO_FIELDS, object_infos, quote_name
 from torchbucket.storage.gcs._zonal import GrpcPath, grpc_target, listed_info
+from torchbucket.storage.gcs._zonal_json import JsonPointers
 from torchbucket.storage.gcs.config import GCSConfig
 
 __all__ = ["Router"]
@@ -51,6 +52,7 @@ class Router:
         self._config = config
         self._pid: int | None = None  # the process that decided
         self._path: GrpcPath | None = None
+        self._json_pointers: JsonPointers | None = None
 
     def zonal_now(self) -> bool:
         """Whether the gRPC path is taken, deciding now (blocking) if need be.
@@ -153,6 +155,22 @@ class Router:
             generation = None  # the caller saw the data object's generation
         await path.delete(key, generation)
         await path.after_delete(key)
+
+    async def json_pointers(self) -> JsonPointers | None:
+        """On a zonal bucket read over the JSON API (a process forked after its
+        parent used gRPC), what follows its pointers; else ``None``."""
+        if await self.grpc() is not None or not await self.zonal():
+            return None
+        if self._json_pointers is None:
+            self._json_pointers = JsonPointers(self._t)
+        return self._json_pointers
+
+    async def json_name(self, key: str, generation: int | None) -> tuple[str, int | None]:
+        """What a JSON API read of ``key`` at ``generation`` asks for: a pointer followed."""
+        pointers = await self.json_pointers()
+        if pointers is None:
+            return key, generation
+        return await pointers.resolve(key, generation)
 
     async def zonal(self) -> bool:
         """Whether the bucket is zonal, as far as this store may ask.

@@ -163,7 +163,7 @@ class GCSStore:
         page_token: str | None = None,
         page_size: int = 1000,
     ) -> ListPage:
-        if await self._router.grpc() is not None:
+        if await self._router.grpc() is not None or await self._router.zonal():
             return await self._router.list_page(
                 prefix, page_token, page_size, startOffset=start_offset, endOffset=end_offset
             )
@@ -180,7 +180,7 @@ class GCSStore:
     async def list_folder(
         self, prefix: str, *, page_token: str | None = None, page_size: int = 1000
     ) -> ListPage:
-        if await self._router.grpc() is not None:
+        if await self._router.grpc() is not None or await self._router.zonal():
             return await self._router.list_page(prefix, page_token, page_size, delimiter="/")
         return await _bucket.list_page(
             self._transport, prefix, _bucket.FOLDER_FIELDS, page_token, page_size, delimiter="/"
@@ -190,6 +190,9 @@ class GCSStore:
         grpc = await self._router.grpc()
         if grpc is not None:
             return await grpc.head(key)
+        pointers = await self._router.json_pointers()
+        if pointers is not None:
+            return await pointers.head(key)
         return await _head.head(self._transport, key)
 
     async def get(
@@ -207,9 +210,10 @@ class GCSStore:
         grpc = await self._router.grpc()
         if grpc is not None:
             return await grpc.get(key, start, end, generation)
+        name, generation = await self._router.json_name(key, generation)
         transport = self._transport
         return await _reads.read(
-            transport, transport.urls.object_url(key, _media_query(generation)), key, start, end
+            transport, transport.urls.object_url(name, _media_query(generation)), key, start, end
         )
 
     async def get_into(
@@ -222,9 +226,10 @@ class GCSStore:
         grpc = await self._router.grpc()
         if grpc is not None:
             return await grpc.get_into(key, buffer, start, generation)
+        name, generation = await self._router.json_name(key, generation)
         transport = self._transport
         return await _reads.read_into(
-            transport, transport.urls.object_url(key, _media_query(generation)), key, start, buffer
+            transport, transport.urls.object_url(name, _media_query(generation)), key, start, buffer
         )
 
     async def stream(
@@ -239,10 +244,11 @@ class GCSStore:
             async for chunk in grpc.stream(key, start, end, chunk_size):
                 yield chunk
             return
+        name, pinned = await self._router.json_name(key, None)
         transport = self._transport
         async for chunk in _reads.stream(
             transport,
-            lambda generation: transport.urls.object_url(key, _media_query(generation)),
+            lambda generation: transport.urls.object_url(name, _media_query(generation or pinned)),
             key,
             start,
             end,
