@@ -84,6 +84,21 @@ def test_the_store_finds_the_bucket_zonal_and_takes_grpc(emu: Emulator, bucket: 
     assert "get" not in {op for op in stats["by_op"] if stats["by_rpc"].get(op)}
 
 
+def test_concurrent_first_reads_ask_the_buckets_kind_once(emu: Emulator, bucket: str) -> None:
+    # A DataLoader worker's first reads start together; each asked the
+    # bucket's layout (16 in flight: 16 buckets.get) before the first answer.
+    import asyncio
+
+    store = GCSStore(bucket, config=_gcs(emu))
+    emu.reset_stats()
+
+    async def read_all() -> list[bytes]:
+        return await asyncio.gather(*(store.get(f"raw/{i:05d}.bin") for i in range(16)))
+
+    assert runtime.run(read_all()) == [payload(i) for i in range(16)]
+    assert emu.stats()["by_op"]["bucket_get"] == 1
+
+
 def test_map_and_iterable_datasets_through_fork_workers(emu: Emulator, bucket: str) -> None:
     assert emu.grpc_endpoint is not None
     emu.reset_stats()

@@ -9,8 +9,10 @@ class B), unless ``GCSConfig.transport`` says which path to take.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
 from dataclasses import dataclass
 
 import yarl
@@ -27,6 +29,9 @@ logger = logging.getLogger(__name__)
 _FIELDS = "locationType,storageClass,hierarchicalNamespace"
 # (endpoint, bucket) -> its layout, for the process's life.
 _cache: dict[tuple[str, str], Layout] = {}
+# (endpoint, bucket) -> (pid, the question in flight): concurrent first reads
+# wait for one answer instead of each asking the bucket.
+_asking: dict[tuple[str, str], tuple[int, asyncio.Future[Layout]]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,24 @@ async def bucket_layout(transport: GCSTransport) -> Layout:
     layout = _cache.get(key)
     if layout is not None:
         return layout
+    loop = asyncio.get_running_loop()
+    pending = _asking.get(key)
+    if pending is None or pending[0] != os.getpid() or pending[1].get_loop() is not loop:
+        task = loop.create_task(_ask(transport, key))
+        pending = _asking[key] = (os.getpid(), task)
+        task.add_done_callback(lambda done: _done(key, done))
+    # Shielded: a caller cancelled leaves the question to the others waiting.
+    return await asyncio.shield(pending[1])
+
+
+def _done(key: tuple[str, str], task: asyncio.Future[Layout]) -> None:
+    if _asking.get(key, (0, None))[1] is task:
+        del _asking[key]
+    if not task.cancelled():
+        task.exception()  # retrieved: every waiter has it, or none is left
+
+
+async def _ask(transport: GCSTransport, key: tuple[str, str]) -> Layout:
     url = yarl.URL(f"{transport.urls.json_base}?fields={quote_name(_FIELDS)}", encoded=True)
     uri = transport.urls.uri()
 
