@@ -11,6 +11,7 @@ from torchbucket import runtime
 from torchbucket._checks import check_instance
 from torchbucket.compose import ComposeConfig, soft_delete_allows
 from torchbucket.compose.registry import install_sigterm_handler
+from torchbucket.datasets._handover import hand_over
 from torchbucket.datasets._receive import Sample
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.checks import check_configs
@@ -30,14 +31,17 @@ __all__ = [
 DataFormatFn = Callable[[Any], Any]
 
 
-def apply_format(fn: DataFormatFn | None, data: Sample, catalog: Catalog, index: int) -> Any:
+def apply_format(
+    fn: DataFormatFn | None, data: Sample, catalog: Catalog, index: int, *, handing: bool = False
+) -> Any:
     """``fn(data)``; an error it raises keeps its type and gains a note naming the URI.
 
     The note shows in the traceback, and so in the message a DataLoader worker's
-    error is re-raised with in the main process.
+    error is re-raised with in the main process. With no ``fn``, the raw sample,
+    as a ``_handover.HandedBytes`` when ``handing``.
     """
     if fn is None:
-        return data
+        return hand_over(data) if handing else data
     return call_format_fn(fn, data, catalog.uri(index))
 
 

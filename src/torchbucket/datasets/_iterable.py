@@ -23,6 +23,7 @@ from torchbucket.datasets._common import (
     read_compose_policies,
 )
 from torchbucket.datasets._fetch import PrefetchWindow
+from torchbucket.datasets._handover import Reading
 from torchbucket.datasets._shm import enable as reuse_shared_memory
 from torchbucket.datasets._stats import EpochBoard
 from torchbucket.datasets.catalog import Catalog
@@ -116,6 +117,8 @@ class BucketIterableDataset(ResumableEpochs["_EpochIterator"]):
         self._seed = int(seed)
         self._sharding = sharding if sharding is not None else ShardingConfig()
         self._fetch = fetch if fetch is not None else FetchConfig()
+        # What this process reads with: the raw-bytes hand-over's config in a worker.
+        self._reading = Reading(self._fetch, data_format_fn, catalog)
         self._compose = compose if compose is not None else ComposeConfig()
         read_compose_policies(catalog, self._compose)
         super().__init__()
@@ -237,7 +240,8 @@ class BucketIterableDataset(ResumableEpochs["_EpochIterator"]):
         iterator = self._start_iterator()
         prepare_compose(self._compose)
         settle_worker(self._fetch.freeze_gc)
-        if self._fetch.output == "tensor" and self._fetch.reuse_shared_memory:
+        fetch = self._reading.config()
+        if fetch.output == "tensor" and fetch.reuse_shared_memory:
             reuse_shared_memory()
         self._board.begin(iterator.epoch)
         return iterator
@@ -323,7 +327,8 @@ class _EpochIterator(Iterator[Any]):
             raise StopIteration
         if self._window is None:
             ds = self._dataset
-            self._window = PrefetchWindow(ds._catalog, order, pos, ds._fetch, ds._compose)
+            fetch = ds._reading.config()
+            self._window = PrefetchWindow(ds._catalog, order, pos, fetch, ds._compose)
             self._finalizer = weakref.finalize(self, self._window.close)
             self._window.start()
         ready = self._ready
@@ -336,9 +341,12 @@ class _EpochIterator(Iterator[Any]):
         if now >= self._flush_at:
             self._flush_at = now + _FLUSH_S
             ds._board.flush()
-        if ds._format is None and not isinstance(item, BaseException):
+        handing = ds._reading.handing()
+        if ds._format is None and not isinstance(item, BaseException) and not handing:
             return item
-        return apply_format(ds._format, raise_item(item), ds._catalog, int(order[pos]))
+        return apply_format(
+            ds._format, raise_item(item), ds._catalog, int(order[pos]), handing=handing
+        )
 
     def close(self) -> None:
         """Stop prefetching (called at the end, or when the iterator is dropped)."""

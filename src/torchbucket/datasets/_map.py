@@ -20,6 +20,7 @@ from torchbucket.datasets._common import (
     raise_item,
     read_compose_policies,
 )
+from torchbucket.datasets._handover import Reading
 from torchbucket.datasets._readahead import ReadAhead
 from torchbucket.datasets._receive import read_object
 from torchbucket.datasets._sampler import BatchPlan
@@ -119,6 +120,8 @@ class BucketMapDataset(Dataset[Any]):
         self._compose = compose if compose is not None else _DEFAULT_COMPOSE
         self._ahead_compose = compose if compose is not None else _DEFAULT_AHEAD_COMPOSE
         self._fetch = fetch if fetch is not None else FetchConfig()
+        # What this process reads with: the raw-bytes hand-over's config in a worker.
+        self._reading = Reading(self._fetch, data_format_fn, catalog)
         read_compose_policies(catalog, self._compose, self._ahead_compose)
         # The order of the last BucketBatchSampler made for this dataset, and
         # this process's read-ahead over it (never pickled or inherited).
@@ -217,10 +220,11 @@ class BucketMapDataset(Dataset[Any]):
         store = self._catalog.store(i)
         self._count_begin()
         try:
-            data = runtime.run(read_object(store, self._catalog.info(i), self._fetch))
+            fetch = self._reading.config()
+            data = runtime.run(read_object(store, self._catalog.info(i), fetch))
         finally:
             self._board.flush()
-        return apply_format(self._format, data, self._catalog, i)
+        return apply_format(self._format, data, self._catalog, i, handing=self._reading.handing())
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples at ``indices``, fetched concurrently in one call.
@@ -235,10 +239,11 @@ class BucketMapDataset(Dataset[Any]):
         self._count_begin()
         ahead = self._read_ahead(checked)
         items = ahead if ahead is not None else self._fetch_now(checked)
+        handing = self._reading.handing()
         try:
             # The batch's composites are being deleted meanwhile.
             return [
-                apply_format(self._format, raise_item(item), self._catalog, i)
+                apply_format(self._format, raise_item(item), self._catalog, i, handing=handing)
                 for i, item in zip(checked, items, strict=True)
             ]
         finally:
@@ -266,7 +271,8 @@ class BucketMapDataset(Dataset[Any]):
 
     def _count_begin(self) -> None:
         settle_worker(self._fetch.freeze_gc)
-        if self._fetch.output == "tensor" and self._fetch.reuse_shared_memory:
+        fetch = self._reading.config()
+        if fetch.output == "tensor" and fetch.reuse_shared_memory:
             reuse_shared_memory()
         board = self._board
         mark = board.mark
@@ -274,7 +280,8 @@ class BucketMapDataset(Dataset[Any]):
             board.begin(mark)
 
     def _fetch_now(self, indices: list[int]) -> list[Item]:
-        return runtime.run(fetch_batch(self._catalog, indices, self._compose, self._fetch))
+        fetch = self._reading.config()
+        return runtime.run(fetch_batch(self._catalog, indices, self._compose, fetch))
 
     def _read_ahead(self, indices: list[int]) -> list[Item] | None:
         """The batch from this process's read-ahead, or ``None`` (not the plan's order)."""
@@ -287,7 +294,8 @@ class BucketMapDataset(Dataset[Any]):
             if reader is not None and self._reader_pid == pid:
                 reader.close()
             prepare_compose(self._ahead_compose)
-            reader = ReadAhead(self._catalog, plan, self._fetch, self._ahead_compose)
+            fetch = self._reading.config()
+            reader = ReadAhead(self._catalog, plan, fetch, self._ahead_compose)
             self._reader, self._reader_pid = reader, pid
         return reader.get(indices)
 

@@ -87,6 +87,15 @@ class FetchConfig:
             each such pass held a worker's reads for about 0.1 s, a few times
             an epoch, and set the p99 of a map-style batch. Never done in the
             main process. Default True.
+        shared_bytes: With ``"bytes"`` output and no ``data_format_fn``, a
+            DataLoader worker reads objects of 64 KiB and more (on average)
+            into shared-memory segments it reuses and hands each raw sample
+            to the main process through them, where it becomes a plain
+            ``bytes`` again, instead of pickling it through the worker's
+            pipe (in the worker, a ``collate_fn`` sees a ``bytes``
+            subclass). It needs what ``reuse_shared_memory`` needs, and
+            falls back the same way. See the guide's "Which settings matter
+            at which size". Default True.
     """
 
     reads_in_flight: int = in_flight(128)
@@ -96,6 +105,7 @@ class FetchConfig:
     large_object_size: int = size(8 * 1024 * 1024)
     range_size: int = size(8 * 1024 * 1024)
     freeze_gc: bool = switch(True)
+    shared_bytes: bool = switch(True)
 
     def __post_init__(self) -> None:
         check_config(self)

@@ -1,0 +1,134 @@
+"""Raw ``bytes`` samples handed to the main process through shared memory (``datasets._handover``).
+
+With ``bytes`` output (the default) and no ``data_format_fn``, a DataLoader
+worker reads objects of 64 KiB and more into shared segments and hands each
+sample out as a ``bytes`` subclass that pickles as a handle. What must hold:
+the main process gets plain ``bytes`` with every object's contents, once
+each; a ``collate_fn`` in the worker sees ``bytes`` with the contents; a
+``data_format_fn`` still gets plain ``bytes`` (and turns the hand-over off);
+``FetchConfig(shared_bytes=False)``, small objects and a process without
+workers keep the plain path.
+"""
+
+from __future__ import annotations
+
+import pickle
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from torchbucket.config import RetryConfig
+from torchbucket.datasets import (
+    BucketBatchSampler,
+    BucketIterableDataset,
+    BucketMapDataset,
+    FetchConfig,
+)
+from torchbucket.datasets._handover import HandedBytes, hand_over
+from torchbucket.emulator import Emulator
+from torchbucket.storage.gcs import GCSConfig
+
+pytestmark = pytest.mark.emulator
+
+RETRY = RetryConfig(
+    initial_backoff=0.01, max_backoff=0.05, deadline=20.0, attempt_timeout=10.0, read_timeout=5.0
+)
+KIB = 1024
+
+
+def payload(i: int, size: int) -> bytes:
+    unit = f"<handed-{i:04d}>".encode()
+    return (unit * (size // len(unit) + 1))[:size]
+
+
+def _seed(emulator: Emulator, name: str, sizes: list[int]) -> dict[str, bytes]:
+    emulator.create_bucket(name)
+    objects = {f"s/{i:04d}": payload(i, size) for i, size in enumerate(sizes)}
+    emulator.seed(name, objects)
+    return objects
+
+
+def worker_types(batch: list[Any]) -> tuple[list[str], list[Any]]:
+    """collate_fn: the type each sample had in the worker, whether it held its bytes, the batch."""
+    seen = [f"{type(s).__name__}:{isinstance(s, bytes) and s[:8] == b'<handed-'}" for s in batch]
+    return seen, batch
+
+
+def exact_type(sample: Any) -> tuple[str, Any]:
+    return type(sample).__name__, sample
+
+
+def _epoch(
+    emulator: Emulator, name: str, kind: str, *, workers: int = 2, **options: Any
+) -> tuple[set[str], list[Any]]:
+    uri = f"gs://{name}/s/"
+    gcs = GCSConfig(endpoint=emulator.endpoint, anonymous=True, retry=RETRY)
+    kwargs: dict[str, Any] = {"batch_size": 16}
+    ds: Any
+    if kind == "map_fast":
+        ds = BucketMapDataset.from_prefix(uri, gcs=gcs, **options)
+        kwargs = {"batch_sampler": BucketBatchSampler(ds, batch_size=16, seed=5)}
+    else:
+        ds = BucketIterableDataset.from_prefix(uri, gcs=gcs, **options)
+    loader = DataLoader(ds, num_workers=workers, collate_fn=worker_types, **kwargs)
+    seen: set[str] = set()
+    samples: list[Any] = []
+    for types, batch in loader:
+        seen.update(types)
+        samples.extend(batch)
+    return seen, samples
+
+
+def _check_all(samples: list[bytes], objects: dict[str, bytes]) -> None:
+    assert all(type(s) is bytes for s in samples)
+    assert sorted(samples) == sorted(objects.values())
+
+
+@pytest.mark.parametrize("kind", ["map_fast", "iterable"])
+def test_raw_samples_cross_as_handles_and_arrive_as_plain_bytes(
+    emulator: Emulator, kind: str
+) -> None:
+    # Mostly 100-300 KiB, a few small ones among them (the mean decides).
+    sizes = [(100 + 7 * (i % 30)) * KIB if i % 9 else 3 * KIB + i for i in range(90)]
+    objects = _seed(emulator, f"handed-{kind.replace('_', '-')}", sizes)
+    seen, samples = _epoch(emulator, f"handed-{kind.replace('_', '-')}", kind)
+    assert seen == {"HandedBytes:True"}
+    _check_all(samples, objects)
+
+
+@pytest.mark.parametrize("kind", ["map_fast", "iterable"])
+def test_the_plain_path_where_the_hand_over_does_not_apply(emulator: Emulator, kind: str) -> None:
+    bucket = f"plain-{kind.replace('_', '-')}"
+    objects = _seed(emulator, bucket, [128 * KIB + i for i in range(40)])
+    seen, samples = _epoch(emulator, bucket, kind, fetch=FetchConfig(shared_bytes=False))
+    assert seen == {"bytes:True"}
+    _check_all(samples, objects)
+    _, samples = _epoch(emulator, bucket, kind, workers=0)
+    _check_all(samples, objects)
+    seen, formatted = _epoch(emulator, bucket, kind, data_format_fn=exact_type)
+    # data_format_fn gets plain bytes, and what it returns is handed over as it is.
+    assert {s.split(":")[0] for s in seen} == {"tuple"}
+    assert {t for t, _ in formatted} == {"bytes"}
+    _check_all([b for _, b in formatted], objects)
+
+
+def test_small_objects_keep_the_plain_path(emulator: Emulator) -> None:
+    objects = _seed(emulator, "handed-small", [4 * KIB + i for i in range(64)])
+    seen, samples = _epoch(emulator, "handed-small", "iterable")
+    assert seen == {"bytes:True"}
+    _check_all(samples, objects)
+
+
+def test_a_handed_sample_pickles_back_to_plain_bytes() -> None:
+    tensor = torch.arange(200, dtype=torch.uint8)
+    handed = hand_over(tensor)
+    assert isinstance(handed, HandedBytes)
+    assert handed == bytes(range(200))
+    for dumped in (pickle.dumps(handed), bytes(ForkingPickler.dumps(handed))):
+        back = pickle.loads(dumped)
+        assert type(back) is bytes
+        assert back == bytes(range(200))
+    assert hand_over(b"as it was") == b"as it was"
