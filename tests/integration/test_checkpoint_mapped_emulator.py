@@ -1,9 +1,12 @@
-"""``BucketCheckpoint.load``'s mapped path over HTTP (issue 45): bad bytes still fail the load.
+"""``BucketCheckpoint.load``'s paths without a copy over HTTP (issue 45): bad bytes still fail.
 
-The default load downloads into a memfd that ``torch.load(..., mmap=True)``
-maps. A checkpoint whose bytes in the bucket are not the object's (every read
-of it corrupt) fails with an ``IntegrityError`` naming it, after a second
-whole read; one rewritten by another writer while it loads fails with a
+The default load (``weights_only=True``) downloads into anonymous pages that
+torch's zip loader slices the tensors out of; ``weights_only=False`` into a
+memfd that ``torch.load(..., mmap=True)`` maps; the dataflux layer's ``load``
+and Lightning's ``load_checkpoint`` are ``BucketCheckpoint.load``. On each, a
+checkpoint whose bytes in the bucket are not the object's (every read of it
+corrupt) fails with an ``IntegrityError`` naming it, after a second whole
+read; one rewritten by another writer while it loads fails with a
 ``NotFoundError`` saying so, instead of mixing two checkpoints' bytes.
 """
 
@@ -43,8 +46,26 @@ def state(seed: int) -> dict[str, Any]:
     return {"w": torch.randn(256, 256, generator=torch.Generator().manual_seed(seed))}
 
 
+def load_through(way: str, checkpoint: BucketCheckpoint, uri: str) -> Any:
+    """A load by one of the APIs that end in ``BucketCheckpoint.load``."""
+    if way == "aliased":  # weights_only=True: torch's loader over the download
+        return checkpoint.load(uri, weights_only=True)
+    if way == "mapped":  # weights_only=False: torch.load(mmap=True) of a memfd
+        return checkpoint.load(uri, weights_only=False)
+    if way == "dataflux":
+        from torchbucket.dataflux.dataflux_checkpoint import DatafluxCheckpoint
+
+        bucket = uri.removeprefix("gs://").split("/")[0]
+        compat = DatafluxCheckpoint("project", bucket, checkpoint=checkpoint)
+        return compat.load(uri.removeprefix(f"gs://{bucket}/"), weights_only=True)
+    from torchbucket.lightning import BucketCheckpointIO
+
+    return BucketCheckpointIO(bucket_checkpoint=checkpoint).load_checkpoint(uri, weights_only=True)
+
+
+@pytest.mark.parametrize("way", ["aliased", "mapped", "dataflux", "lightning"])
 def test_a_checkpoint_corrupt_in_the_bucket_fails_the_load_naming_it(
-    emulator: Emulator, store: Any
+    emulator: Emulator, store: Any, way: str
 ) -> None:
     checkpoint = BucketCheckpoint(config=CONFIG, gcs=store.config)
     name = f"rot-{uuid.uuid4().hex[:8]}.pt"
@@ -52,11 +73,14 @@ def test_a_checkpoint_corrupt_in_the_bucket_fails_the_load_naming_it(
     checkpoint.save(state(1), uri)
     emulator.add_fault("get", "corrupt", nth=1, count=None, match=name)
     with pytest.raises(IntegrityError, match="crc32c") as info:
-        checkpoint.load(uri, weights_only=True)
+        load_through(way, checkpoint, uri)
     assert uri in str(info.value)
 
 
-def test_a_checkpoint_rewritten_during_the_load_fails_it(emulator: Emulator, store: Any) -> None:
+@pytest.mark.parametrize("way", ["aliased", "mapped"])
+def test_a_checkpoint_rewritten_during_the_load_fails_it(
+    emulator: Emulator, store: Any, way: str
+) -> None:
     # No hedge of the held range and no timeout shorter than the hold: the
     # range is read again only after the rewrite has landed.
     gcs = dataclasses.replace(
@@ -85,8 +109,8 @@ def test_a_checkpoint_rewritten_during_the_load_fails_it(emulator: Emulator, sto
     writer.start()
     try:
         with pytest.raises(NotFoundError, match="rewritten") as info:
-            checkpoint.load(uri, weights_only=True)
+            load_through(way, checkpoint, uri)
     finally:
         writer.join()
     assert uri in str(info.value)
-    assert torch.equal(checkpoint.load(uri, weights_only=True)["w"], state(2)["w"])
+    assert torch.equal(load_through(way, checkpoint, uri)["w"], state(2)["w"])

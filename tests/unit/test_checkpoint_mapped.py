@@ -1,11 +1,14 @@
 """``BucketCheckpoint.load`` through file pages that torch maps (issue 45), on the memory store.
 
-The default load downloads into a memfd (an unlinked temporary file off
-Linux) and hands it to ``torch.load(..., mmap=True)``: these tests hold it to
-what a load guaranteed before: the CRC32C of every byte, ranges pinned to one
-generation, no descriptor or file left behind; and check that the tensors
-really are the downloaded pages, that what torch cannot map falls back with
-one DEBUG line, and that ``save`` leaves out torch's unchecked zip CRC32.
+The default load (``weights_only=True``) downloads into anonymous pages that
+torch's zip loader takes as its overall storage (``_aliased``); others
+(``weights_only=False``) download into a memfd (an unlinked temporary file off
+Linux) and hand it to ``torch.load(..., mmap=True)`` (``_mapped``). These
+tests hold both to what a load guaranteed before: the CRC32C of every byte,
+ranges pinned to one generation, no descriptor or file left behind; and check
+that the tensors really are the downloaded bytes, that what torch cannot map
+or ``weights_only`` refuses falls back (one DEBUG line; torch's own message),
+and that ``save`` leaves out torch's unchecked zip CRC32.
 """
 
 from __future__ import annotations
@@ -14,17 +17,21 @@ import gc
 import io
 import logging
 import os
+import pickle
 import sys
 import zipfile
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from memory_helper import memory_bucket
 
 from torchbucket import runtime
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
+from torchbucket.checkpoint import _aliased as aliased
 from torchbucket.checkpoint import _mapped as mapped
+from torchbucket.checkpoint._reader import allocate as reader_allocate
 from torchbucket.errors import IntegrityError, NotFoundError
 from torchbucket.storage import MemoryStore
 
@@ -76,6 +83,13 @@ class RewritingStore(WrappedStore):
     async def tamper(self, key: str, buffer: memoryview) -> None:
         if self.reads == 1:
             await self.inner.put(key, b"z" * 10)
+
+
+class Custom:
+    """A class ``weights_only`` refuses (module-level: pickle finds it)."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
 
 
 def on(store: WrappedStore) -> BucketCheckpoint:
@@ -138,17 +152,71 @@ def test_a_checkpoint_rewritten_during_a_load_fails_instead_of_mixing(bucket: st
     assert open_fds() == before and memfd_mappings() == 0
 
 
+def test_loaded_tensors_are_views_of_the_downloaded_bytes(
+    bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # weights_only=True (the default): the download's own anonymous pages are
+    # torch's overall storage, no file and no copy.
+    uri = saved(bucket)
+    buffers: list[memoryview] = []
+
+    def allocate(size: int) -> memoryview:
+        buffers.append(reader_allocate(size))
+        return buffers[-1]
+
+    monkeypatch.setattr(aliased, "allocate", allocate)
+    loaded = BucketCheckpoint(config=CONFIG).load(uri, weights_only=True)
+    assert torch.equal(loaded["w"], state()["w"]) and loaded["step"] == 4
+    (buffer,) = buffers
+    low = np.frombuffer(buffer, dtype=np.uint8).ctypes.data
+    for name in ("w", "b"):
+        tensor = loaded[name]
+        start = tensor.data_ptr()
+        assert low <= start and start + tensor.nbytes <= low + len(buffer), name
+    assert memfd_mappings() == 0
+    loaded["w"][0, 0] = 7.0  # writable in place: nothing else sees these pages
+    assert loaded["w"][0, 0] == 7.0
+
+
 @linux_only
-def test_loaded_tensors_are_the_downloaded_pages_until_they_go(bucket: str) -> None:
+def test_a_load_torch_maps_holds_its_memfd_until_the_tensors_go(bucket: str) -> None:
+    # weights_only=False is torch.load's own (mapped) path.
     uri = saved(bucket)
     before = open_fds()
-    loaded = BucketCheckpoint(config=CONFIG).load(uri, weights_only=True)
+    loaded = BucketCheckpoint(config=CONFIG).load(uri, weights_only=False)
     assert torch.equal(loaded["w"], state()["w"]) and loaded["step"] == 4
     # torch's mapping of the memfd holds the tensors; no descriptor stays open.
     assert memfd_mappings() >= 1 and open_fds() == before
     del loaded
     gc.collect()
     assert memfd_mappings() == 0
+
+
+@linux_only
+@pytest.mark.parametrize("weights_only", [True, False])
+def test_corrupt_and_rewritten_checkpoints_fail_on_either_path(
+    bucket: str, weights_only: bool
+) -> None:
+    uri = saved(bucket)
+    with pytest.raises(IntegrityError, match="crc32c") as corrupt:
+        on(FlippingStore(bucket)).load(uri, weights_only=weights_only)
+    assert uri in str(corrupt.value)
+    with pytest.raises(NotFoundError, match="rewritten") as rewritten:
+        on(RewritingStore(bucket)).load(uri, weights_only=weights_only)
+    assert uri in str(rewritten.value)
+    del corrupt, rewritten  # their tracebacks' frames hold views of the downloads
+    gc.collect()
+    assert memfd_mappings() == 0
+
+
+def test_what_weights_only_refuses_gets_torchs_own_message(bucket: str) -> None:
+    checkpoint = BucketCheckpoint(config=CONFIG)
+    uri = f"memory://{bucket}/custom.pt"
+    checkpoint.save({"w": torch.arange(3), "custom": Custom(5)}, uri)
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        checkpoint.load(uri, weights_only=True)
+    loaded = checkpoint.load(uri, weights_only=False)
+    assert loaded["custom"].value == 5 and torch.equal(loaded["w"], torch.arange(3))
 
 
 @linux_only
@@ -159,16 +227,17 @@ def test_mmap_false_loads_through_the_reader_without_a_mapping(bucket: str) -> N
     assert memfd_mappings() == 0
 
 
+@pytest.mark.parametrize("weights_only", [True, False])
 def test_a_legacy_checkpoint_falls_back_with_one_debug_line(
-    bucket: str, caplog: pytest.LogCaptureFixture
+    bucket: str, caplog: pytest.LogCaptureFixture, weights_only: bool
 ) -> None:
     checkpoint = BucketCheckpoint(config=CONFIG)
     uri = f"memory://{bucket}/legacy.pt"
     with checkpoint.writer(uri) as f:
         torch.save({"x": torch.arange(6)}, f, _use_new_zipfile_serialization=False)
-    with caplog.at_level(logging.DEBUG, logger="torchbucket.checkpoint._mapped"):
-        assert torch.equal(checkpoint.load(uri, weights_only=True)["x"], torch.arange(6))
-    lines = [r for r in caplog.records if r.name == "torchbucket.checkpoint._mapped"]
+    with caplog.at_level(logging.DEBUG, logger="torchbucket.checkpoint"):
+        assert torch.equal(checkpoint.load(uri, weights_only=weights_only)["x"], torch.arange(6))
+    lines = [r for r in caplog.records if r.name.startswith("torchbucket.checkpoint")]
     assert len(lines) == 1 and "cannot map" in lines[0].getMessage()
     assert lines[0].levelno == logging.DEBUG and uri in lines[0].getMessage()
 
@@ -183,11 +252,11 @@ def test_without_memfd_an_unlinked_temporary_file_backs_the_load(
 
     monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
     uri = saved(bucket)
-    loaded = BucketCheckpoint(config=CONFIG).load(uri, weights_only=True)
+    loaded = BucketCheckpoint(config=CONFIG).load(uri, weights_only=False)
     assert torch.equal(loaded["w"], state()["w"])
     assert list(tmp_path.iterdir()) == []  # unlinked once torch mapped it
     with pytest.raises(IntegrityError):
-        on(FlippingStore(bucket)).load(uri, weights_only=True)
+        on(FlippingStore(bucket)).load(uri, weights_only=False)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -10,7 +10,9 @@ from typing import IO, TYPE_CHECKING, Any, cast
 from torchbucket import runtime
 from torchbucket._checks import check_instance
 from torchbucket._uri import parse_uri
+from torchbucket.checkpoint import _aliased as aliased
 from torchbucket.checkpoint import _mapped as mapped
+from torchbucket.checkpoint._lent import collect as collect_lent
 from torchbucket.checkpoint._reader import CheckpointReader
 from torchbucket.checkpoint._unreadable import raise_if_unreadable
 from torchbucket.checkpoint._writer import CheckpointWriter
@@ -137,28 +139,42 @@ class BucketCheckpoint:
         Unless ``config.torch_zip_crc32``, torch's CRC32 of each record (which
         ``torch.load`` never checks) is left out while it runs: the CRC32C of
         every byte guards the object instead, at a fraction of the CPU.
+
+        The CPU tensors found in ``obj`` (through dicts, lists and tuples) are
+        uploaded straight out of their memory, without a copy into part
+        buffers, so they must not change until ``save`` returns: a tensor
+        changed meanwhile (by training in another thread) fails the save with
+        an ``IntegrityError`` rather than storing a torn checkpoint.
         """
         import torch
 
         skip = contextlib.nullcontext() if self.config.torch_zip_crc32 else without_zip_crc()
         with skip, self.writer(uri) as f:
+            f.lend(collect_lent(obj))
             torch.save(obj, cast(IO[bytes], f), **torch_save_kwargs)
 
     def load(self, uri: str, **torch_load_kwargs: Any) -> Any:
         """``torch.load`` from ``uri``; keyword arguments go to ``torch.load``.
 
-        The checkpoint is downloaded into an in-memory file (a memfd on Linux,
-        an unlinked temporary file on other POSIX systems) that
-        ``torch.load(..., mmap=True)`` maps, so the tensors are the downloaded
-        pages rather than copies of them: a load costs the download (ranges
-        pinned to one generation, the CRC32C of every byte checked) and the
-        unpickling, not a copy of every byte, and holds the checkpoint once.
-        As with a mapped local file, the tensors are a private copy-on-write
-        mapping: a page written in place is copied on its first write, and the
-        download stays in memory while any loaded tensor does.
+        The tensors are the downloaded bytes rather than copies of them: a
+        load costs the download (ranges pinned to one generation, the CRC32C
+        of every byte checked) and the unpickling, not a copy of every byte,
+        and holds the checkpoint once.
+
+        - ``weights_only=True`` (torch's default) with no argument but
+          ``map_location``: the download goes into anonymous memory that
+          torch's zip loader slices every tensor's storage out of, as
+          ``torch.load(path, mmap=True)`` does out of a mapped file. The
+          tensors are writable in place; the memory is freed when the last
+          of them goes.
+        - Otherwise (``weights_only=False``, ``pickle_module``...): the
+          download goes into an in-memory file (a memfd on Linux, an unlinked
+          temporary file on other POSIX systems) that
+          ``torch.load(..., mmap=True)`` maps: a private copy-on-write
+          mapping, a page written in place copied on its first write.
 
         ``map_location``: CPU (or none) costs nothing more; a CUDA device copies
-        each tensor from the mapped pages to the device (one host-to-device
+        each tensor from the downloaded pages to the device (one host-to-device
         copy from pageable memory, as from a mapped local file), and the
         host pages are freed when ``torch.load`` returns.
 
@@ -179,7 +195,13 @@ class BucketCheckpoint:
         """
         import torch
 
-        if torch_load_kwargs.pop("mmap", None) is not False and mapped.supported():
+        mapping = torch_load_kwargs.pop("mmap", None) is not False
+        if mapping and aliased.applies(torch_load_kwargs):
+            store, key = self.open(uri)
+            loaded = aliased.load(store, key, self.config, torch_load_kwargs.get("map_location"))
+            if loaded is not aliased.NOT_TAKEN:
+                return loaded
+        if mapping and mapped.supported():
             store, key = self.open(uri)
             with mapped.MappedCheckpoint.load(store, key, self.config) as fetched:
                 try:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from collections.abc import Sequence
 
-from torchbucket.errors import NotFoundError
+from torchbucket import runtime
+from torchbucket.errors import NotFoundError, StorageError
 from torchbucket.runtime.tasks import gather_or_cancel
 from torchbucket.storage.base import MultipartUpload, ObjectStore
 
-__all__ = ["abort_incomplete_uploads", "abort_uploads"]
+__all__ = ["abort_incomplete_uploads", "abort_stale_after_save", "abort_uploads"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,3 +91,30 @@ async def abort_incomplete_uploads(
         StorageError: Listing or aborting failed.
     """
     return await abort_uploads(store, prefix, older_than=older_than)
+
+
+def abort_stale_after_save(
+    store: ObjectStore,
+    uri: str,
+    prefix: str,
+    listing: concurrent.futures.Future[list[MultipartUpload]],
+    age: float,
+    *,
+    exact: bool,
+    keep: str | None,
+) -> None:
+    """After a save of ``uri``: abort the uploads ``listing`` found that earlier saves left.
+
+    A failure is logged, not raised: the checkpoint is saved, and a leftover
+    upload only costs storage until ``torchbucket cleanup`` runs.
+    """
+    try:
+        listed = listing.result()
+        aborted = runtime.run(
+            abort_uploads(store, prefix, older_than=age, exact=exact, listed=listed, keep=keep)
+        )
+    except StorageError:
+        logger.warning("could not abort stale multipart uploads to %s", uri, exc_info=True)
+        return
+    if aborted:
+        logger.info("aborted %d stale multipart upload(s) to %s", aborted, uri)

@@ -1,5 +1,6 @@
 """Loading a checkpoint without the deserialization copy: ranged GETs into file pages.
 
+Where :mod:`._aliased` (``weights_only=True``, the default) does not apply,
 ``BucketCheckpoint.load`` downloads into file-backed pages (an anonymous
 in-memory file, ``os.memfd_create``, on Linux; elsewhere a temporary file,
 unlinked once torch has mapped it) and hands their path to

@@ -34,7 +34,6 @@ it holds what was written (size and CRC32C).
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import io
 import logging
@@ -44,7 +43,8 @@ from types import TracebackType
 from typing import Literal
 
 from torchbucket import runtime
-from torchbucket.checkpoint._cleanup import abort_uploads
+from torchbucket.checkpoint._cleanup import abort_stale_after_save
+from torchbucket.checkpoint._lent import LentMemory
 from torchbucket.checkpoint._parts import (
     BufferPool,
     first_part_size,
@@ -76,7 +76,6 @@ from torchbucket.errors import (
 )
 from torchbucket.storage.base import (
     MULTIPART_MAX_PARTS,
-    MultipartUpload,
     ObjectInfo,
     ObjectStore,
 )
@@ -132,6 +131,8 @@ class CheckpointWriter(io.BufferedIOBase):
         self._parts = 0
         self._written = 0
         self._crc = Crc32c()
+        #: Storages whose bytes parts may be views of (_lent), held until the end.
+        self._lent: LentMemory | None = None
         #: A failure found by the writer itself, raised by ``close``.
         self._error: StorageError | None = None
         self._state: Literal["open", "committing", "committed", "aborted"] = "open"
@@ -176,7 +177,8 @@ class CheckpointWriter(io.BufferedIOBase):
         if self._session.error is not None or self._error is not None:
             self._written += total
             return total
-        offset = 0
+        lend = self._lent is not None and total > self._base_part_size and self._lent.holds(view)
+        offset = self._write_lent(view) if lend else 0
         while offset < total:
             if self._buffer is None:
                 self._buffer = self._pool.take(self._part_size(self._parts + 1))
@@ -239,7 +241,16 @@ class CheckpointWriter(io.BufferedIOBase):
             self._release_buffers()
             super().close()
         if listing is not None and self._config.stale_upload_age is not None:
-            self._abort_stale_uploads(listing, self._config.stale_upload_age)
+            own = self._session.upload_id if isinstance(self._session, MultipartSession) else None
+            abort_stale_after_save(
+                self._store,
+                self.uri,
+                self._stale_prefix,
+                listing,
+                self._config.stale_upload_age,
+                exact=self._staging is None,
+                keep=own,
+            )
 
     def abort(self) -> None:
         """Discard everything written; nothing becomes visible.
@@ -302,9 +313,34 @@ class CheckpointWriter(io.BufferedIOBase):
     def _part_size(self, number: int) -> int:
         return part_size(self._base_part_size, number)
 
+    def lend(self, memory: LentMemory) -> None:
+        """Let parts be views of ``memory``'s storages, held until the save ends (see _lent)."""
+        self._lent = memory or None
+
+    def _write_lent(self, view: memoryview) -> int:
+        """Hand over the whole parts of ``view`` as views of it; the bytes taken."""
+        offset = 0
+        if self._buffer is not None and self._fill:  # top up the part being filled
+            offset = len(self._buffer) - self._fill
+            if len(view) < offset + self._part_size(self._parts + 2):
+                return 0  # not worth it: less than a whole part would be lent
+            self._buffer[self._fill :] = view[:offset]
+            self._fill = len(self._buffer)
+            self._hand_over()
+        while self._error is None and len(view) - offset >= self._part_size(self._parts + 1):
+            size = self._part_size(self._parts + 1)
+            self._send(view[offset : offset + size], None)
+            offset += size
+        return offset
+
     def _hand_over(self) -> None:
         buffer, fill = self._buffer, self._fill
         assert buffer is not None
+        self._buffer, self._fill = None, 0
+        self._send(memoryview(buffer)[:fill], buffer)
+
+    def _send(self, view: memoryview, buffer: bytearray | None) -> None:
+        """Start the next part, ``view`` (of ``buffer``, a pool buffer, or of a lent storage)."""
         number = self._parts + 1
         if number > MULTIPART_MAX_PARTS and isinstance(self._session, MultipartSession):
             # Recorded, not raised: see write(). close() raises it.
@@ -316,21 +352,22 @@ class CheckpointWriter(io.BufferedIOBase):
                 operation="checkpoint save",
                 uri=self.uri,
             )
-            self._pool.give(buffer)
-            self._buffer, self._fill = None, 0
+            if buffer is not None:
+                self._pool.give(buffer)
             return
-        view = memoryview(buffer)[:fill]
         self._crc.update(view)
         self._slots.acquire()
-        self._buffer, self._fill, self._parts = None, 0, number
+        self._parts = number
         release = functools.partial(self._release_part, buffer)
         self._loop.call_soon_threadsafe(self._session.start_part, number, view, release)
 
-    def _release_part(self, buffer: bytearray) -> None:
-        self._pool.give(buffer)
+    def _release_part(self, buffer: bytearray | None) -> None:
+        if buffer is not None:
+            self._pool.give(buffer)
         self._slots.release()
 
     def _release_buffers(self) -> None:
+        self._lent = None  # every part is done: no view of a storage is read any more
         if self._buffer is not None:
             self._pool.give(self._buffer)
             self._buffer = None
@@ -395,30 +432,6 @@ class CheckpointWriter(io.BufferedIOBase):
 
     def _verify(self, info: ObjectInfo) -> ObjectInfo:
         return verify_saved(self._store, self._key, info, self._written, self._crc.b64())
-
-    def _abort_stale_uploads(
-        self, listing: concurrent.futures.Future[list[MultipartUpload]], age: float
-    ) -> None:
-        own = self._session.upload_id if isinstance(self._session, MultipartSession) else None
-        try:
-            listed = listing.result()
-            aborted = runtime.run(
-                abort_uploads(
-                    self._store,
-                    self._stale_prefix,
-                    older_than=age,
-                    exact=self._staging is None,
-                    listed=listed,
-                    keep=own,
-                )
-            )
-        except StorageError:
-            # The checkpoint is saved; a leftover upload only costs storage until
-            # `torchbucket cleanup` runs, so this does not fail the save.
-            logger.warning("could not abort stale multipart uploads to %s", self.uri, exc_info=True)
-            return
-        if aborted:
-            logger.info("aborted %d stale multipart upload(s) to %s", aborted, self.uri)
 
     def _abort_after_failure(self) -> None:
         # Called while another exception propagates: that one is what the caller

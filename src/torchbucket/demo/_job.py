@@ -314,8 +314,8 @@ def _resume(run: _Job, gcs: GCSConfig) -> tuple[nn.Module, torch.optim.Optimizer
     with run.requests.phase("checkpoint load"):
         names = list_uris(run.checkpoint_prefix, gcs)
         latest = max(names)
-        with run.checkpoint.reader(latest) as f:
-            state = torch.load(cast(IO[bytes], f), map_location="cpu", weights_only=True)
+        # The tensors are the downloaded bytes, not copies (BucketCheckpoint.load).
+        state = run.checkpoint.load(latest, map_location="cpu", weights_only=True)
     result.load_s = time.perf_counter() - started
     model, optimizer = _new_model(run.config)
     model.load_state_dict(state["model"])
