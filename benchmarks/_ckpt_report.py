@@ -41,6 +41,8 @@ GOALS_FSSPEC = {"save": 1.5, "load": 1.5, "dcp_save": 1.5, "dcp_load": 1.5}
 GOAL_DCP_LOAD_RSS = 0.5
 #: The contenders that also run the large state dict (the slow ones stay small).
 LARGE_CONTENDERS = ("torchbucket", "floor", "dataflux")
+#: The contenders whose figures under the tail preset are reported (and run).
+TAIL_CONTENDERS = ("torchbucket", "dataflux", "dcp_torchbucket", "dcp_dataflux")
 
 COLUMNS = [
     ("contender", "contender", "s"),
@@ -200,7 +202,7 @@ def speedups(summaries: dict[str, Any], presets: list[str]) -> dict[str, Any]:
             wall("dataflux_compat", "load"), wall("torchbucket", "load")
         ),
         "mismatched_tensors": sum(
-            s[op]["mismatched_tensors"]
+            s[op].get("mismatched_tensors", 0)  # {} for a contender not run under a preset
             for by_contender in summaries.values()
             for s in by_contender.values()
             for op in ("save", "load")
@@ -226,7 +228,7 @@ def speedups(summaries: dict[str, Any], presets: list[str]) -> dict[str, Any]:
         def tail_wall(key: str, op: str) -> float:
             return float(tail.get(key, {}).get(op, {}).get("wall_s", math.nan))
 
-        for key in ("torchbucket", "dataflux", "dcp_torchbucket", "dcp_dataflux"):
+        for key in TAIL_CONTENDERS:
             for op in ("save", "load"):
                 result[f"tail_slowdown_{op}_{key}"] = h.ratio(tail_wall(key, op), wall(key, op))
         for op in ("save", "load"):
