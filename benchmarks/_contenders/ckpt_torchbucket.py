@@ -2,9 +2,10 @@
 
 A save is ``torch.save`` into ``BucketCheckpoint.writer``, without torch's zip
 CRC32 (``CheckpointConfig.torch_zip_crc32``; the CRC32C of every byte guards
-the object). A load is ``BucketCheckpoint.load(uri, weights_only=True)``: the download into
-an in-memory file that ``torch.load(..., mmap=True)`` maps (no copy of the
-tensors' bytes), as the docs recommend.
+the object; the state dict's tensors uploaded straight out of their memory).
+A load is ``BucketCheckpoint.load(uri, weights_only=True)``: the download into
+anonymous pages that torch's zip loader slices the tensors out of (no copy of
+their bytes), as the docs recommend.
 """
 
 from __future__ import annotations
