@@ -26,12 +26,14 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import random
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "_contenders"))
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -41,36 +43,9 @@ def _data(i: int, n: int) -> bytes:
 
 
 def _gcsfs(args: dict[str, Any]) -> Any:
-    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
-    import grpc
-    from fsspec import asyn
-    from gcsfs import extended_gcsfs
-    from google.api_core.client_options import ClientOptions
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import storage_control_v2
-    from google.cloud.storage.asyncio.async_grpc_client import AsyncGrpcClient
+    from _gcsfs_zonal import zonal_filesystem
 
-    fs = extended_gcsfs.ExtendedGcsFileSystem(
-        endpoint_url=args["endpoint"], token="anon", skip_instance_cache=True
-    )
-    endpoint = args["grpc_endpoint"]
-
-    async def clients() -> None:
-        # gcsfs sends gRPC to its HTTP host; the emulator's is another port
-        # (as tests/integration/test_emulator_grpc_gcsfs.py hands it over).
-        fs._grpc_client = AsyncGrpcClient(
-            credentials=AnonymousCredentials(),
-            client_options=ClientOptions(api_endpoint=endpoint),
-        )
-        transports = storage_control_v2.services.storage_control.transports
-        fs._storage_control_client = storage_control_v2.StorageControlAsyncClient(
-            transport=transports.StorageControlGrpcAsyncIOTransport(
-                channel=grpc.aio.insecure_channel(endpoint)
-            )
-        )
-
-    asyn.sync(fs.loop, clients)
-    return fs
+    return zonal_filesystem(args["endpoint"], args["grpc_endpoint"])
 
 
 def _timed(fn: Any) -> dict[str, float]:
