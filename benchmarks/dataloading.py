@@ -115,6 +115,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
+import _zonal_common as zc
 
 NAME = "dataloading"
 PREFIX = "d/"
@@ -197,6 +198,24 @@ CONTENDERS = [
               "reference", {}),
 ]  # fmt: skip
 
+#: ``--zonal`` (issue 42): the library's defaults (no compose or output given)
+#: on a zonal bucket over gRPC and on a regional one over the JSON API, and
+#: gcsfs's two map-style datasets on the zonal bucket over the same gRPC endpoint.
+ZONAL_CONTENDERS = [
+    Contender("tb_zonal_map_fast", "torchbucket map + BucketBatchSampler, zonal (gRPC)",
+              "tb_loader.py", False, zc.TB, {"kind": "map_fast", "zonal": True}),
+    Contender("tb_zonal_iter", "torchbucket iterable, zonal (gRPC)", "tb_loader.py", False,
+              zc.TB, {"kind": "iterable", "zonal": True}),
+    Contender("gcsfs_zonal_cat", "gcsfs map-style, __getitems__ = fs.cat(paths), zonal (gRPC)",
+              "gcsfs_cat_loader.py", True, zc.GCSFS, {"zonal": True}),
+    Contender("gcsfs_zonal_open", "gcsfs map-style, fs.open per sample, zonal (gRPC)",
+              "gcsfs_open_loader.py", True, zc.GCSFS, {"zonal": True, "sampled": True}),
+    Contender("tb_regional_map_fast", "torchbucket map + BucketBatchSampler, regional (JSON API)",
+              "tb_loader.py", False, zc.REGIONAL, {"kind": "map_fast"}),
+    Contender("tb_regional_iter", "torchbucket iterable, regional (JSON API)", "tb_loader.py",
+              False, zc.REGIONAL, {"kind": "iterable"}),
+]  # fmt: skip
+
 
 #: torchbucket's map-style and iterable contenders (``tail_slowdown_map_*`` and
 #: ``_iterable_*``, ``map_fraction_of_iterable_*``).
@@ -254,6 +273,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the first two)",
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per contender run")
+    p.add_argument(
+        "--zonal",
+        action="store_true",
+        help="the zonal (Rapid) case alone (issue 42): torchbucket's defaults on a zonal bucket "
+        "over gRPC against gcsfs on the same gRPC endpoint and torchbucket on a regional bucket, "
+        "100 KiB and 10 KiB, under the first --latency preset",
+    )
     h.add_latency_option(p)
     p.add_argument(
         "--no-hedge",
@@ -316,7 +342,7 @@ def run_one(
     """Run one contender once on one dataset; return its figures."""
     spec: dict[str, Any] = {
         "endpoint": emu.endpoint,
-        "bucket": ds.bucket,
+        **zc.spec_for(emu, ds.bucket, c.spec.get("zonal", False)),
         "prefix": PREFIX,
         "count": ds.count,
         "size": ds.size,
@@ -334,10 +360,10 @@ def run_one(
         spec.update(concurrency=limit_concurrency(), verify="inline")
     if c.family == "reference":
         spec.update(prefetch=limit_concurrency() // NUM_WORKERS)
-    before = len(emu.object_names(ds.bucket, COMPOSITES))
+    before = len(emu.object_names(spec["bucket"], COMPOSITES))
     env = {"STORAGE_EMULATOR_HOST": emu.endpoint}
     python = bench_py if c.bench_env else None
-    if c.family == "gcsfs":
+    if c.family in ("gcsfs", zc.GCSFS):
         # gcsfs 2026.x needs google-cloud-storage>=3: its own venv (h.fsspec_python).
         python = h.fsspec_python()
         env.update(FSSPEC_ENV)
@@ -349,7 +375,7 @@ def run_one(
         env=env,
         timeout=timeout,
     )
-    left = len(emu.object_names(ds.bucket, COMPOSITES)) - before
+    left = len(emu.object_names(spec["bucket"], COMPOSITES)) - before
     d = run.data
     objects = d["objects"]
     server = d["server"]
@@ -556,8 +582,79 @@ def tail_figures(
     result["latency_presets"] = presets
 
 
+def run_zonal(args: argparse.Namespace) -> int:
+    """``--zonal``: the zonal case alone (issue 42 point 6), under the first preset."""
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    sets = [d for d in datasets_for(args) if d.size < LARGE]
+    selected = [c for c in ZONAL_CONTENDERS if not args.only or c.key in args.only.split(",")]
+    if h.fsspec_python() is None:
+        print("gcsfs skipped: no .venv-gcsfs (run benchmarks/setup_bench_env.sh)")
+        selected = [c for c in selected if c.family != zc.GCSFS]
+    preset = args.presets[0]
+    print(
+        f"dataloading --zonal ({mode}): one epoch, DataLoader(num_workers={NUM_WORKERS}, "
+        f"batch_size={BATCH_SIZE}), latency {preset} on HTTP and gRPC alike, every byte "
+        f"checked; {args.repeats} run(s) per contender ({args.slow_repeats} for gcsfs's "
+        "per-sample open, on a sample), interleaved, medians.\n"
+        f"  datasets: {', '.join(d.label for d in sets)}, each on a zonal bucket (gRPC: "
+        "torchbucket and gcsfs's ExtendedGcsFileSystem on the same endpoint) and a regional one "
+        "(torchbucket over the JSON API)"
+    )
+    labels = {c.key: c.label for c in selected}
+    families = {c.key: c.family for c in selected}
+    result: dict[str, Any] = {"mode": mode, "latency": preset}
+    summaries: dict[str, dict[str, dict[str, Any]]] = {}
+    with h.emulator(latency=preset, grpc=True) as emu:
+        for ds in sets:
+            h.seed(emu, ds.bucket, count=ds.count, size=ds.size, prefix=PREFIX)
+            zc.create_zonal_bucket(emu, zc.zonal_bucket(ds.bucket))
+            h.seed(emu, zc.zonal_bucket(ds.bucket), count=ds.count, size=ds.size, prefix=PREFIX)
+            runs: dict[str, list[dict[str, Any]]] = {c.key: [] for c in selected}
+            for rep, _, c in h.alternating_runs(emu, [preset], args.repeats, selected):
+                if c.spec.get("sampled") and rep >= args.slow_repeats:
+                    continue
+                print(f"  {ds.key} {c.key} run {rep + 1} ...", end="", file=sys.stderr, flush=True)
+                r = run_one(emu, ds, c, rep, None, args.timeout, hedge=not args.no_hedge)
+                runs[c.key].append(r)
+                print(f" {r['samples_per_s']:,.0f} samples/s", file=sys.stderr, flush=True)
+            summary = summaries[ds.key] = {k: summarize(v) for k, v in runs.items()}
+            per: dict[str, Any] = {
+                "size": ds.size,
+                "cpu": "client_cpu_ms_per_obj",
+                "server": "server_cpu_ms_per_obj",
+            }
+            zc.print_table(f"{ds.label}, latency {preset} (medians):", summary, labels, **per)
+            zc.figures(result, summary, families, name=ds.key, **per)
+    result["goals"] = {
+        "speedup_vs_gcsfs_zonal_ge_2": all(
+            (result.get(f"speedup_vs_gcsfs_zonal_{d.key}") or 0) >= 2 for d in sets
+        )
+    }
+    if any(c.family == zc.GCSFS for c in selected):
+        result["fsspec_versions"] = h.package_versions(
+            h.fsspec_python(), ("gcsfs", "fsspec", "google-cloud-storage", "grpcio")
+        )
+    for d in sets:
+        print(
+            f"{d.label}: torchbucket's best on the zonal bucket "
+            f"({result[f'best_zonal_{d.key}']}) is {result[f'speedup_vs_gcsfs_zonal_{d.key}']}x "
+            f"gcsfs's best ({result[f'best_zonal_gcsfs_{d.key}']}) and "
+            f"{result[f'speedup_zonal_vs_regional_{d.key}']}x torchbucket's best on the "
+            "regional bucket"
+        )
+    path = h.write_json(
+        f"{NAME}_zonal",
+        {"result": result, "summary": summaries, "contenders": labels, "families": families},
+    )
+    print(f"wrote {h.rel(path)}")
+    h.emit_result(result)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.zonal:
+        return run_zonal(args)
     bench_py = h.bench_python()
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     selected = [c for c in CONTENDERS if not args.only or c.key in args.only.split(",")]

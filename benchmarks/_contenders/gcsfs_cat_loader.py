@@ -10,7 +10,11 @@ through ``STORAGE_EMULATOR_HOST`` with anonymous credentials.
 first asks a gRPC API what kind of bucket it is, which an HTTP-only endpoint
 never answers.
 
-Spec: ``endpoint``, ``bucket``, ``prefix``, ``count``, ``size``, ``seed``,
+On a zonal bucket (spec ``grpc_endpoint``, ``dataloading.py --zonal``) the
+filesystem is gcsfs's ``ExtendedGcsFileSystem`` on the emulator's gRPC
+endpoint (``_gcsfs_zonal``), made in each worker.
+
+Spec: ``endpoint``, ``grpc_endpoint`` (optional), ``bucket``, ``prefix``, ``count``, ``size``, ``seed``,
 ``batch_size``, ``num_workers``, ``pid_file``.
 """
 
@@ -24,15 +28,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from _common import Verifier, generated_names, load_spec, measure_loader
+from _gcsfs_zonal import filesystem, zonal_of
 from torch.utils.data import Dataset
 
 
 class GcsfsCatDataset(Dataset[tuple[str, bytes]]):
     """Objects by index; a batch is one ``fs.cat`` of its paths."""
 
-    def __init__(self, bucket: str, names: list[str]) -> None:
+    def __init__(self, bucket: str, names: list[str], zonal: tuple[str, str] | None) -> None:
         self.bucket = bucket
         self.names = names
+        self.zonal = zonal
         self._fs: Any = None
 
     def __len__(self) -> int:
@@ -40,9 +46,7 @@ class GcsfsCatDataset(Dataset[tuple[str, bytes]]):
 
     def _filesystem(self) -> Any:
         if self._fs is None:
-            import gcsfs
-
-            self._fs = gcsfs.GCSFileSystem(token="anon")
+            self._fs = filesystem(self.zonal)
         return self._fs
 
     def __getitem__(self, index: int) -> tuple[str, bytes]:
@@ -61,7 +65,7 @@ def main() -> None:
     os.environ["STORAGE_EMULATOR_HOST"] = spec["endpoint"]
     names = generated_names(spec["prefix"], spec["count"])
     verifier = Verifier(names, spec["size"], spec.get("seed", 0))
-    dataset = GcsfsCatDataset(spec["bucket"], names)
+    dataset = GcsfsCatDataset(spec["bucket"], names, zonal_of(spec))
     measure_loader(
         spec,
         dataset,

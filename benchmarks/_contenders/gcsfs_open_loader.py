@@ -12,7 +12,11 @@ the emulator through ``STORAGE_EMULATOR_HOST`` with ``token="anon"``;
 a gRPC API what kind of bucket it is, which an HTTP-only endpoint never
 answers).
 
-Spec: ``endpoint``, ``bucket``, ``prefix``, ``count``, ``size``, ``seed``,
+On a zonal bucket (spec ``grpc_endpoint``, ``dataloading.py --zonal``) the
+filesystem is gcsfs's ``ExtendedGcsFileSystem`` on the emulator's gRPC
+endpoint (``_gcsfs_zonal``), made in each worker.
+
+Spec: ``endpoint``, ``grpc_endpoint`` (optional), ``bucket``, ``prefix``, ``count``, ``size``, ``seed``,
 ``sample``, ``batch_size``, ``num_workers``, ``pid_file``.
 """
 
@@ -25,15 +29,17 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 from typing import Any
 
 from _common import Verifier, generated_names, load_spec, measure_loader
+from _gcsfs_zonal import filesystem, zonal_of
 from torch.utils.data import Dataset
 
 
 class GcsfsOpenDataset(Dataset[tuple[str, bytes]]):
     """One object per item, read through ``fs.open``."""
 
-    def __init__(self, bucket: str, names: list[str]) -> None:
+    def __init__(self, bucket: str, names: list[str], zonal: tuple[str, str] | None) -> None:
         self.bucket = bucket
         self.names = names
+        self.zonal = zonal
         self._fs: Any = None
 
     def __len__(self) -> int:
@@ -41,9 +47,7 @@ class GcsfsOpenDataset(Dataset[tuple[str, bytes]]):
 
     def __getitem__(self, index: int) -> tuple[str, bytes]:
         if self._fs is None:
-            import gcsfs
-
-            self._fs = gcsfs.GCSFileSystem(token="anon")
+            self._fs = filesystem(self.zonal)
         name = self.names[index]
         with self._fs.open(f"{self.bucket}/{name}", "rb") as f:
             return name, f.read()
@@ -54,7 +58,7 @@ def main() -> None:
     os.environ["STORAGE_EMULATOR_HOST"] = spec["endpoint"]
     names = generated_names(spec["prefix"], spec["count"])[: int(spec["sample"])]
     verifier = Verifier(names, spec["size"], spec.get("seed", 0))
-    dataset = GcsfsOpenDataset(spec["bucket"], names)
+    dataset = GcsfsOpenDataset(spec["bucket"], names, zonal_of(spec))
     measure_loader(
         spec,
         dataset,

@@ -4,7 +4,7 @@ The dataset is built (the prefix listed) before the phase, as a training job
 does once; the phase covers the ``DataLoader`` (its workers forked, run and
 joined) and the consumer's check of every byte.
 
-Spec: ``endpoint``, ``bucket``, ``prefix``, ``count``, ``size``, ``seed``,
+Spec: ``endpoint``, ``grpc_endpoint`` (optional: a zonal bucket), ``bucket``, ``prefix``, ``count``, ``size``, ``seed``,
 ``kind`` (``"map"``, ``"map_fast"``: map-style with a shuffling
 ``BucketBatchSampler``, or ``"iterable"``), ``compose`` (bool), ``batch_size``,
 ``num_workers``, ``pid_file``, ``output`` (``"bytes"``, the default, or
@@ -43,7 +43,10 @@ def main() -> None:
     # "hedge_factor" / "hedge_floor" set HedgeConfig's (--hedge-factor, --hedge-floor).
     tuned = {k: spec[f"hedge_{k}"] for k in ("factor", "floor") if spec.get(f"hedge_{k}")}
     hedge = HedgeConfig(enabled=spec.get("hedge", True), **tuned)
-    gcs = GCSConfig(endpoint=spec["endpoint"], hedge=hedge)
+    # ``grpc_endpoint`` (``host:port``): a zonal bucket, read over the emulator's
+    # gRPC endpoint (dataloading.py --zonal); everything else as on a regional one.
+    grpc_endpoint = f"http://{spec['grpc_endpoint']}" if spec.get("grpc_endpoint") else None
+    gcs = GCSConfig(endpoint=spec["endpoint"], hedge=hedge, grpc_endpoint=grpc_endpoint)
     # ``compose_tuning``: the compose path's hidden knobs for an A/B
     # (benchmarks/tail_epochs.py: the anchor off), set in this process before
     # the DataLoader forks its workers.
