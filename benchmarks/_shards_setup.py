@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "_contenders"))
 
-from _common import expected_bytes
+from _common import expected_bytes, object_url
 
 
-def seed(emu: Any, bucket: str, *, prefix: str, count: int, size: int) -> None:
-    """Create ``bucket`` with objects ``<prefix><n:08d>.bin`` of ``expected_bytes``."""
-    emu.create_bucket(bucket)
+def seed(emu: Any, bucket: str, *, prefix: str, count: int, size: int, zonal: bool = False) -> None:
+    """Create ``bucket`` (``zonal``: a zonal one) with objects ``<prefix><n:08d>.bin``
+    of ``expected_bytes``."""
+    emu.create_bucket(bucket, zonal=zonal)
     batch: dict[str, bytes] = {}
     for i in range(count):
         name = f"{prefix}{i:08d}.bin"
@@ -58,3 +60,22 @@ def pack_set(
         "class_b": stats["by_class"].get("B", 0),
         "names": [shards_prefix + s.name for s in result.shards],
     }
+
+
+def copy_prefix(emu: Any, source: str, target: str, prefix: str) -> int:
+    """Copy every object under ``prefix`` of bucket ``source`` into ``target``, byte for byte.
+
+    Packed shards go to a zonal bucket this way (``shards.py --zonal``): read
+    over the JSON API, seeded into ``target``, outside every measured epoch.
+    torchbucket's own pack on a zonal bucket writes each shard larger than one
+    message as a data object under a pointer, which only torchbucket reads;
+    a copy gives every contender the same plain objects. Returns the bytes copied.
+    """
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    copied = 0
+    for name in emu.object_names(source, prefix):
+        with opener.open(object_url(emu.endpoint, source, name), timeout=300) as resp:
+            data = resp.read()
+        emu.seed(target, {name: data})
+        copied += len(data)
+    return copied

@@ -57,7 +57,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
-from _shards_setup import pack_set, seed
+import _zonal_common as zc
+from _shards_setup import copy_prefix, pack_set, seed
 
 NAME = "shards"
 PREFIX = "s/"
@@ -84,6 +85,21 @@ CONTENDERS = [
     Contender("wds_gcsfs", "webdataset over gcsfs (packed)", "wds_gcsfs_loader.py", True, {}),
 ]  # fmt: skip
 
+#: ``--zonal`` (issue 42): the packed shards on a zonal bucket, read by
+#: torchbucket over gRPC and by webdataset over gcsfs on the same gRPC endpoint;
+#: torchbucket's defaults over the unpacked objects there (no compose on a zonal
+#: bucket); the packed shards on the regional bucket over the JSON API.
+ZONAL_CONTENDERS = [
+    Contender("tb_shards_zonal", "torchbucket BucketShardDataset (packed), zonal (gRPC)",
+              "shards_loader.py", False, {"kind": "shards", "zonal": True, "family": zc.TB}),
+    Contender("wds_gcsfs_zonal", "webdataset over gcsfs (packed), zonal (gRPC)",
+              "wds_gcsfs_loader.py", True, {"zonal": True, "family": zc.GCSFS}),
+    Contender("tb_iter_zonal", "torchbucket iterable, defaults (unpacked), zonal (gRPC)",
+              "shards_loader.py", False, {"kind": "iterable", "zonal": True, "family": "unpacked"}),
+    Contender("tb_shards_regional", "torchbucket BucketShardDataset (packed), regional (JSON API)",
+              "shards_loader.py", False, {"kind": "shards", "family": zc.REGIONAL}),
+]  # fmt: skip
+
 
 @dataclass(frozen=True)
 class DataSet:
@@ -108,6 +124,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help="runs per contender")
     p.add_argument("--only", default=None, help="comma-separated contender keys")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per contender run")
+    p.add_argument(
+        "--zonal",
+        action="store_true",
+        help="the zonal (Rapid) case alone (issue 42): the packed shards on a zonal bucket, "
+        "torchbucket over gRPC against webdataset over gcsfs on the same gRPC endpoint, and "
+        "torchbucket on the regional bucket, under the first --latency preset",
+    )
     h.add_latency_option(p)
     args = p.parse_args(argv)
     args.presets = h.latency_presets(p, args)
@@ -135,7 +158,7 @@ def run_one(
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "endpoint": emu.endpoint,
-        "bucket": ds.bucket,
+        **zc.spec_for(emu, ds.bucket, c.spec.get("zonal", False)),
         "prefix": PREFIX,
         "shards_prefix": SHARDS,
         "shards": shards,
@@ -253,8 +276,103 @@ def tail_figures(
     print(f"\ntail slowdown ({tail} against {base}): " + "; ".join(parts))
 
 
+def setup_zonal(emu: Any, ds: DataSet, shard_size: int, preset: str) -> dict[str, Any]:
+    """Seed and pack ``ds`` on its regional bucket, then its zonal copy (setup, timed apart).
+
+    The zonal bucket gets the same unpacked objects (seeded) and the same
+    shards, manifest and indexes, copied byte for byte (:func:`copy_prefix`).
+    """
+    emu.set_latency(preset)
+    seed(emu, ds.bucket, prefix=PREFIX, count=ds.count, size=ds.size)
+    pack = pack_set(emu, ds.bucket, prefix=PREFIX, shards_prefix=SHARDS, shard_size=shard_size)
+    zonal = zc.zonal_bucket(ds.bucket)
+    seed(emu, zonal, prefix=PREFIX, count=ds.count, size=ds.size, zonal=True)
+    copy_prefix(emu, ds.bucket, zonal, SHARDS)
+    print(
+        f"  {ds.key}: packed {pack['shards']} shards in {pack['seconds']:.1f} s, "
+        "copied to the zonal bucket",
+        file=sys.stderr,
+        flush=True,
+    )
+    return pack
+
+
+def run_zonal(args: argparse.Namespace) -> int:
+    """``--zonal``: the zonal case alone (issue 42 point 6), under the first preset."""
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    selected = [c for c in ZONAL_CONTENDERS if not args.only or c.key in args.only.split(",")]
+    bench_py = h.fsspec_python()
+    if bench_py is None:
+        print("webdataset skipped: run benchmarks/setup_bench_env.sh")
+        selected = [c for c in selected if not c.bench_env]
+    sets = datasets_for(args)
+    shard_size = (1 << 20) if args.smoke else SHARD_SIZE
+    preset = args.presets[0]
+    print(
+        f"shards --zonal ({mode}): one epoch, DataLoader(num_workers={NUM_WORKERS}, "
+        f"batch_size={BATCH_SIZE}), latency {preset} on HTTP and gRPC alike, every byte "
+        f"checked, {args.repeats} run(s) per contender, interleaved, medians.\n"
+        f"  datasets: {', '.join(d.label for d in sets)}; shards of {shard_size >> 20} MiB "
+        "packed once on the regional bucket and copied to the zonal one (setup)."
+    )
+    labels = {c.key: c.label for c in selected}
+    families = {c.key: c.spec["family"] for c in selected}
+    result: dict[str, Any] = {"mode": mode, "latency": preset, "shard_size": shard_size}
+    summaries: dict[str, dict[str, dict[str, Any]]] = {}
+    with h.emulator(latency=preset, grpc=True) as emu:
+        for ds in sets:
+            pack = setup_zonal(emu, ds, shard_size, preset)
+            runs: dict[str, list[dict[str, Any]]] = {c.key: [] for c in selected}
+            for rep, _, c in h.alternating_runs(emu, [preset], args.repeats, selected):
+                print(f"  {ds.key} {c.key} run {rep + 1} ...", end="", file=sys.stderr, flush=True)
+                r = run_one(emu, ds, c, rep, pack["names"], bench_py, args.timeout)
+                runs[c.key].append(r)
+                print(f" {r['samples_per_s']:,.0f} samples/s", file=sys.stderr, flush=True)
+            summary = summaries[ds.key] = {k: h.median_figures(v) for k, v in runs.items()}
+            per: dict[str, Any] = {
+                "size": ds.size,
+                "cpu": "client_cpu_ms_per_sample",
+                "server": "server_cpu_ms_per_sample",
+            }
+            title = f"{ds.label}, latency {preset} ({pack['shards']} shards; medians):"
+            zc.print_table(title, summary, labels, **per)
+            name = f"shards_{ds.key}"
+            zc.figures(result, summary, families, name=name, **per)
+            unpacked = (summary.get("tb_iter_zonal") or {}).get("samples_per_s", math.nan)
+            best = summary.get(result[f"best_zonal_{name}"] or "", {})
+            result[f"speedup_packed_vs_unpacked_zonal_{ds.key}"] = round(
+                h.ratio(best.get("samples_per_s", math.nan), unpacked), 2
+            )
+    result["goals"] = {
+        "speedup_vs_gcsfs_zonal_shards_ge_2": all(
+            (result.get(f"speedup_vs_gcsfs_zonal_shards_{d.key}") or 0) >= 2 for d in sets
+        )
+    }
+    if any(c.bench_env for c in selected):
+        result["fsspec_versions"] = h.package_versions(
+            bench_py, ("gcsfs", "fsspec", "webdataset", "google-cloud-storage", "grpcio")
+        )
+    for d in sets:
+        print(
+            f"{d.label}: torchbucket's packed shards on the zonal bucket are "
+            f"{result[f'speedup_vs_gcsfs_zonal_shards_{d.key}']}x webdataset over gcsfs there, "
+            f"{result[f'speedup_packed_vs_unpacked_zonal_{d.key}']}x the unpacked objects, and "
+            f"{result[f'speedup_zonal_vs_regional_shards_{d.key}']}x the same shards on the "
+            "regional bucket"
+        )
+    path = h.write_json(
+        f"{NAME}_zonal",
+        {"result": result, "summary": summaries, "contenders": labels, "families": families},
+    )
+    print(f"wrote {h.rel(path)}")
+    h.emit_result(result)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.zonal:
+        return run_zonal(args)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     # webdataset + gcsfs live in .venv-gcsfs (gcsfs 2026.x needs google-cloud-storage>=3).
     bench_py = h.fsspec_python()

@@ -3,9 +3,11 @@
 ``kind`` ``"shards"``: ``BucketShardDataset`` over the packed shards at
 ``shards_prefix`` (manifest and indexes read in setup); ``"compose"``:
 ``BucketIterableDataset`` over the source objects at ``prefix`` with compose
-on (listed in setup). Every byte is checked in the consumer.
+on (listed in setup); ``"iterable"``: the same with the library's defaults
+(no compose config given). Every byte is checked in the consumer.
 
-Spec: ``endpoint``, ``bucket``, ``prefix``, ``shards_prefix``, ``count``,
+Spec: ``endpoint``, ``grpc_endpoint`` (optional: ``host:port`` of a zonal
+bucket's gRPC endpoint, ``shards.py --zonal``), ``bucket``, ``prefix``, ``shards_prefix``, ``count``,
 ``size``, ``kind``, ``batch_size``, ``num_workers``, ``pid_file``.
 """
 
@@ -37,7 +39,8 @@ class Named:
 
 def main() -> None:
     spec = load_spec()
-    gcs = GCSConfig(endpoint=spec["endpoint"])
+    grpc_endpoint = f"http://{spec['grpc_endpoint']}" if spec.get("grpc_endpoint") else None
+    gcs = GCSConfig(endpoint=spec["endpoint"], grpc_endpoint=grpc_endpoint)
     verifier = Verifier(names(spec["prefix"], spec["count"]), spec["size"], 0)
     if spec["kind"] == "shards":
         ds: Any = BucketShardDataset.from_prefix(
@@ -47,8 +50,9 @@ def main() -> None:
         )
         measure_loader(spec, ds, verifier, names_known=True, shards=ds.num_shards)
     else:
+        compose = ComposeConfig() if spec["kind"] == "compose" else None
         ds = BucketIterableDataset.from_prefix(
-            f"gs://{spec['bucket']}/{spec['prefix']}", gcs=gcs, compose=ComposeConfig()
+            f"gs://{spec['bucket']}/{spec['prefix']}", gcs=gcs, compose=compose
         )
         measure_loader(spec, ds, verifier)
 
