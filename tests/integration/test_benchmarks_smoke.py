@@ -29,7 +29,13 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_benchmark(name: str, tmp_path: Path, *args: str, timeout: float = 540) -> dict[str, Any]:
+def run_benchmark(
+    name: str, tmp_path: Path, *args: str, timeout: float = 540, output: str | None = None
+) -> dict[str, Any]:
+    """Run ``benchmarks/<name>.py --smoke``; its RESULT, checked against its JSON.
+
+    ``output``: the JSON's name when not ``name`` (and no figure is expected).
+    """
     env = dict(os.environ, TORCHBUCKET_BENCH_OUTPUT=str(tmp_path))
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--smoke", *args],
@@ -43,9 +49,10 @@ def run_benchmark(name: str, tmp_path: Path, *args: str, timeout: float = 540) -
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("RESULT "), proc.stdout[-2000:]
     result: dict[str, Any] = json.loads(last[len("RESULT ") :])
-    doc = json.loads((tmp_path / f"{name}.json").read_text())
+    doc = json.loads((tmp_path / f"{output or name}.json").read_text())
     assert doc["result"] == result
-    assert (tmp_path / f"{name}.png").stat().st_size > 0
+    if output is None:
+        assert (tmp_path / f"{name}.png").stat().st_size > 0
     return result
 
 
@@ -85,6 +92,54 @@ def test_dataloading_smoke_reports_the_issue_keys(tmp_path: Path) -> None:
     for suffix in ("", "_constant"):
         p50 = result[f"p50_batch_fetch_s_map{suffix}_100kib"]
         assert 0 < p50 <= result[f"p99_batch_fetch_s_map{suffix}_100kib"]
+
+
+def test_dataloading_zonal_smoke_compares_with_gcsfs_on_the_grpc_endpoint(
+    tmp_path: Path,
+) -> None:
+    # Issue 42: torchbucket's defaults on a zonal bucket over gRPC, gcsfs's batched
+    # cat on the same endpoint, torchbucket on a regional bucket over HTTP.
+    result = run_benchmark(
+        "dataloading",
+        tmp_path,
+        "--zonal",
+        "--datasets",
+        "10kib",
+        "--only",
+        "tb_zonal_iter,gcsfs_zonal_cat,tb_regional_iter",
+        output="dataloading_zonal",
+    )
+    assert result["best_zonal_10kib"] == "tb_zonal_iter"
+    assert result["best_regional_10kib"] == "tb_regional_iter"
+    assert result["speedup_zonal_vs_regional_10kib"] > 0
+    for who in ("zonal", "regional"):
+        assert result[f"client_cpu_ms_per_mib_{who}_10kib"] > 0
+        assert result[f"server_cpu_ms_per_mib_{who}_10kib"] > 0
+    if "fsspec_versions" in result:  # gcsfs ran (.venv-gcsfs exists)
+        assert result["speedup_vs_gcsfs_zonal_10kib"] > 0
+        assert result["client_cpu_ms_per_mib_zonal_gcsfs_10kib"] > 0
+
+
+def test_shards_zonal_smoke_compares_with_webdataset_on_the_grpc_endpoint(
+    tmp_path: Path,
+) -> None:
+    # Issue 42: packed shards on a zonal bucket, torchbucket over gRPC against
+    # webdataset over gcsfs on the same endpoint, and on the regional bucket.
+    result = run_benchmark(
+        "shards",
+        tmp_path,
+        "--zonal",
+        "--only",
+        "tb_shards_zonal,wds_gcsfs_zonal,tb_shards_regional",
+        output="shards_zonal",
+    )
+    for ds in ("10kib", "100kib"):
+        assert result[f"best_zonal_shards_{ds}"] == "tb_shards_zonal"
+        assert result[f"speedup_zonal_vs_regional_shards_{ds}"] > 0
+        assert result[f"client_cpu_ms_per_mib_zonal_shards_{ds}"] > 0
+        assert result[f"server_cpu_ms_per_mib_zonal_shards_{ds}"] > 0
+        if "fsspec_versions" in result:  # webdataset and gcsfs ran (.venv-gcsfs exists)
+            assert result[f"speedup_vs_gcsfs_zonal_shards_{ds}"] > 0
 
 
 def test_shards_smoke_reports_the_issue_keys(tmp_path: Path) -> None:
