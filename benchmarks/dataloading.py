@@ -97,6 +97,18 @@ over dataflux kept under the tail, p99 batch time <= 2x its median (judged on
 the batch's fetch; the time between batches the consumer sees is reported
 too, see docs/benchmarks.md on what that ratio measures), hedges <= 5% of reads,
 objects read around <= 5% of those read.
+Zonal (Rapid) buckets (issue 42): ``--zonal`` runs that case alone, on an
+emulator that also serves gRPC (``Emulator(grpc=True)``) under the first
+``--latency`` preset, 100 KiB and 10 KiB: torchbucket's defaults
+(``tb_zonal_map_fast``, ``tb_zonal_iter``) on a zonal copy of each bucket over
+gRPC, gcsfs's ``ExtendedGcsFileSystem`` (``ZonalFile``, in ``.venv-gcsfs``)
+on the same gRPC endpoint through the same map-style datasets as above
+(``gcsfs_zonal_cat``, ``gcsfs_zonal_open``), and torchbucket's defaults on the
+regional bucket over the JSON API (``tb_regional_*``). It writes
+``dataloading_zonal.json`` and ends with ``RESULT``: ``speedup_vs_gcsfs_zonal_*``
+(torchbucket's best samples/s there over gcsfs's best; goal >= 2),
+``speedup_zonal_vs_regional_*``, ``client_cpu_ms_per_mib_{zonal,zonal_gcsfs,regional}_*``
+(all the contender's processes) and ``server_cpu_ms_per_mib_*`` (the emulator's).
 ``--no-hedge`` runs torchbucket with hedged reads off; ``--hedge-factor`` and
 ``--hedge-floor`` set ``HedgeConfig.factor`` and ``.floor`` for an A/B.
 """

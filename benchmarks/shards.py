@@ -41,6 +41,20 @@ nothing), ``speedup_vs_webdataset_tail_*`` (the packed reader over webdataset
 under the last preset), ``hedged_request_fraction_*`` (hedged GETs over the
 shard dataset's GETs under the last preset, only where the dataset reports
 ``last_epoch_stats``), and ``latency_presets``.
+
+Zonal (Rapid) buckets (issue 42): ``--zonal`` runs that case alone, on an
+emulator that also serves gRPC, under the first ``--latency`` preset. The
+shards are packed on the regional bucket and copied byte for byte to a zonal
+one (setup: torchbucket's own pack on a zonal bucket writes each shard as a
+data object under a pointer, which only torchbucket reads), with the unpacked
+objects seeded there too. Contenders: ``BucketShardDataset`` on the zonal
+bucket over gRPC, webdataset over gcsfs's ``ZonalFile`` on the same gRPC
+endpoint, torchbucket's defaults over the unpacked objects there (no compose
+on a zonal bucket), and ``BucketShardDataset`` on the regional bucket. It
+writes ``shards_zonal.json`` and ends with ``RESULT``:
+``speedup_vs_gcsfs_zonal_shards_*`` (goal >= 2),
+``speedup_zonal_vs_regional_shards_*``, ``speedup_packed_vs_unpacked_zonal_*``,
+``client_cpu_ms_per_mib_*`` and ``server_cpu_ms_per_mib_*`` (the emulator's).
 """
 
 from __future__ import annotations
