@@ -36,6 +36,7 @@ from torchbucket.errors import (
     ThrottledError,
     TransientError,
 )
+from torchbucket.storage.gcs._grpc_data import serialize
 
 try:
     import grpc
@@ -203,7 +204,8 @@ class Channels:
             ),
             "BidiWriteObject": channel.stream_stream(
                 _SERVICE + "BidiWriteObject",
-                request_serializer=m.BidiWriteObjectRequest.SerializeToString,
+                # Data messages come serialized (see _grpc_data); others as messages.
+                request_serializer=serialize,
                 response_deserializer=m.BidiWriteObjectResponse.FromString,
             ),
             "GetObject": channel.unary_unary(

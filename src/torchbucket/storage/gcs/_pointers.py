@@ -29,6 +29,7 @@ __all__ = [
     "listed_info",
     "pointed",
     "pointer_key",
+    "pointer_metadata",
 ]
 
 #: Where the data objects of pointers live (in ``HIDDEN_PREFIXES``).
@@ -40,6 +41,16 @@ CRC = "torchbucket-target-crc32c"
 _MAX_NAME = 1024
 _DATA_NAME = re.compile(re.escape(POINTER_PREFIX) + r"(.+)/[0-9a-f]{16}", re.DOTALL)
 _HASHED = re.compile(re.escape(POINTER_PREFIX) + r"[0-9a-f]{32}/[0-9a-f]{16}")
+
+
+def pointer_metadata(target: str, generation: int, size: int, crc: str | None) -> dict[str, str]:
+    """The metadata of a pointer to data object ``target`` (what :func:`pointed` reads)."""
+    return {
+        TARGET: target,
+        GENERATION: str(generation),
+        SIZE: str(size),
+        **({CRC: crc} if crc else {}),
+    }
 
 
 def pointed(info_metadata: dict[str, str]) -> tuple[str, int, int, str | None] | None:

@@ -43,16 +43,13 @@ from torchbucket.storage.gcs._grpc_wire import (
     hold,
     pb,
 )
-from torchbucket.storage.gcs._grpc_write import Writer, write, write_once
+from torchbucket.storage.gcs._grpc_write import FLUSH_CHUNKS, Writer, write, write_once
 from torchbucket.storage.gcs._pointers import (
-    CRC,
-    GENERATION,
     POINTER_PREFIX,
-    SIZE,
-    TARGET,
     data_name,
     listed_info,
     pointed,
+    pointer_metadata,
 )
 from torchbucket.storage.gcs._transport import GCSTransport
 from torchbucket.storage.gcs.config import GCSConfig
@@ -264,7 +261,7 @@ class GrpcPath:
             key,
             self._metadata,
             self._t.urls.uri(key),
-            flush_every=self._config.upload_chunk_size,
+            flush_every=FLUSH_CHUNKS * self._config.upload_chunk_size,
             **kw,
         )
         w.config = self._config.retry
@@ -333,22 +330,30 @@ class GrpcPath:
         """
         name = data_name(key)
         writer = self._writer(name, content_type=content_type, if_generation_match=0)
+        asked: list[asyncio.Task[tuple[str, int, int, str | None] | None]] = []
+
+        async def then_ask() -> AsyncIterator[bytes | bytearray | memoryview]:
+            async for chunk in chunks:
+                yield chunk
+            # Asked while the data object is finalized, not after: a round trip less.
+            asked.append(asyncio.ensure_future(self._target_of(key)))
+
         try:
-            meta = await write(writer, chunks)
-        except BaseException:
+            meta = await write(writer, then_ask())
+        except BaseException as exc:
+            for task in asked:
+                task.cancel()
+            await asyncio.gather(*asked, return_exceptions=True)
             await self._forget(name, None)
+            if isinstance(exc, StorageError):
+                exc.uri = self._t.urls.uri(key)  # the caller's name, not the hidden one
             raise
         try:
-            previous = await self._target_of(key)
+            previous = await (asked[0] if asked else self._target_of(key))
         except StorageError:  # left over if so: ``torchbucket cleanup`` finds it
             previous = self._pointers.get(key)
         crc = b64(meta.crc32c) if meta.crc32c is not None else None
-        pointer = {
-            TARGET: name,
-            GENERATION: str(meta.generation),
-            SIZE: str(meta.size),
-            **({CRC: crc} if crc else {}),
-        }
+        pointer = pointer_metadata(name, meta.generation, meta.size, crc)
         try:
             await self._one_message(
                 key,

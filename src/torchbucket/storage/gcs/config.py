@@ -42,8 +42,9 @@ class GCSConfig:
             emulator that requires auth included.
         max_simple_upload_size: The largest ``put`` sent as one request; more
             bytes go as a resumable upload. Default 8 MiB.
-        upload_chunk_size: Bytes per request of a resumable upload (per flush
-            of a gRPC appendable upload), a multiple of 256 KiB. Default 16 MiB.
+        upload_chunk_size: Bytes per request of a resumable upload (a gRPC
+            appendable upload flushes every four times that), a multiple of
+            256 KiB. Default 16 MiB.
         connect_timeout: Seconds to open a connection. Default 10.
         hedge: When a slow read gets a second request (object reads and
             ranges: datasets, checkpoint and DCP loads). Default
