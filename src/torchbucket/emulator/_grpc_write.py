@@ -28,8 +28,11 @@ google-cloud-storage 3.x's ``_storage_v2``, and its ``AsyncAppendableObjectWrite
   ``appendable`` is refused (INVALID_ARGUMENT).
 
 Faults (rules on ``put``, checked once per stream at its start): a status
-kind fails the open; ``reset``/``truncate`` break the stream (UNAVAILABLE) at
-its first flush or finish, before anything of it is persisted;
+kind fails the open; ``reset`` breaks the stream (UNAVAILABLE) at its first
+flush or finish, before anything of it is persisted; ``truncate`` breaks it
+mid-append after a flush: at the first flush or finish that follows one
+the stream persisted (at its finish if it never flushed), so what was sent
+since that flush is lost and the client must resume from the persisted size;
 ``corrupt_request`` flips a byte of the first data chunk (its CRC32C then
 fails it); ``stall_answer`` persists a finish, holds the answer, then breaks.
 """
@@ -87,6 +90,7 @@ class _Upload:
         self.crc = 0  # CRC32C of persisted + pending
         self.persisted_crc = 0
         self.finished = False
+        self.flushed = 0  # flushes this stream persisted
 
     # -- opening --------------------------------------------------------------
 
@@ -194,8 +198,8 @@ class _Upload:
         self.crc = int(google_crc32c.extend(self.crc, content))
         self.tally.bytes_in += len(content)
 
-    async def _break_if_faulted(self) -> None:
-        if self.kind in ("reset", "truncate"):
+    async def _break_if_faulted(self, *, finishing: bool = False) -> None:
+        if self.kind == "reset" or (self.kind == "truncate" and (self.flushed or finishing)):
             self.kind = None
             raise RpcError(grpc.StatusCode.UNAVAILABLE, "Stream broken mid-write (injected fault).")
 
@@ -210,6 +214,7 @@ class _Upload:
         self.check_live()
         if commit:
             self.commit()
+            self.flushed += 1
 
     def commit(self) -> None:
         """Persist the pending bytes (no await: atomic on the server's loop)."""
@@ -234,7 +239,7 @@ class _Upload:
         sums = msg.object_checksums if msg.HasField("object_checksums") else None
         if sums is not None and sums.HasField("crc32c") and sums.crc32c != self.crc:
             raise RpcError(_BAD, "the object's CRC32C does not match the data received")
-        await self._break_if_faulted()
+        await self._break_if_faulted(finishing=True)
         await self.g.first_byte("put")
         self.check_live()
         if self.obj is not None:
