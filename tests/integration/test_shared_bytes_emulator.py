@@ -1,7 +1,7 @@
 """Raw ``bytes`` samples handed to the main process through shared memory (``datasets._handover``).
 
 With ``bytes`` output (the default) and no ``data_format_fn``, a DataLoader
-worker reads objects of 64 KiB and more into shared segments and hands each
+worker reads objects of 512 KiB and more into shared segments and hands each
 sample out as a ``bytes`` subclass that pickles as a handle. What must hold:
 the main process gets plain ``bytes`` with every object's contents, once
 each; a ``collate_fn`` in the worker sees ``bytes`` with the contents; a
@@ -91,8 +91,9 @@ def _check_all(samples: list[bytes], objects: dict[str, bytes]) -> None:
 def test_raw_samples_cross_as_handles_and_arrive_as_plain_bytes(
     emulator: Emulator, kind: str
 ) -> None:
-    # Mostly 100-300 KiB, a few small ones among them (the mean decides).
-    sizes = [(100 + 7 * (i % 30)) * KIB if i % 9 else 3 * KIB + i for i in range(90)]
+    # Mostly 600-900 KiB, a few small ones among them (the mean decides); ~80
+    # MiB in all, so that segments are reused while batches are in flight.
+    sizes = [(600 + 11 * (i % 30)) * KIB if i % 9 else 3 * KIB + i for i in range(120)]
     objects = _seed(emulator, f"handed-{kind.replace('_', '-')}", sizes)
     seen, samples = _epoch(emulator, f"handed-{kind.replace('_', '-')}", kind)
     assert seen == {"HandedBytes:True"}
@@ -102,7 +103,7 @@ def test_raw_samples_cross_as_handles_and_arrive_as_plain_bytes(
 @pytest.mark.parametrize("kind", ["map_fast", "iterable"])
 def test_the_plain_path_where_the_hand_over_does_not_apply(emulator: Emulator, kind: str) -> None:
     bucket = f"plain-{kind.replace('_', '-')}"
-    objects = _seed(emulator, bucket, [128 * KIB + i for i in range(40)])
+    objects = _seed(emulator, bucket, [600 * KIB + i for i in range(24)])
     seen, samples = _epoch(emulator, bucket, kind, fetch=FetchConfig(shared_bytes=False))
     assert seen == {"bytes:True"}
     _check_all(samples, objects)
@@ -116,7 +117,7 @@ def test_the_plain_path_where_the_hand_over_does_not_apply(emulator: Emulator, k
 
 
 def test_small_objects_keep_the_plain_path(emulator: Emulator) -> None:
-    objects = _seed(emulator, "handed-small", [4 * KIB + i for i in range(64)])
+    objects = _seed(emulator, "handed-small", [200 * KIB + i for i in range(32)])
     seen, samples = _epoch(emulator, "handed-small", "iterable")
     assert seen == {"bytes:True"}
     _check_all(samples, objects)

@@ -22,14 +22,20 @@ hundred bytes. What the main process gets is exactly what it got before, a
 ``bytes`` object; so does a ``data_format_fn``, which turns this off (it
 runs in the worker, and hands over whatever it returns).
 
-Measured with ``benchmarks/sizes.py`` (see docs/benchmarks.md's sizes
-section). ``FetchConfig(shared_bytes=False)`` turns it off.
+Measured with ``benchmarks/sizes.py`` (an A/B in one run, the defaults
+with and without it, 2 runs each, 2-core VM at load 8-18; docs/benchmarks.md's
+sizes section): client CPU per MiB 3.70-3.80 against 4.72-4.80 at 1 MiB,
+3.55-3.57 against 4.87-5.04 at 4 MiB; 4.82-4.93 against 4.72-4.94 at
+256 KiB, hence :data:`SHARED_BYTES_FROM`. ``FetchConfig(shared_bytes=False)``
+turns it off.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
@@ -41,23 +47,37 @@ from torchbucket.datasets.config import FetchConfig
 __all__ = ["SHARED_BYTES_FROM", "HandedBytes", "Reading", "hand_over", "reading_config"]
 
 #: Mean object size from which raw ``bytes`` samples cross through shared memory.
-SHARED_BYTES_FROM = 64 << 10
+SHARED_BYTES_FROM = 512 << 10
 
 
-def _to_bytes(tensor: torch.Tensor) -> bytes:
-    """The main process's side of a :class:`HandedBytes`: a plain ``bytes`` copy."""
-    return tensor.numpy().tobytes()
+def _to_bytes(storage: torch.UntypedStorage, offset: int, size: int) -> bytes:
+    """The main process's side of a :class:`HandedBytes`: a plain ``bytes`` copy of its piece."""
+    return ctypes.string_at(storage.data_ptr() + offset, size)
 
 
 class HandedBytes(bytes):
-    """A raw sample in a DataLoader worker: ``bytes``, pickled as its shared-memory tensor."""
+    """A raw sample in a DataLoader worker: ``bytes``, handed over as its piece of a segment.
+
+    The worker's pickler (``ForkingPickler``) sends the segment's storage
+    (by handle: the segment pool's, or torch's) with the piece's offset and
+    length, and the storage once per batch however many pieces of it the
+    batch holds; any other pickler sends the bytes.
+    """
 
     _tensor: torch.Tensor
 
-    def __reduce__(self) -> tuple[Any, tuple[torch.Tensor]]:
-        # The worker's pickler sends the tensor's storage by handle (torch's
-        # reductions, or the segment pool's); any other pickler by value.
-        return _to_bytes, (self._tensor,)
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        return bytes, (bytes(self),)
+
+
+def _reduce_handed(handed: HandedBytes) -> tuple[Any, tuple[Any, ...]]:
+    tensor = handed._tensor
+    # One Python object per storage (torch keeps it while the storage lives),
+    # so a batch's pickle holds each segment once.
+    return _to_bytes, (tensor.untyped_storage(), tensor.storage_offset(), len(handed))
+
+
+ForkingPickler.register(HandedBytes, _reduce_handed)
 
 
 def hand_over(sample: Any) -> Any:
@@ -65,6 +85,11 @@ def hand_over(sample: Any) -> Any:
     if not isinstance(sample, torch.Tensor):
         return sample
     handed = HandedBytes(sample.numpy().data)
+    # The tensor, not its storage's Python object: that object is one per
+    # storage, shared with the segment pool's own, so only a tensor counts in
+    # the storage's use count, which tells the pool the segment is still held
+    # (holding the storage object instead let a segment be reused before the
+    # main process had read it: CRC32C mismatches in benchmarks/sizes.py).
     handed._tensor = sample
     return handed
 

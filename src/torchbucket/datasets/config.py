@@ -88,7 +88,7 @@ class FetchConfig:
             an epoch, and set the p99 of a map-style batch. Never done in the
             main process. Default True.
         shared_bytes: With ``"bytes"`` output and no ``data_format_fn``, a
-            DataLoader worker reads objects of 64 KiB and more (on average)
+            DataLoader worker reads objects of 512 KiB and more (on average)
             into shared-memory segments it reuses and hands each raw sample
             to the main process through them, where it becomes a plain
             ``bytes`` again, instead of pickling it through the worker's
