@@ -55,3 +55,30 @@ def test_serialize_passes_bytes_and_serializes_messages() -> None:
     assert serialize(request) == request.SerializeToString()
     raw, _ = data_message(0, b"x", 1)
     assert serialize(raw) is raw
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    content=st.binary(max_size=3000),
+    crc=st.integers(min_value=0, max_value=(1 << 32) - 1),
+    offset=st.integers(min_value=0, max_value=(1 << 63) - 1),
+    read_id=st.integers(min_value=0, max_value=(1 << 62)),
+    end=st.booleans(),
+)
+def test_the_emulators_range_message_is_the_protobuf_message(
+    content: bytes, crc: int, offset: int, read_id: int, end: bool
+) -> None:
+    from torchbucket.emulator._grpc_read import range_message
+
+    parsed = pb().BidiReadObjectResponse.FromString(
+        range_message(content, crc, offset, read_id, end)
+    )
+    expected = pb().BidiReadObjectResponse()
+    piece = expected.object_data_ranges.add()
+    piece.checksummed_data.content = content
+    piece.checksummed_data.crc32c = crc
+    piece.read_range.read_offset = offset
+    piece.read_range.read_length = len(content)
+    piece.read_range.read_id = read_id
+    piece.range_end = end
+    assert parsed == expected

@@ -334,6 +334,8 @@ class GrpcFront:
 
 
 def _serialize(message: Any) -> bytes:
+    if type(message) is bytes:
+        return message  # serialized already (a read's data, see _grpc_read.range_message)
     return bytes(message.SerializeToString())
 
 
