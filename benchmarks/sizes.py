@@ -21,17 +21,31 @@ Contenders (``benchmarks/dataloading.py``'s scripts):
   (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``);
 - ``aiohttp``: a bare aiohttp loop in one process with as many requests in
   flight as torchbucket's iterable dataset (workers x ``FetchConfig.reads_in_flight``):
-  the limit.
+  the limit. It reads in one process and hands nothing over: no DataLoader,
+  no worker, no pipe, which every other contender has;
+- ``aiohttp_dl``: the same bare loop inside the same ``DataLoader`` (2
+  workers, ``aiohttp_dataloader.py``'s prototype: an event loop per worker,
+  as many requests in flight), its ``bytes`` samples handed to the main
+  process through the pipe: what that architecture allows with no library
+  around it. Reported beside the limit (``default_fraction_of_dataloader_loop_*``),
+  never instead of it: the goals stay against ``aiohttp``.
+
+Opt-in by ``--only`` (an A/B in one run): ``map_default_pipe`` and
+``iter_default_pipe``, the defaults with ``FetchConfig(shared_bytes=False)``
+(raw ``bytes`` samples pickled through the pipe, as before
+``datasets/_handover.py``); ``<map|iter>_shared_over_pipe_<size>`` in the RESULT.
 
 Latency (``--latency``): ``same-region`` (constant) and ``same-region-tail``,
 alternated repeat by repeat; under the tail only the two defaults and the bare
 loop run (the tail goal is theirs). ``--quick``: the counts below (epochs of
-one to a few seconds at the limit), 2 runs of the defaults and the bare loop
-per preset, 1 of the others (28 minutes on the 2-core VM shared with other
-work at load 4-12, 2026-12-05: over issue 43's 15); the full run
-doubles the counts and runs everything 3 times. ``--smoke``: three sizes,
-tiny counts, one run. ``--sizes`` picks sizes (``512b,1mib``...), ``--only``
-contenders.
+one to a few seconds at the limit; fewer objects than before from 64 KiB,
+where epochs were longest), 2 runs of the defaults and the bare loop per
+preset, 1 of the others (``tb_best``, ``aiohttp_dl``, dataflux, gcsfs); the
+full run doubles the counts and runs everything 3 times. ``--smoke``: three
+sizes, tiny counts, one run. ``--sizes`` picks sizes (``512b,1mib``...),
+``--only`` contenders; a run with either leaves ``docs/img/sizes.png`` alone.
+``--decode``: the sweep with a JPEG decode in ``data_format_fn`` instead
+(``_sizes_decode.py``: four sizes in ``--quick``, its own RESULT keys).
 
 Ends with ``RESULT {json}``, per size key (``512b`` ... ``64mib``):
 ``default_fraction_of_limit_<size>`` (the lower of the two defaults' samples/s
@@ -72,22 +86,21 @@ MIB = 1 << 20
 KIB = 1 << 10
 #: (key, bytes, objects in --quick). Log-spaced, 1 MiB included.
 SIZES = [
-    ("512b", 512, 8000),
-    ("4kib", 4 * KIB, 8000),
-    ("16kib", 16 * KIB, 6000),
-    ("64kib", 64 * KIB, 4000),
-    ("256kib", 256 * KIB, 2000),
-    ("1mib", MIB, 1000),
-    ("4mib", 4 * MIB, 256),
-    ("16mib", 16 * MIB, 64),
-    ("64mib", 64 * MIB, 16),
+    ("512b", 512, 6000),
+    ("4kib", 4 * KIB, 6000),
+    ("16kib", 16 * KIB, 4000),
+    ("64kib", 64 * KIB, 2500),
+    ("256kib", 256 * KIB, 1200),
+    ("1mib", MIB, 500),
+    ("4mib", 4 * MIB, 128),
+    ("16mib", 16 * MIB, 32),
+    ("64mib", 64 * MIB, 8),
 ]
 SMOKE = [("512b", 512, 512), ("64kib", 64 * KIB, 256), ("4mib", 4 * MIB, 16)]
 #: A batch holds at most this many bytes (and at most 64 samples).
 BATCH_BYTES = 64 * MIB
 DEFAULTS = ("map_default", "iter_default")
 TAIL_KEYS = (*DEFAULTS, "aiohttp")
-SLOW = ("dataflux", "gcsfs")
 
 CONTENDERS = [
     dl.Contender("map_default", "torchbucket map + BucketBatchSampler, defaults", "tb_loader.py",
@@ -100,6 +113,18 @@ CONTENDERS = [
                  "dataflux", {"kind": "map", "compose": True, "threads": 8}),
     dl.Contender("gcsfs_cat", "gcsfs, batched fs.cat", "gcsfs_cat_loader.py", True, "gcsfs", {}),
     dl.Contender("aiohttp", "bare aiohttp loop (limit)", "aiohttp_loop.py", False, "limit", {}),
+    dl.Contender("aiohttp_dl", "bare aiohttp loop in DataLoader workers, bytes via pipe",
+                 "aiohttp_dataloader.py", False, "reference", {}),
+]  # fmt: skip
+#: Opt-in (``--only``): the defaults with the raw-bytes hand-over through shared
+#: memory turned off (``FetchConfig(shared_bytes=False)``), for an A/B in one run.
+AB_CONTENDERS = [
+    dl.Contender("map_default_pipe", "torchbucket map + BucketBatchSampler, defaults, bytes via pipe",
+                 "tb_loader.py", False, "default", {"kind": "map_fast",
+                                                    "fetch_config": {"shared_bytes": False}}),
+    dl.Contender("iter_default_pipe", "torchbucket iterable, defaults, bytes via pipe",
+                 "tb_loader.py", False, "default", {"kind": "iterable",
+                                                    "fetch_config": {"shared_bytes": False}}),
 ]  # fmt: skip
 STYLE = {  # figure: colour, line style
     "map_default": ("#d9822b", "-"),
@@ -108,6 +133,9 @@ STYLE = {  # figure: colour, line style
     "df_best": ("#4878a8", "-"),
     "gcsfs_cat": ("#6a9a4b", "-"),
     "aiohttp": ("#555555", "--"),
+    "aiohttp_dl": ("#555555", ":"),
+    "map_default_pipe": ("#d9822b", "-."),
+    "iter_default_pipe": ("#a8501b", "-."),
 }
 
 
@@ -147,6 +175,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sizes", default=None, help="comma-separated size keys (default all)")
     p.add_argument("--scale", type=float, default=None, help="multiply the object counts")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per contender run")
+    p.add_argument(
+        "--decode",
+        action="store_true",
+        help="the decode sweep instead (JPEGs decoded in data_format_fn; _sizes_decode.py)",
+    )
     h.add_latency_option(p)
     args = p.parse_args(argv)
     args.presets = h.latency_presets(p, args)
@@ -190,8 +223,8 @@ def sweep_one(
             for preset in args.presets if rep % 2 == 0 else list(reversed(args.presets)):
                 model = h.reseeded(preset, rep)
                 for c in contenders:
-                    slow = c.family in SLOW
-                    if rep >= (args.slow_repeats if slow else args.repeats):
+                    # The goals' contenders (the defaults, the limit) run more often.
+                    if rep >= (args.repeats if c.key in TAIL_KEYS else args.slow_repeats):
                         continue
                     if preset != args.presets[0] and c.key not in TAIL_KEYS:
                         continue
@@ -223,7 +256,7 @@ def size_figures(
     k = ds.key
     s = by_preset[presets[0]]
     out: dict[str, Any] = {}
-    for c in CONTENDERS:
+    for c in CONTENDERS + AB_CONTENDERS:
         r = rate(s, c.key)
         if not math.isnan(r):
             out[f"samples_per_s_{c.key}_{k}"] = round(r, 1)
@@ -234,6 +267,15 @@ def size_figures(
         out[f"{key}_default_fraction_of_limit_{k}"] = round(h.ratio(r, limit), 3)
     out[f"default_fraction_of_limit_{k}"] = round(h.ratio(low, limit), 3)
     out[f"best_fraction_of_limit_{k}"] = round(h.ratio(rate(s, "tb_best"), limit), 3)
+    # Beside the limit, not instead of it: the same bare loop inside DataLoader
+    # workers, its bytes handed to the main process through the pipe, as
+    # torchbucket's must be; and the A/B of the hand-over when it ran.
+    out[f"default_fraction_of_dataloader_loop_{k}"] = round(h.ratio(low, rate(s, "aiohttp_dl")), 3)
+    out[f"dataloader_loop_fraction_of_limit_{k}"] = round(h.ratio(rate(s, "aiohttp_dl"), limit), 3)
+    for key in ("map", "iter"):
+        pipe = rate(s, f"{key}_default_pipe")
+        if not math.isnan(pipe):
+            out[f"{key}_shared_over_pipe_{k}"] = round(h.ratio(rate(s, f"{key}_default"), pipe), 3)
     out[f"default_speedup_vs_dataflux_{k}"] = round(h.ratio(low, df), 2)
     out[f"default_speedup_vs_gcsfs_{k}"] = round(h.ratio(low, gcsfs), 2)
     cpu = [float((s.get(key) or {}).get("client_cpu_ms_per_obj", math.nan)) for key in DEFAULTS]
@@ -294,7 +336,7 @@ def print_tables(sets: list[dl.DataSet], by_size: dict[str, Any], presets: list[
         rows = []
         for d in sets:
             s = by_size[d.key][preset]
-            for c in CONTENDERS:
+            for c in CONTENDERS + AB_CONTENDERS:
                 if s.get(c.key):
                     v = s[c.key]
                     rows.append(
@@ -363,12 +405,36 @@ def figure(sets: list[dl.DataSet], by_size: dict[str, Any], preset: str) -> Path
     return path
 
 
+def main_decode(args: argparse.Namespace, mode: str) -> int:
+    """``--decode``: the sweep with a JPEG decode in ``data_format_fn`` (``_sizes_decode``)."""
+    import _sizes_decode
+
+    t0 = time.monotonic()
+    print(
+        f"sizes --decode ({mode}): one epoch of JPEGs decoded in data_format_fn, "
+        f"DataLoader(num_workers={dl.NUM_WORKERS}), same-region latency, {args.repeats} run(s)"
+    )
+    result = _sizes_decode.run(args, h.bench_python())
+    result.update(mode=mode, repeats=args.repeats, elapsed_s=round(time.monotonic() - t0))
+    result.update(cpu_model=h.machine_info()["cpu_model"])
+    path = h.write_json(f"{NAME}_decode", {"result": result})
+    print(f"wrote {h.rel(path)}")
+    h.emit_result(result)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t0 = time.monotonic()
     bench_py = h.bench_python()
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
-    selected = [c for c in CONTENDERS if not args.only or c.key in args.only.split(",")]
+    if args.decode:
+        return main_decode(args, mode)
+    selected = [
+        c
+        for c in CONTENDERS + (AB_CONTENDERS if args.only else [])
+        if not args.only or c.key in args.only.split(",")
+    ]
     if bench_py is None:
         print("dataflux skipped: run benchmarks/setup_bench_env.sh")
         selected = [c for c in selected if c.family != "dataflux"]
@@ -404,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{result.get(f'tail_slowdown_iterable_{k}')}"
         )
     png = figure(sets, by_size, args.presets[0])
-    if not args.smoke:
+    if not (args.smoke or args.sizes or args.only):  # a partial run leaves the docs' figure
         shutil.copyfile(png, h.ROOT / "docs" / "img" / f"{NAME}.png")
     result.update(
         mode=mode,
