@@ -82,3 +82,46 @@ def test_the_emulators_range_message_is_the_protobuf_message(
     piece.read_range.read_id = read_id
     piece.range_end = end
     assert parsed == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    pieces=st.lists(
+        st.tuples(
+            st.binary(max_size=3000),
+            st.one_of(st.none(), st.integers(min_value=0, max_value=(1 << 32) - 1)),
+            st.integers(min_value=0, max_value=(1 << 62)),
+            st.integers(min_value=0, max_value=(1 << 62)),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    metadata=st.booleans(),
+)
+def test_range_data_is_parsed_as_protobuf_parses_it(
+    pieces: list[tuple[bytes, int | None, int, int, bool]], metadata: bool
+) -> None:
+    from torchbucket.storage.gcs._grpc_data import RangeData, read_response
+
+    message = pb().BidiReadObjectResponse()
+    for content, crc, offset, read_id, end in pieces:
+        piece = message.object_data_ranges.add()
+        piece.checksummed_data.content = content
+        if crc is not None:
+            piece.checksummed_data.crc32c = crc
+        piece.read_range.read_offset = offset
+        piece.read_range.read_length = len(content)
+        piece.read_range.read_id = read_id
+        piece.range_end = end
+    if metadata:
+        message.metadata.name = "o"
+        message.read_handle.handle = b"h"
+    got = read_response(pb().BidiReadObjectResponse)(message.SerializeToString())
+    if metadata:  # anything beyond range data is protobuf's to parse
+        assert got == message
+        return
+    assert isinstance(got, RangeData)
+    assert [(r[0], r[1], bytes(r[2]), r[3], r[4]) for r in got.ranges] == [
+        (read_id, offset, content, crc, end) for content, crc, offset, read_id, end in pieces
+    ]

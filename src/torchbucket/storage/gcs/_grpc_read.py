@@ -30,6 +30,7 @@ from typing import Any
 from torchbucket.errors import IntegrityError, StorageError, TransientError
 from torchbucket.runtime import accounting
 from torchbucket.storage import crc32c
+from torchbucket.storage.gcs._grpc_data import Range, RangeData
 from torchbucket.storage.gcs._grpc_wire import EOF, Channels, bucket_path, error_for_rpc, pb
 
 __all__ = ["Meta", "RangeRead", "ReadStreams"]
@@ -71,12 +72,13 @@ def meta_of(obj: Any) -> Meta:
 class RangeRead:
     """One range being read: ``[pos, end)`` is still to come (``end`` None: to the end).
 
-    ``sink(offset, data)`` receives each checked chunk at its object offset.
+    ``sink(offset, data)`` receives each checked chunk at its object offset:
+    ``bytes``, or a read-only view valid only during the call (copy what is kept).
     """
 
     start: int
     end: int | None
-    sink: Callable[[int, bytes], None]
+    sink: Callable[[int, bytes | memoryview], None]
     pos: int = -1
     crc: int = 0
     whole_crc: bool = False
@@ -96,6 +98,13 @@ class RangeRead:
 
 
 _ids = itertools.count(1)
+
+
+def _range_of(data: Any) -> Range:
+    """An ``ObjectRangeData`` message as :class:`RangeData` holds each range."""
+    cd = data.checksummed_data
+    crc = cd.crc32c if cd.HasField("crc32c") else None
+    return data.read_range.read_id, data.read_range.read_offset, cd.content, crc, data.range_end
 
 
 class _Stream:
@@ -228,28 +237,30 @@ class _Stream:
                 self.reads.clear()
 
     def _receive(self, resp: Any) -> None:
-        if resp.HasField("metadata"):
-            self.meta = meta_of(resp.metadata)
-            if self.on_meta is not None:
-                self.on_meta(self.key, self.meta)
-        if resp.HasField("read_handle") and self.meta is not None:
-            self.owner.remember(self.key, self.meta, resp.read_handle.handle, None)
-        for data in resp.object_data_ranges:
-            read = self.reads.get(data.read_range.read_id)
+        ranges: list[Range]
+        if isinstance(resp, RangeData):  # range data alone, parsed by hand
+            ranges = resp.ranges
+        else:
+            if resp.HasField("metadata"):
+                self.meta = meta_of(resp.metadata)
+                if self.on_meta is not None:
+                    self.on_meta(self.key, self.meta)
+            if resp.HasField("read_handle") and self.meta is not None:
+                self.owner.remember(self.key, self.meta, resp.read_handle.handle, None)
+            ranges = [_range_of(data) for data in resp.object_data_ranges]
+        for read_id, offset, content, sent, range_end in ranges:
+            read = self.reads.get(read_id)
             if read is None:
                 continue  # a read cut short by its attempt's timeout
             if read.meta is None:
                 read.meta = self.meta
-            content = data.checksummed_data.content
-            offset = data.read_range.read_offset
             uri = self.owner.uri(self.key)
             if offset != read.pos:
                 raise TransientError(
                     f"range data at {offset}, expected {read.pos}", operation="get", uri=uri
                 )
             accounting.received(len(content))
-            if data.checksummed_data.HasField("crc32c"):
-                sent = data.checksummed_data.crc32c
+            if sent is not None:
                 if crc32c.extend(0, content) != sent:
                     raise IntegrityError(
                         f"a chunk at offset {offset} does not match its CRC32C",
@@ -262,7 +273,7 @@ class _Stream:
                 read.crc = crc32c.extend(read.crc, content)
             read.sink(offset, content)
             read.pos += len(content)
-            if data.range_end:
+            if range_end:
                 self._finish(read)
 
     def _finish(self, read: RangeRead) -> None:

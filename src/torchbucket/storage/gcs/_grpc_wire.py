@@ -36,7 +36,7 @@ from torchbucket.errors import (
     ThrottledError,
     TransientError,
 )
-from torchbucket.storage.gcs._grpc_data import serialize
+from torchbucket.storage.gcs._grpc_data import read_response, serialize
 
 try:
     import grpc
@@ -200,7 +200,8 @@ class Channels:
             "BidiReadObject": channel.stream_stream(
                 _SERVICE + "BidiReadObject",
                 request_serializer=m.BidiReadObjectRequest.SerializeToString,
-                response_deserializer=m.BidiReadObjectResponse.FromString,
+                # Range data parsed by hand, its chunks not copied (see _grpc_data).
+                response_deserializer=read_response(m.BidiReadObjectResponse),
             ),
             "BidiWriteObject": channel.stream_stream(
                 _SERVICE + "BidiWriteObject",

@@ -188,16 +188,16 @@ class GrpcPath:
         return check
 
     async def get(self, key: str, start: int, end: int | None, generation: int | None) -> bytes:
-        parts: list[bytes] = []
+        parts: list[bytes | memoryview] = []
         await self._read(key, start, end, generation, lambda _o, data: parts.append(data))
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
 
     async def get_into(
         self, key: str, buffer: memoryview, start: int, generation: int | None
     ) -> int:
         out = buffer.cast("B") if buffer.format != "B" or buffer.ndim != 1 else buffer
 
-        def sink(offset: int, data: bytes) -> None:
+        def sink(offset: int, data: bytes | memoryview) -> None:
             at = offset - start
             out[at : at + len(data)] = data
 
@@ -214,7 +214,7 @@ class GrpcPath:
             stop = pos + window if end is None else min(end, pos + window)
             parts: list[bytes] = []
             count, meta = await self._read(
-                key, pos, stop, generation, lambda _o, data, out=parts: out.append(data)
+                key, pos, stop, generation, lambda _o, data, out=parts: out.append(bytes(data))
             )
             if meta is not None:
                 generation = meta.generation
