@@ -58,6 +58,10 @@ DCP contenders' CPU per GiB. ``--large-mib`` (4096 with ``--quick``, 8192 in
 full mode) then runs torchbucket, the floor and dataflux on that size under
 the first preset; its keys end ``_{N}mib``.
 
+Zonal (Rapid) buckets (issue 42, ``_ckpt_zonal.py``): torchbucket against
+gcsfs over the emulator's gRPC endpoint, ``--zonal-mib``; RESULT adds
+``speedup_vs_gcsfs_zonal_{save,load}`` (goal 1.5) and ``client_cpu_ms_per_mib_zonal_{save,load}``.
+
 Latency (issue 19): ``--latency`` takes presets alternated repeat by
 repeat (``_harness.alternating_runs``), by default ``same-region``
 (constant) and ``same-region-tail`` (a log-normal tail with
@@ -85,6 +89,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _ckpt_report as report
+import _ckpt_zonal as zonal
 import _harness as h
 from _ckpt_large import run_large
 
@@ -164,6 +169,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "through gcsfs took 208 s; far from the others, their time varies little)",
     )
     p.add_argument("--only", default=None, help="comma-separated contender keys (default all)")
+    zonal.add_argument(p)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per contender run")
     p.add_argument(
         "--bandwidth",
@@ -382,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = report.speedups(summaries, args.presets)
     result.update(report.floor_result(summary))
+    result.update(zonal.case(args))  # zonal (Rapid) buckets over gRPC: _ckpt_zonal.py
     suffixes = [""]
     if large_summary:
         result.update(report.large_result(large_summary, args.large_mib))

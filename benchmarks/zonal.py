@@ -13,7 +13,8 @@ own, timed by wall clock and that process's CPU:
   regional bucket of the same emulator over the JSON API for scale;
 - checkpoints: ``BucketCheckpoint.save``/``load`` of a state dict against
   ``torch.save``/``torch.load`` through ``gcsfs.open`` (its appendable writer
-  and its reader).
+  and its reader), each client warm, by ``_ckpt_zonal.py`` (which
+  ``checkpoint.py`` runs too), with the emulator's CPU beside each.
 
 RESULT keys: ``speedup_vs_gcsfs_zonal_{10k,100k,save,load}`` (gcsfs's wall
 time over torchbucket's), ``cpu_ms_per_mib_zonal_{contender}_{case}``, and
@@ -24,7 +25,6 @@ Goals (the issue's): at least 2 for data loading and 1.5 for save and load.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import random
 import subprocess
@@ -34,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "_contenders"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _ckpt_zonal
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -56,44 +59,18 @@ def _timed(fn: Any) -> dict[str, float]:
 
 def run_contender(name: str, args: dict[str, Any]) -> dict[str, float]:
     bucket, case = args["bucket"], args["case"]
-    import torch
-
     if name.startswith("torchbucket"):
-        from torchbucket.checkpoint import BucketCheckpoint
         from torchbucket.datasets import BucketIterableDataset
         from torchbucket.storage.gcs import GCSConfig
 
         gcs = GCSConfig(endpoint=args["endpoint"], grpc_endpoint=f"http://{args['grpc_endpoint']}")
-        if case in ("10k", "100k"):
-            ds = BucketIterableDataset.from_prefix(f"gs://{bucket}/{case}/", gcs=gcs)
-            return _timed(lambda: sum(len(x) for x in ds))
-        ck = BucketCheckpoint(gcs=gcs)
-        state = {"w": torch.frombuffer(bytearray(_data(-1, args["size"])), dtype=torch.uint8)}
-        uri = f"gs://{bucket}/ck/tb.pt"
-        saved = _timed(lambda: ck.save(state, uri) or args["size"])
-        loaded = _timed(lambda: ck.load(uri)["w"].numel())
-        return saved if case == "save" else loaded
+        ds = BucketIterableDataset.from_prefix(f"gs://{bucket}/{case}/", gcs=gcs)
+        return _timed(lambda: sum(len(x) for x in ds))
     fs = _gcsfs(args)
-    if case in ("10k", "100k"):
-        # The names are known: gcsfs's find on an HNS bucket asks ListFolders,
-        # which the emulator does not serve.
-        paths = [f"{bucket}/{case}/{i:06d}" for i in range(args["n"])]
-        return _timed(lambda: sum(len(v) for v in fs.cat(paths).values()))
-    state = {"w": torch.frombuffer(bytearray(_data(-1, args["size"])), dtype=torch.uint8)}
-    path = f"{bucket}/ck/gcsfs.pt"
-
-    def save() -> int:
-        with fs.open(path, "wb") as f:
-            torch.save(state, f)
-        return args["size"]
-
-    def load() -> int:
-        with fs.open(path, "rb") as f:
-            return int(torch.load(io.BytesIO(f.read()))["w"].numel())
-
-    saved = _timed(save)
-    loaded = _timed(load)
-    return saved if case == "save" else loaded
+    # The names are known: gcsfs's find on an HNS bucket asks ListFolders,
+    # which the emulator does not serve.
+    paths = [f"{bucket}/{case}/{i:06d}" for i in range(args["n"])]
+    return _timed(lambda: sum(len(v) for v in fs.cat(paths).values()))
 
 
 CONTENDERS = ("torchbucket", "gcsfs", "torchbucket_regional")
@@ -126,10 +103,8 @@ def main() -> None:
                 each = 10 * KiB if case == "10k" else 100 * KiB
                 emu.seed(name, {f"{case}/{i:06d}": _data(i, each) for i in range(n)})
         for _ in range(repeats):
-            for case in ("10k", "100k", "save", "load"):
+            for case in ("10k", "100k"):
                 for c in CONTENDERS:
-                    if c == "torchbucket_regional" and case in ("save", "load"):
-                        continue
                     args = {
                         "endpoint": emu.endpoint,
                         "grpc_endpoint": emu.grpc_endpoint,
@@ -152,6 +127,10 @@ def main() -> None:
                     results.setdefault((c, case), []).append(
                         json.loads(done.stdout.strip().splitlines()[-1])
                     )
+        ckpt = _ckpt_zonal.run(emu, buckets["zonal"], size, repeats)
+    for c in _ckpt_zonal.CONTENDERS:
+        for op in _ckpt_zonal.OPS:
+            results[(c, op)] = [{**r, "bytes": size} for r in ckpt[c][op]]
 
     def med(c: str, case: str, key: str) -> float:
         values = sorted(r[key] for r in results[(c, case)])
