@@ -134,6 +134,29 @@ def test_multi_range_downloader_reads_ranges_of_an_object_written_over_json(emu:
     assert stats["bytes_out"] == 100 + 3_000_000 + 10 + len(data)
 
 
+def test_a_read_stream_is_in_the_counters_while_it_is_still_open(emu: Emulator) -> None:
+    # A client that has its bytes may close the stream after it asks the
+    # counters (torchbucket's reads do: a test comparing its own counts with the
+    # server's found reads missing under load). Counted when admitted, bytes as sent.
+    b = _bucket(emu)
+    data = os.urandom(300_000)
+    _upload(emu, b, "d/open.bin", data)
+    emu.reset_stats()
+
+    async def body() -> tuple[bytes, dict[str, Any]]:
+        mrd = await AsyncMultiRangeDownloader.create_mrd(_client(emu), b, "d/open.bin")
+        buf = io.BytesIO()
+        await mrd.download_ranges([(10, 200_000, buf)])
+        stats = await asyncio.to_thread(emu.stats)  # the stream is still open
+        await mrd.close()
+        return buf.getvalue(), stats
+
+    got, stats = asyncio.run(body())
+    assert got == data[10:200_010]
+    assert stats["by_op"] == {"get": 1}
+    assert stats["bytes_out"] == 200_000
+
+
 def test_appendable_writer_appends_flushes_finalizes_and_json_reads_it(emu: Emulator) -> None:
     b = _bucket(emu)
     part1, part2 = b"hello ", os.urandom(5_000_000)

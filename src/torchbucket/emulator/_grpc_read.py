@@ -213,7 +213,7 @@ class ReadApi:
             message.checksummed_data.content = content
             message.checksummed_data.crc32c = crc
             await self.g.transfer(len(content))
-            tally.bytes_out += len(content)
+            tally.sent(len(content))
             yield message
             pos = stop
             if kind == "truncate" and pos >= half:
@@ -344,7 +344,7 @@ class _BidiRead:
             last = stop >= end and kind != "truncate"
             message = range_message(content, crc, pos, read_id, last)
             await g.transfer(len(content))
-            self.tally.bytes_out += len(content)
+            self.tally.sent(len(content))
             await self.out.put(message)
             pos = stop
             if kind == "truncate" and pos >= half:

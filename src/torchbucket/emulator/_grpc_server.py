@@ -54,11 +54,27 @@ class Tally:
     """What one RPC adds to the counters, filled in as it runs."""
 
     method: str
+    stats: Any = None
     op: str = ""
     bucket: str = ""
     status: int = 200
     bytes_in: int = 0
     bytes_out: int = 0
+    begun: bool = False  # counted as admitted: its bytes go to the counters at once
+
+    def sent(self, nbytes: int) -> None:
+        """``nbytes`` answered: in the counters at once once the call is admitted."""
+        if self.begun:
+            self.stats.add_bytes(0, nbytes, self.bucket)
+        else:
+            self.bytes_out += nbytes
+
+    def received(self, nbytes: int) -> None:
+        """``nbytes`` received: in the counters at once once the call is admitted."""
+        if self.begun:
+            self.stats.add_bytes(nbytes, 0, self.bucket)
+        else:
+            self.bytes_in += nbytes
 
 
 Unary = Callable[[Any, Any, Tally], Awaitable[Any]]
@@ -170,6 +186,11 @@ class GrpcFront:
         front = self.front
         tally.op, tally.bucket = tally.op or op, tally.bucket or bucket
         stats = front.stats
+        if not tally.begun:
+            # Counted now, not when the stream ends (see _stats.Stats.begin).
+            stats.begin(tally.op, tally.bucket)
+            stats.add_bytes(tally.bytes_in, tally.bytes_out, tally.bucket)
+            tally.begun = True
         if front.auth is not None:
             headers = {}
             for key, value in context.invocation_metadata() or ():
@@ -246,14 +267,16 @@ class GrpcFront:
             await asyncio.sleep(nbytes / sampler.model.bandwidth)
 
     def _count(self, tally: Tally) -> None:
-        if tally.op:
+        if tally.begun:
+            self.front.stats.by_status[tally.status] += 1
+        elif tally.op:
             self.front.stats.count(
                 tally.op, tally.status, tally.bytes_in, tally.bytes_out, tally.bucket
             )
 
     def _begin(self, method: str) -> Tally:
         self.front.stats.by_rpc[method] += 1
-        return Tally(method)
+        return Tally(method, self.front.stats)
 
     # -- handler wrappers ----------------------------------------------------
 

@@ -196,7 +196,7 @@ class _Upload:
         self.pending.append(content)
         self.received += len(content)
         self.crc = int(google_crc32c.extend(self.crc, content))
-        self.tally.bytes_in += len(content)
+        self.tally.received(len(content))
 
     async def _break_if_faulted(self, *, finishing: bool = False) -> None:
         if self.kind == "reset" or (self.kind == "truncate" and (self.flushed or finishing)):

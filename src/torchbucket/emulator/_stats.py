@@ -66,19 +66,36 @@ class Stats:
         self, op: str, status: int, bytes_in: int, bytes_out: int, bucket: str | None = None
     ) -> None:
         """Record one answered (or refused, or failed) request, on ``bucket`` if any."""
+        self.begin(op, bucket)
+        self.add_bytes(bytes_in, bytes_out, bucket)
+        self.by_status[status] += 1
+
+    def begin(self, op: str, bucket: str | None = None) -> None:
+        """Record one request of ``op`` as it is admitted; its bytes and status come later.
+
+        A gRPC stream is counted so, not when it ends: a client that has its
+        answer may close the stream after it reads the counters.
+        """
         self.requests += 1
         self.by_class[OP_CLASS.get(op, "other")] += 1
         self.by_op[op] += 1
-        self.by_status[status] += 1
+        if bucket:
+            self._bucket(bucket)["by_op"][op] += 1
+
+    def add_bytes(self, bytes_in: int, bytes_out: int, bucket: str | None = None) -> None:
+        """Record bytes received and sent, on ``bucket`` if any."""
         self.bytes_in += bytes_in
         self.bytes_out += bytes_out
         if bucket:
-            mine = self.by_bucket.get(bucket)
-            if mine is None:
-                mine = self.by_bucket[bucket] = {"by_op": Counter(), "bytes_in": 0, "bytes_out": 0}
-            mine["by_op"][op] += 1
+            mine = self._bucket(bucket)
             mine["bytes_in"] += bytes_in
             mine["bytes_out"] += bytes_out
+
+    def _bucket(self, bucket: str) -> dict[str, Any]:
+        mine = self.by_bucket.get(bucket)
+        if mine is None:
+            mine = self.by_bucket[bucket] = {"by_op": Counter(), "bytes_in": 0, "bytes_out": 0}
+        return mine
 
     def snapshot(self, backend_pid: int | None = None) -> dict[str, Any]:
         """The counters as a JSON-able dict.
