@@ -20,12 +20,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import yarl
 
 from torchbucket import runtime
-from torchbucket.errors import ConfigError, StorageError
+from torchbucket.errors import ConfigError, NotFoundError, StorageError
 from torchbucket.storage._common import check_page_size
 from torchbucket.storage.base import ListPage
 from torchbucket.storage.gcs import _errors, _grpc_wire, _objects
@@ -39,6 +40,7 @@ from torchbucket.storage.gcs.config import GCSConfig
 __all__ = ["Router"]
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _ZONAL_FIELDS = f"items({INFO_FIELDS},metadata),prefixes,nextPageToken"
 _warned: set[str] = set()
@@ -171,6 +173,29 @@ class Router:
         if pointers is None:
             return key, generation
         return await pointers.resolve(key, generation)
+
+    async def json_read(
+        self, key: str, generation: int | None, read: Callable[[str, int | None], Awaitable[T]]
+    ) -> T:
+        """``read(name, generation)`` over the JSON API, a pointer followed.
+
+        A pinned read goes straight to ``key`` unless ``key`` is a pointer
+        followed already; a pointer's name pinned to its data object's
+        generation (what listings give) answers 404, and then the name is
+        asked. An unpinned read on a zonal bucket asks the name first.
+        """
+        pointers = await self.json_pointers()
+        if pointers is None:
+            return await read(key, generation)
+        if generation is None or pointers.followed(key, generation):
+            return await read(*await pointers.resolve(key, generation))
+        try:
+            return await read(key, generation)
+        except NotFoundError:
+            name, gen = await pointers.resolve(key, generation)
+            if name == key:
+                raise
+        return await read(name, gen)
 
     async def zonal(self) -> bool:
         """Whether the bucket is zonal, as far as this store may ask.

@@ -210,10 +210,16 @@ class GCSStore:
         grpc = await self._router.grpc()
         if grpc is not None:
             return await grpc.get(key, start, end, generation)
-        name, generation = await self._router.json_name(key, generation)
-        transport = self._transport
-        return await _reads.read(
-            transport, transport.urls.object_url(name, _media_query(generation)), key, start, end
+        return await self._router.json_read(
+            key,
+            generation,
+            lambda name, gen: _reads.read(
+                self._transport,
+                self._transport.urls.object_url(name, _media_query(gen)),
+                key,
+                start,
+                end,
+            ),
         )
 
     async def get_into(
@@ -226,10 +232,16 @@ class GCSStore:
         grpc = await self._router.grpc()
         if grpc is not None:
             return await grpc.get_into(key, buffer, start, generation)
-        name, generation = await self._router.json_name(key, generation)
-        transport = self._transport
-        return await _reads.read_into(
-            transport, transport.urls.object_url(name, _media_query(generation)), key, start, buffer
+        return await self._router.json_read(
+            key,
+            generation,
+            lambda name, gen: _reads.read_into(
+                self._transport,
+                self._transport.urls.object_url(name, _media_query(gen)),
+                key,
+                start,
+                buffer,
+            ),
         )
 
     async def stream(

@@ -57,6 +57,11 @@ class JsonPointers:
             self._known[key] = (target[0], target[1])
         return listed_info(doc, info)
 
+    def followed(self, key: str, generation: int) -> bool:
+        """Whether ``key`` at ``generation`` is a pointer's data object already followed."""
+        known = self._known.get(key)
+        return known is not None and known[1] == generation
+
     async def resolve(self, key: str, generation: int | None) -> tuple[str, int | None]:
         """The object and generation to read for ``key`` at ``generation``.
 
