@@ -171,7 +171,20 @@ class _Stream:
             try:
                 await self.call.write(request)
             except asyncio.CancelledError:
-                raise
+                # grpc.aio raises CancelledError on a write to a call cancelled
+                # here (another range of the stream failed and ended it): that
+                # is this range's failed attempt, not this task's cancellation.
+                task = asyncio.current_task()
+                cancelling = getattr(task, "cancelling", None)
+                if (cancelling is not None and cancelling()) or not (
+                    self.closed or self.call.cancelled()
+                ):
+                    raise
+                raise TransientError(
+                    "the read stream was ended by another range's failure",
+                    operation="get",
+                    uri=self.owner.uri(self.key),
+                ) from None
             except Exception as exc:  # the server ended the stream meanwhile
                 raise TransientError(
                     f"the read stream ended ({type(exc).__name__})",
