@@ -173,6 +173,7 @@ def summarize(runs: dict[str, dict[str, list[dict[str, float]]]], size: int) -> 
     print(f"zonal checkpoint, {mib:.0f} MiB, medians of {len(runs['torchbucket']['save'])}:")
     print(
         f"{'op':<6}{'contender':<13}{'wall s':>8}{'MiB/s':>8}{'CPU ms/MiB':>12}{'emu ms/MiB':>12}"
+        "  wall s, each run"
     )
     for op in OPS:
         for c in CONTENDERS:
@@ -180,7 +181,8 @@ def summarize(runs: dict[str, dict[str, list[dict[str, float]]]], size: int) -> 
             wall = _median([r["wall"] for r in rs])
             cpu = _median([r["cpu"] for r in rs]) / mib * 1e3
             emu = _median([r["emu_cpu"] for r in rs]) / mib * 1e3
-            print(f"{op:<6}{c:<13}{wall:>8.2f}{mib / wall:>8.0f}{cpu:>12.2f}{emu:>12.2f}")
+            each = " ".join(f"{r['wall']:.2f}" for r in rs)
+            print(f"{op:<6}{c:<13}{wall:>8.2f}{mib / wall:>8.0f}{cpu:>12.2f}{emu:>12.2f}  {each}")
             prefix = "client" if c == "torchbucket" else c
             out[f"{prefix}_cpu_ms_per_mib_zonal_{op}"] = round(cpu, 3)
             out[f"emulator_cpu_ms_per_mib_zonal_{c}_{op}"] = round(emu, 3)
