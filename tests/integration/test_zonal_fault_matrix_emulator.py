@@ -222,3 +222,26 @@ def test_a_save_killed_after_a_flush_keeps_the_previous_checkpoint(
     assert _visible(emu, bucket)[1] == 0
     assert same(good.load(uri, weights_only=True), state(1))
     runtime.run(store.close())
+
+
+def test_a_load_checks_the_object_from_the_chunks_checksums(
+    emu: Emulator, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No second pass over the download: the object's CRC32C is combined from
+    # the ranges', each chunk checked against the server's on arrival; a chunk
+    # damaged on the way down is still caught (and read again).
+    from torchbucket.checkpoint import _reader
+
+    uri = f"gs://{bucket}/{KEY}"
+    ck = BucketCheckpoint(config=CheckpointConfig(range_size=1 << 20), gcs=_gcs(emu))
+    ck.save(state(3), uri)
+
+    class NoPass:
+        def update(self, data: object) -> None:
+            raise AssertionError("the download was checksummed again")
+
+    monkeypatch.setattr(_reader, "Crc32c", NoPass)
+    assert same(ck.load(uri, weights_only=True), state(3))
+    emu.add_fault("get", "corrupt", nth=3)
+    assert same(ck.load(uri, weights_only=True), state(3))
+    assert _fired(emu) == 1

@@ -347,3 +347,14 @@ def test_a_zonal_bucket_without_grpcio_says_so_and_takes_the_json_api(
     assert runtime.run(s._router.grpc()) is None
     assert runtime.run(s.zonal())  # still zonal: compose stays off
     assert any("torchbucket[rapid]" in r.getMessage() for r in caplog.records)
+
+
+def test_a_ranged_read_gives_the_crc32c_of_its_bytes(store: GCSStore, server: FakeServer) -> None:
+    # From the chunks' own checksums, each checked on arrival: a checkpoint load
+    # combines them into the object's instead of reading the download again.
+    data = _data(5 * MiB + 3, seed=29)
+    runtime.run(store.put_stream("r", _chunks(data, MiB)))
+    buf = bytearray(3 * MiB)
+    count, crc = runtime.run(store.get_into_checked("r", memoryview(buf), start=MiB))
+    assert count == len(buf) and bytes(buf) == data[MiB : 4 * MiB]
+    assert crc == crc32c.extend(0, data[MiB : 4 * MiB])

@@ -18,7 +18,7 @@ import logging
 import mmap
 from collections.abc import Callable, Coroutine, Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -28,7 +28,8 @@ from torchbucket.checkpoint import _consumed
 from torchbucket.checkpoint.config import CheckpointConfig
 from torchbucket.errors import IntegrityError, NotFoundError
 from torchbucket.storage.base import ObjectInfo, ObjectStore
-from torchbucket.storage.crc32c import Crc32c
+from torchbucket.storage.capabilities import SupportsCheckedReads
+from torchbucket.storage.crc32c import Crc32c, b64, combine
 from torchbucket.storage.ranges import fetch_ranges, split_ranges
 
 logger = logging.getLogger(__name__)
@@ -339,6 +340,43 @@ def download_range(
         )
 
 
+class _CheckedRanges:
+    """A store for :func:`fetch_ranges` that keeps each range's CRC32C.
+
+    Where the store sends a checksum with every chunk and checks each on
+    arrival (``SupportsCheckedReads``: GCS's gRPC path), the object's CRC32C
+    is combined from the ranges' instead of computed again over the download
+    once the last byte is in (a 128 MiB load from the emulator's zonal bucket:
+    1.57 -> 1.42 client CPU ms/MiB without that pass, in one process).
+    """
+
+    def __init__(self, store: SupportsCheckedReads) -> None:
+        self._store = store
+        self._ranges: dict[int, tuple[int, int | None]] = {}
+
+    def uri(self, key: str = "") -> str:
+        return cast(ObjectStore, self._store).uri(key)
+
+    async def get_into(
+        self, key: str, buffer: memoryview, *, start: int = 0, generation: int | None = None
+    ) -> int:
+        got, crc = await self._store.get_into_checked(
+            key, buffer, start=start, generation=generation
+        )
+        self._ranges[start] = (got, crc)
+        return got
+
+    def combined(self, size: int) -> int | None:
+        """The CRC32C of ``[0, size)`` from the ranges', or ``None`` where one lacks it."""
+        at = value = 0
+        for start in sorted(self._ranges):
+            got, crc = self._ranges[start]
+            if start != at or crc is None:
+                return None
+            value, at = combine(value, crc, got), at + got
+        return value if at == size else None
+
+
 def download(
     store: ObjectStore, key: str, info: ObjectInfo, buffer: memoryview, config: CheckpointConfig
 ) -> None:
@@ -350,11 +388,15 @@ def download(
             second read).
     """
     uri = store.uri(key)
+    verify = config.verify_crc32c and info.crc32c is not None
     for attempt in range(1, _LOAD_ATTEMPTS + 1):
+        checked = (
+            _CheckedRanges(store) if verify and isinstance(store, SupportsCheckedReads) else None
+        )
         with _same_generation(store, key, info):
             _run_filling(
                 fetch_ranges(
-                    store,
+                    cast(ObjectStore, checked or store),
                     [(key, buffer, 0)],
                     generation=info.generation,
                     chunk_size=config.range_size,
@@ -363,15 +405,18 @@ def download(
                 buffer,
                 config.range_size,
             )
-        if not config.verify_crc32c or info.crc32c is None:
+        if not verify:
             return
-        crc = Crc32c()
-        crc.update(buffer)
-        if crc.b64() == info.crc32c:
+        value = checked.combined(len(buffer)) if checked is not None else None
+        if value is None:  # the bytes read again: no per-chunk checksums came
+            crc = Crc32c()
+            crc.update(buffer)
+            value = crc.value
+        if b64(value) == info.crc32c:
             return
         # A range is checked only for its length on the way in, so which one
         # was damaged is unknown: read them all again.
-        message = f"crc32c of the bytes read is {crc.b64()}, the object's is {info.crc32c}"
+        message = f"crc32c of the bytes read is {b64(value)}, the object's is {info.crc32c}"
         if attempt == _LOAD_ATTEMPTS:
             raise IntegrityError(message, operation="checkpoint load", uri=uri)
         logger.warning("%s: %s; reading it again", uri, message)

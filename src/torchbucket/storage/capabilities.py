@@ -33,6 +33,7 @@ __all__ = [
     "RemoteStore",
     "SupportsBucketInfo",
     "SupportsBuckets",
+    "SupportsCheckedReads",
     "SupportsCreationTime",
     "SupportsFolders",
     "SupportsSoftDelete",
@@ -171,6 +172,25 @@ class RemoteStore(Protocol):
     @property
     def retry(self) -> RetryConfig:
         """How the store's requests are retried."""
+        ...
+
+
+@runtime_checkable
+class SupportsCheckedReads(Protocol):
+    """A store whose reads may come with the server's checksum of every chunk.
+
+    Optional: a checkpoint load asks it for each range, and where every range
+    has one it checks the whole object's CRC32C by combining them rather than
+    by reading the downloaded bytes again (GCS's gRPC path: each chunk arrives
+    with its CRC32C and is checked against it on arrival).
+    """
+
+    async def get_into_checked(
+        self, key: str, buffer: memoryview, *, start: int = 0, generation: int | None = None
+    ) -> tuple[int, int | None]:
+        """``get_into``, and the CRC32C of the bytes read, combined from the
+        server's per-chunk checksums each checked on arrival (``None`` where
+        this read had none)."""
         ...
 
 

@@ -84,6 +84,10 @@ class RangeRead:
     whole_crc: bool = False
     done: asyncio.Future[Meta] | None = None
     read_id: int = 0
+    #: Combine ``crc`` over every chunk (not only a whole-object read), from
+    #: the chunks' own checksums; ``crc_known`` false once one came without.
+    crc_all: bool = False
+    crc_known: bool = True
     meta: Meta | None = field(default=None)
 
     def __post_init__(self) -> None:
@@ -280,10 +284,12 @@ class _Stream:
                         operation="get",
                         uri=uri,
                     )
-                if read.whole_crc:
+                if read.whole_crc or read.crc_all:
                     read.crc = crc32c.combine(read.crc, sent, len(content))
             elif read.whole_crc:
                 read.crc = crc32c.extend(read.crc, content)
+            else:
+                read.crc_known = False
             read.sink(offset, content)
             read.pos += len(content)
             if range_end:

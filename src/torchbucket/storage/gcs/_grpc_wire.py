@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchbucket.errors import (
     BucketNotFoundError,
@@ -37,6 +37,9 @@ from torchbucket.errors import (
     TransientError,
 )
 from torchbucket.storage.gcs._grpc_data import read_response, serialize
+
+if TYPE_CHECKING:
+    from torchbucket.storage.gcs.config import GCSConfig
 
 try:
     import grpc
@@ -57,6 +60,7 @@ __all__ = [
     "error_for_rpc",
     "error_for_status",
     "error_of_call",
+    "grpc_target",
     "hold",
     "inherited",
     "pb",
@@ -109,6 +113,25 @@ def _unpin_in_parent() -> None:
 
 
 os.register_at_fork(before=_pin_before_fork, after_in_parent=_unpin_in_parent)
+
+
+def grpc_target(config: GCSConfig, endpoint: str) -> tuple[str, bool] | None:
+    """``(host:port, secure)`` of the gRPC endpoint, or ``None`` where none is known.
+
+    ``GCSConfig.grpc_endpoint`` or ``$TORCHBUCKET_GCS_GRPC_ENDPOINT`` when set
+    (``http://`` plaintext, ``https://`` TLS); Google's own for Google's JSON
+    endpoint; none for an emulator that was not given one.
+    """
+    url = config.grpc_endpoint or os.environ.get("TORCHBUCKET_GCS_GRPC_ENDPOINT", "").strip()
+    if not url:
+        if not endpoint.startswith("https://storage.googleapis.com"):
+            return None
+        url = "https://storage.googleapis.com"
+    secure = url.startswith("https://")
+    host = url.split("://", 1)[-1].rstrip("/")
+    if ":" not in host.rpartition("]")[2]:
+        host += ":443" if secure else ":80"
+    return host, secure
 
 
 def available() -> bool:

@@ -244,6 +244,19 @@ class GCSStore:
             ),
         )
 
+    async def get_into_checked(
+        self, key: str, buffer: memoryview, *, start: int = 0, generation: int | None = None
+    ) -> tuple[int, int | None]:
+        """``get_into``, and on the gRPC path the CRC32C of the bytes read (see
+        ``SupportsCheckedReads``); ``None`` over the JSON API."""
+        grpc = await self._router.grpc() if len(buffer) else None
+        if grpc is None:
+            return await self.get_into(key, buffer, start=start, generation=generation), None
+        check_range(start, None)
+        crc: list[int | None] = []
+        count = await grpc.get_into(key, buffer, start, generation, crc)
+        return count, crc[-1] if crc else None
+
     async def stream(
         self, key: str, *, start: int = 0, end: int | None = None, chunk_size: int = 1 << 20
     ) -> AsyncIterator[bytes]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -40,6 +39,7 @@ from torchbucket.storage.gcs._grpc_wire import (
     Channels,
     bucket_path,
     error_for_rpc,
+    grpc_target,
     hold,
     pb,
 )
@@ -57,25 +57,6 @@ from torchbucket.storage.gcs.config import GCSConfig
 __all__ = ["POINTER_PREFIX", "GrpcPath", "grpc_target", "listed_info", "pointed"]
 
 logger = logging.getLogger(__name__)
-
-
-def grpc_target(config: GCSConfig, endpoint: str) -> tuple[str, bool] | None:
-    """``(host:port, secure)`` of the gRPC endpoint, or ``None`` where none is known.
-
-    ``GCSConfig.grpc_endpoint`` or ``$TORCHBUCKET_GCS_GRPC_ENDPOINT`` when set
-    (``http://`` plaintext, ``https://`` TLS); Google's own for Google's JSON
-    endpoint; none for an emulator that was not given one.
-    """
-    url = config.grpc_endpoint or os.environ.get("TORCHBUCKET_GCS_GRPC_ENDPOINT", "").strip()
-    if not url:
-        if not endpoint.startswith("https://storage.googleapis.com"):
-            return None
-        url = "https://storage.googleapis.com"
-    secure = url.startswith("https://")
-    host = url.split("://", 1)[-1].rstrip("/")
-    if ":" not in host.rpartition("]")[2]:
-        host += ":443" if secure else ":80"
-    return host, secure
 
 
 class _Followed(StorageError):
@@ -123,9 +104,18 @@ class GrpcPath:
     # ------------------------------------------------------------ reads
 
     async def _read(
-        self, key: str, start: int, end: int | None, generation: int | None, sink: Any
+        self,
+        key: str,
+        start: int,
+        end: int | None,
+        generation: int | None,
+        sink: Any,
+        crc: list[int | None] | None = None,
     ) -> tuple[int, Meta | None]:
-        """Read ``[start, end)`` of ``key`` into ``sink``; ``(bytes, meta)``, following pointers."""
+        """Read ``[start, end)`` of ``key`` into ``sink``; ``(bytes, meta)``, following pointers.
+
+        ``crc`` gets the bytes' CRC32C appended, from the chunks' (``RangeRead.crc_all``).
+        """
         name, gen = key, generation
         known = self._pointers.get(key)
         if known is not None and (generation is None or known[1] == generation):
@@ -139,7 +129,7 @@ class GrpcPath:
             )
         asked = False  # the name asked again after its remembered data object was gone
         for _ in range(4):
-            read = RangeRead(start, end, sink)
+            read = RangeRead(start, end, sink, crc_all=crc is not None)
             try:
                 meta = await self._t.call(
                     functools.partial(self._reads.read, name, gen, read, self._on_meta(key)),
@@ -178,6 +168,8 @@ class GrpcPath:
                         continue
                     exc.uri = self._t.urls.uri(key)
                 raise
+            if crc is not None:
+                crc.append(read.crc if read.crc_known else None)
             return read.pos - start, meta
         raise StorageError("a pointer names a pointer", operation="get", uri=self._t.urls.uri(key))
 
@@ -193,15 +185,21 @@ class GrpcPath:
         return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
 
     async def get_into(
-        self, key: str, buffer: memoryview, start: int, generation: int | None
+        self,
+        key: str,
+        buffer: memoryview,
+        start: int,
+        generation: int | None,
+        crc: list[int | None] | None = None,
     ) -> int:
+        """Read into ``buffer``; ``crc`` gets the bytes' CRC32C (see ``_read``)."""
         out = buffer.cast("B") if buffer.format != "B" or buffer.ndim != 1 else buffer
 
         def sink(offset: int, data: bytes | memoryview) -> None:
             at = offset - start
             out[at : at + len(data)] = data
 
-        count, _ = await self._read(key, start, start + len(out), generation, sink)
+        count, _ = await self._read(key, start, start + len(out), generation, sink, crc)
         return count
 
     async def stream(
