@@ -1,6 +1,11 @@
 """Shared fixtures: the local GCS emulator and stores pointed at it.
 
-- ``emulator``: a session-wide emulator on the model store, no latency.
+- ``emulator``: the model store, no latency, one per session; in the modules
+  ``tests/bucket_kinds.py`` lists, each test runs twice, ``bucket_kind``
+  ``regional`` (that emulator, over HTTP) and ``zonal`` (a session-wide emulator
+  serving gRPC too, whose ``create_bucket`` makes zonal buckets, with
+  ``$TORCHBUCKET_GCS_GRPC_ENDPOINT`` set so every store and child process
+  finds the gRPC endpoint).
 - ``fake_gcs``: a session-wide emulator on the fake-gcs-server binary.
 - ``gcs_bucket_factory``: ``make(emu, **config) -> GCSStore`` on a fresh bucket.
 
@@ -20,6 +25,8 @@ from typing import Any
 
 import pytest
 
+import bucket_kinds
+from bucket_kinds import ZonalBuckets
 from torchbucket.config import RetryConfig
 from torchbucket.emulator import Emulator
 
@@ -32,20 +39,65 @@ EMULATOR_RETRY = RetryConfig(
 _started: list[Emulator] = []
 
 
-def _start(backend: str) -> Emulator:
-    emu = Emulator(backend=backend)  # type: ignore[arg-type]
+def _start(backend: str, *, grpc: bool = False) -> Emulator:
+    emu = Emulator(backend=backend, grpc=grpc)  # type: ignore[arg-type]
     emu.start()
     _started.append(emu)
     return emu
 
 
 @pytest.fixture(scope="session")
-def emulator() -> Iterator[Emulator]:
+def regional_emulator() -> Iterator[Emulator]:
     """The model store behind the front server, no latency, for the whole session."""
     emu = _start("model")
     yield emu
     _started.remove(emu)
     emu.stop()
+
+
+@pytest.fixture(scope="session")
+def grpc_emulator() -> Iterator[Emulator]:
+    """The model store serving the JSON, XML and gRPC APIs, for the whole session."""
+    pytest.importorskip("grpc")
+    emu = _start("model", grpc=True)
+    yield emu
+    _started.remove(emu)
+    emu.stop()
+
+
+@pytest.fixture
+def bucket_kind() -> str:
+    """``"regional"``, except where ``pytest_generate_tests`` parametrizes it."""
+    return "regional"
+
+
+@pytest.fixture
+def emulator(bucket_kind: str, request: pytest.FixtureRequest) -> Emulator:
+    """The emulator a test's buckets are made on: regional, or zonal over gRPC.
+
+    ``zonal``: the gRPC emulator seen through :class:`bucket_kinds.ZonalBuckets`
+    (its ``create_bucket`` makes zonal buckets), and the gRPC endpoint in
+    ``$TORCHBUCKET_GCS_GRPC_ENDPOINT`` for the test, which every ``GCSConfig``
+    (``transport="auto"``) and every child process reads.
+    """
+    if bucket_kind == "regional":
+        return request.getfixturevalue("regional_emulator")  # type: ignore[no-any-return]
+    emu: Emulator = request.getfixturevalue("grpc_emulator")
+    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+    monkeypatch.setenv("TORCHBUCKET_GCS_GRPC_ENDPOINT", f"http://{emu.grpc_endpoint}")
+    return ZonalBuckets(emu)  # type: ignore[return-value]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Both bucket kinds for the tests of the modules ``bucket_kinds.py`` lists."""
+    kinds = bucket_kinds.kinds_for(metafunc.definition.nodeid, metafunc.fixturenames)
+    if kinds is not None:
+        metafunc.parametrize("bucket_kind", kinds)
+
+
+def pytest_report_header() -> str:
+    """How many modules run on both bucket kinds, and which tests do not, named."""
+    return bucket_kinds.header()
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from bucket_kinds import stored_names
 from torchbucket import runtime
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.emulator import Emulator
@@ -60,7 +61,7 @@ def test_sigkill_mid_save_keeps_previous_checkpoint(
     assert child.returncode == -signal.SIGKILL
 
     # The previous checkpoint is intact and the only object there.
-    assert emulator.object_names(store.bucket) == ["run/last.pt"]
+    assert stored_names(emulator, store.bucket) == ["run/last.pt"]
     with checkpoint.reader(uri) as f:
         assert f.info.generation == generation
         loaded = torch.load(f, weights_only=True)
@@ -87,4 +88,4 @@ def test_sigkill_mid_save_keeps_previous_checkpoint(
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert runtime.run(store.multipart_list()) == []
-    assert emulator.object_names(store.bucket) == ["run/last.pt"]
+    assert stored_names(emulator, store.bucket) == ["run/last.pt"]

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from bucket_kinds import stored_names
 from torchbucket import runtime
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig, abort_incomplete_uploads
 from torchbucket.emulator import Emulator
@@ -60,7 +61,7 @@ def test_round_trip_over_http(emulator: Emulator, store: Any, method: str) -> No
     with checkpoint.writer(uri) as f:
         torch.save(original, f)
     assert f.info is not None and f.info.size > 4 * PART
-    assert emulator.object_names(store.bucket) == ["run/step-1.pt"]
+    assert stored_names(emulator, store.bucket) == ["run/step-1.pt"]
     with checkpoint.reader(uri) as r:
         assert r.info.generation == f.info.generation
         loaded = torch.load(r, weights_only=True, map_location="cpu")
@@ -74,7 +75,7 @@ def test_exception_aborts_the_multipart_upload(emulator: Emulator, store: Any) -
     with pytest.raises(KeyError), checkpoint.writer(uri) as f:
         torch.save(state(2), f)
         raise KeyError("optimizer state missing")
-    assert emulator.object_names(store.bucket) == ["last.pt"]
+    assert stored_names(emulator, store.bucket) == ["last.pt"]
     assert runtime.run(store.multipart_list()) == []
     assert_same(checkpoint.load(uri, weights_only=True), state(1))
 
@@ -99,7 +100,7 @@ def test_a_refused_part_fails_the_save_and_leaves_nothing(emulator: Emulator, st
     with pytest.raises(PermissionDeniedError) as info:
         checkpoint.save(state(4), uri)
     assert store.bucket in str(info.value)
-    assert emulator.object_names(store.bucket) == []
+    assert stored_names(emulator, store.bucket) == []
     assert runtime.run(store.multipart_list()) == []
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from bucket_kinds import stored_names
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.cli import main
 from torchbucket.compose.registry import unregister
@@ -43,7 +44,7 @@ def test_a_multipart_save_to_a_name_at_the_limit(
     uri = f"gs://{bucket.bucket}/{name}"
     checkpoint = BucketCheckpoint(config=MULTIPART, gcs=bucket.config)
     checkpoint.save(STATE, uri)
-    assert emulator.object_names(bucket.bucket) == [name]  # nothing staged is left
+    assert stored_names(emulator, bucket.bucket) == [name]  # nothing staged is left
     assert torch.equal(checkpoint.load(uri, weights_only=True)["w"], STATE["w"])
 
 
@@ -55,7 +56,7 @@ def test_cleanup_finds_what_a_save_to_a_name_at_the_limit_leaves(
     emulator.add_fault("delete", "403", match=".tbtmp-", count=None)  # as a kill would skip it
     checkpoint.save(STATE, f"gs://{bucket.bucket}/{name}")
     emulator.clear_faults()
-    left = [n for n in emulator.object_names(bucket.bucket) if n != name]
+    left = [n for n in stored_names(emulator, bucket.bucket) if n != name]
     assert len(left) == 1 and len(left[0].encode()) <= 1024, left
     unregister(bucket, left[0])  # a killed process would not delete it at exit
 
@@ -64,4 +65,4 @@ def test_cleanup_finds_what_a_save_to_a_name_at_the_limit_leaves(
     assert f"removing staged checkpoint object gs://{bucket.bucket}/{left[0]}" in (
         capsys.readouterr().out
     )
-    assert emulator.object_names(bucket.bucket) == [name]
+    assert stored_names(emulator, bucket.bucket) == [name]

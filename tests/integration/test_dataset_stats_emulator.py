@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from torch.utils.data import DataLoader
 
+from bucket_kinds import ZonalBuckets
 from torchbucket.accounting import RequestStats
 from torchbucket.compose import ComposeConfig
 from torchbucket.config import HedgeConfig, RetryConfig
@@ -50,14 +51,29 @@ def _gcs(emulator: Emulator) -> GCSConfig:
 
 def _assert_equal_to_server(mine: RequestStats, emulator: Emulator) -> None:
     server = emulator.stats()
-    assert dict(mine.by_op) == {op: n for op, n in server["by_op"].items() if n}
-    assert (mine.class_a, mine.class_b, mine.free) == (
+    by_op = {op: n for op, n in server["by_op"].items() if n}
+    mine_by_op = dict(mine.by_op)
+    # On a zonal bucket each spawned DataLoader worker asks the bucket's kind
+    # once (buckets.get, class B). The epoch's stats count it and the server's
+    # count for the epoch does not: compared apart, at most one per worker.
+    asked = seen = 0
+    if isinstance(emulator, ZonalBuckets):
+        asked, seen = mine_by_op.pop("bucket_get", 0), by_op.pop("bucket_get", 0)
+        assert asked <= 2 and seen <= 2
+    assert mine_by_op == by_op
+    assert (mine.class_a, mine.class_b - asked, mine.free) == (
         server["by_class"]["A"],
-        server["by_class"]["B"],
+        server["by_class"]["B"] - seen,
         server["by_class"]["free"],
     )
     assert mine.bytes_in == server["bytes_out"]
     assert mine.bytes_out == server["bytes_in"]
+
+
+def _reads(stats: RequestStats, emulator: Emulator) -> dict[str, int]:
+    """The epoch's requests, on a zonal bucket but a worker's question of its kind."""
+    zonal = isinstance(emulator, ZonalBuckets)
+    return {op: n for op, n in stats.by_op.items() if not (zonal and op == "bucket_get")}
 
 
 def _epoch(loader: DataLoader[Any]) -> list[bytes]:
@@ -93,14 +109,15 @@ def test_iterable_last_epoch_stats_equal_the_servers(
         assert sorted(_epoch(loader)) == sorted(payload(i) for i in range(N))
         stats = ds.last_epoch_stats
         _assert_equal_to_server(stats, emulator)
-        # Every object read once: as itself, or inside a composite.
-        if compose:
+        # Every object read once: as itself, or inside a composite (a zonal
+        # bucket has no compose: turned off, never asked).
+        if compose and not isinstance(emulator, ZonalBuckets):
             assert stats.by_op["compose"] > 0
             # Each composite deleted, and each worker's anchor (its one upload).
             assert stats.by_op["put"] == 2
             assert stats.by_op["delete"] == stats.by_op["compose"] + stats.by_op["put"]
         else:
-            assert stats.by_op == {"get": N}
+            assert _reads(stats, emulator) == {"get": N}
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
@@ -118,7 +135,7 @@ def test_map_last_epoch_stats_equal_the_servers(emulator: Emulator, uri: str, co
         emulator.reset_stats()
         assert sorted(_epoch(loader)) == sorted(payload(i) for i in range(N))
         _assert_equal_to_server(ds.last_epoch_stats, emulator)
-        assert ds.last_epoch_stats.by_op == {"get": N}
+        assert _reads(ds.last_epoch_stats, emulator) == {"get": N}
 
 
 def test_map_persistent_workers_count_from_reset(emulator: Emulator, uri: str) -> None:
@@ -138,7 +155,7 @@ def test_map_persistent_workers_count_from_reset(emulator: Emulator, uri: str) -
     emulator.reset_stats()
     _epoch(loader)
     _assert_equal_to_server(ds.last_epoch_stats, emulator)
-    assert ds.last_epoch_stats.by_op == {"get": N}
+    assert _reads(ds.last_epoch_stats, emulator) == {"get": N}
 
 
 def test_without_workers_the_main_process_counts(emulator: Emulator, uri: str) -> None:

@@ -14,6 +14,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from bucket_kinds import stored_names
 from torchbucket import runtime
 from torchbucket.checkpoint import CheckpointConfig
 from torchbucket.dcp import BucketStorageReader, BucketStorageWriter
@@ -53,7 +54,7 @@ def test_save_load_and_local_copy(
     assert torch.equal(target["w"], original["w"]) and target["step"] == 1
 
     # Copied to a folder, the same files load with torch's own reader.
-    for name in emulator.object_names(store.bucket, "ckpt/"):
+    for name in stored_names(emulator, store.bucket, "ckpt/"):
         local = tmp_path / name.removeprefix("ckpt/")
         local.write_bytes(runtime.run(store.get(name)))
     target = zeros()
@@ -62,21 +63,24 @@ def test_save_load_and_local_copy(
 
 
 def test_interrupted_save_is_not_loadable(
-    emulator: Emulator, gcs_bucket_factory: Callable[..., Any]
+    emulator: Emulator, gcs_bucket_factory: Callable[..., Any], bucket_kind: str
 ) -> None:
     store = gcs_bucket_factory(emulator, prefix="dcp")
     uri = f"gs://{store.bucket}/ckpt"
     # The data file goes up (a multipart upload), then the metadata write (the
     # only single-request upload here; the emulator cannot match its name, which
-    # travels in the request body) is refused: the save fails.
-    emulator.add_fault("put", "403", count=None)
+    # travels in the request body) is refused: the save fails. On a zonal
+    # bucket every write is a gRPC "put" whose name the emulator sees: the
+    # metadata's is refused.
+    match = ".metadata" if bucket_kind == "zonal" else None
+    emulator.add_fault("put", "403", count=None, match=match)
     with pytest.raises(CheckpointException):
         dcp.save(
             state(2),
             storage_writer=BucketStorageWriter(uri, checkpoint=CONFIG, gcs=store.config),
         )
     emulator.clear_faults()
-    (left,) = emulator.object_names(store.bucket)  # the data file, named for its save
+    (left,) = stored_names(emulator, store.bucket)  # the data file, named for its save
     assert re.fullmatch(r"ckpt/__0_0\.\w+\.distcp", left)
     with pytest.raises(CheckpointException, match="did not finish"):
         dcp.load(zeros(), storage_reader=BucketStorageReader(uri, gcs=store.config))

@@ -12,6 +12,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from _torchrun import torchrun
 
+from bucket_kinds import stored_names
 from torchbucket.checkpoint import CheckpointConfig
 from torchbucket.dcp import BucketStorageReader
 from torchbucket.emulator import Emulator
@@ -46,7 +47,7 @@ def test_two_ranks_save_and_load_then_one_rank_reshards(
     for report in ranks:
         assert report["local_shard_ok"] and report["full_ok"] and report["b_ok"], report
         assert report["step"] == 7
-    names = emulator.object_names(bucket)
+    names = stored_names(emulator, bucket)
     assert len(names) == 3 and names[0] == "ckpt/step-7/.metadata"
     # One data file per rank, named for its save.
     assert re.fullmatch(r"ckpt/step-7/__0_0\.\w+\.distcp", names[1])

@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
+from bucket_kinds import stored_names
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.emulator import Emulator
 from torchbucket.lightning import AsyncBucketCheckpointIO, BucketCheckpointIO, BucketFileSystem
@@ -81,7 +82,7 @@ def test_fit_top_k_and_resume_in_gs(
     trainer = make_trainer(plugin(), dirpath, tmp_path, epochs=4)
     trainer.fit(TinyModel(), loader(), loader())
     # save_top_k=2 kept epochs 0 and 1; epochs 2 and 3 were saved, then removed.
-    assert emulator.object_names(store.bucket) == [
+    assert stored_names(emulator, store.bucket) == [
         "run/epoch=0-step=2.ckpt",
         "run/epoch=1-step=4.ckpt",
         "run/last.ckpt",
