@@ -88,8 +88,9 @@ NOT_YET: dict[str, str] = {
         "message's case (CRC32C) and a held read"
     ),
     "integration/test_shm_reuse_emulator.py": (
-        "on a zonal bucket a killed worker's script hung (120 s) and an epoch left 26 segments "
-        "to the main process: not yet understood"
+        "on a zonal bucket its kill script hangs (120 s) after a stalled read stream, and an "
+        "epoch leaves the main process 26-52 segments: not yet understood; its compose counts "
+        "also need the zonal form"
     ),
 }
 
