@@ -53,7 +53,9 @@ over the bare loop's; ``map_`` / ``iter_default_fraction_of_limit_<size>``
 each), ``default_speedup_vs_dataflux_<size>`` and ``_vs_gcsfs_<size>`` (the
 lower default over ``df_best`` / ``gcsfs_cat``), ``client_cpu_ms_per_mib_<size>``
 (the higher of the two defaults' client CPU, all processes, per MiB read),
-``best_fraction_of_limit_<size>``, ``tail_slowdown_map_<size>`` and
+``best_fraction_of_limit_<size>``, ``default_fraction_of_dataloader_loop_<size>``
+(the lower default over ``aiohttp_dl``) and ``dataloader_loop_fraction_of_limit_<size>``
+(``aiohttp_dl`` over the limit), ``tail_slowdown_map_<size>`` and
 ``_iterable_<size>`` (samples/s under the constant preset over under the
 tail; ``_limit_`` the bare loop's, for reference), and ``samples_per_s_<key>_<size>``.
 Goals (constant preset): defaults >= 0.8 of the bare loop, >= 3x dataflux's

@@ -53,11 +53,13 @@ class FetchConfig:
             composite or segment; a view keeps its whole one alive).
             Pick ``"tensor"`` for raw samples of about 1 MiB and more
             (audio, video, large images, ``.npy``/``.pt`` blobs, token
-            blocks): a ``bytes`` sample crosses from a worker to the main
-            process pickled through a pipe, and at 1-64 MiB ``"tensor"``
-            read 1.5-3x the samples/s at 1.3-2.1 against 4.1-6.0 ms of
-            client CPU per MiB (``benchmarks/sizes.py``); below 1 MiB the
-            two were within the noise, and at ~10 KiB ``"bytes"`` is faster.
+            blocks): a ``bytes`` sample is copied into a new ``bytes`` in
+            the main process (through shared memory from 512 KiB, see
+            ``shared_bytes``; pickled through the worker's pipe below), and
+            at 1-64 MiB ``"tensor"`` read 1.4-2.2x the samples/s at 1.5-2.3
+            against 3.2-4.0 ms of client CPU per MiB (``benchmarks/sizes.py``);
+            below 1 MiB the two were within the noise, and at ~10 KiB
+            ``"bytes"`` is faster.
             A ``data_format_fn`` that decodes already hands over only what
             it returns. See the guide's "Which settings matter at which size".
         reuse_shared_memory: With ``output="tensor"``, a DataLoader worker
