@@ -26,6 +26,7 @@ from torchbucket.datasets import (
     BucketIterableDataset,
     BucketMapDataset,
     FetchConfig,
+    _shm,
 )
 from torchbucket.datasets._handover import HandedBytes, hand_over
 from torchbucket.emulator import Emulator
@@ -55,6 +56,20 @@ def worker_types(batch: list[Any]) -> tuple[list[str], list[Any]]:
     """collate_fn: the type each sample had in the worker, whether it held its bytes, the batch."""
     seen = [f"{type(s).__name__}:{isinstance(s, bytes) and s[:8] == b'<handed-'}" for s in batch]
     return seen, batch
+
+
+def scribbling(batch: list[Any]) -> list[Any]:
+    """collate_fn: take shared segments from the worker's pool and overwrite them.
+
+    A segment that a sample of this batch still lies in (it has not crossed
+    yet) must not be handed out again: if it were, the main process would
+    read zeros instead of the object.
+    """
+    for size in [4 << 20, 2 << 20, 1 << 20, 512 << 10, 256 << 10] * 4:
+        scratch = _shm.new_shared(size)
+        scratch.fill_(0)
+        del scratch
+    return batch
 
 
 def exact_type(sample: Any) -> tuple[str, Any]:
@@ -114,6 +129,23 @@ def test_the_plain_path_where_the_hand_over_does_not_apply(emulator: Emulator, k
     assert {s.split(":")[0] for s in seen} == {"tuple"}
     assert {t for t, _ in formatted} == {"bytes"}
     _check_all([b for _, b in formatted], objects)
+
+
+@pytest.mark.parametrize("kind", ["map_fast", "iterable"])
+def test_a_segment_is_not_reused_before_its_samples_cross(emulator: Emulator, kind: str) -> None:
+    bucket = f"scribble-{kind.replace('_', '-')}"
+    objects = _seed(emulator, bucket, [(600 + 13 * i) * KIB for i in range(48)])
+    uri = f"gs://{bucket}/s/"
+    gcs = GCSConfig(endpoint=emulator.endpoint, anonymous=True, retry=RETRY)
+    ds: Any
+    kwargs: dict[str, Any] = {"batch_size": 8}
+    if kind == "map_fast":
+        ds = BucketMapDataset.from_prefix(uri, gcs=gcs)
+        kwargs = {"batch_sampler": BucketBatchSampler(ds, batch_size=8, seed=5)}
+    else:
+        ds = BucketIterableDataset.from_prefix(uri, gcs=gcs)
+    loader = DataLoader(ds, num_workers=2, collate_fn=scribbling, **kwargs)
+    _check_all([s for batch in loader for s in batch], objects)
 
 
 def test_small_objects_keep_the_plain_path(emulator: Emulator) -> None:
