@@ -11,6 +11,7 @@ at a flush resumes; a save that fails leaves the previous checkpoint.
 from __future__ import annotations
 
 import os
+import queue
 import random
 import signal
 import subprocess
@@ -142,7 +143,7 @@ def test_a_worker_forked_after_grpc_was_used_reads_over_json(emu: Emulator, buck
 def _read_in_a_forked_child(store: GCSStore, key: str, generation: int) -> list[object]:
     import multiprocessing
 
-    def child(out: multiprocessing.SimpleQueue[list[object]]) -> None:
+    def child(out: multiprocessing.Queue[list[object]]) -> None:
         try:
             out.put(read())
         except Exception as exc:
@@ -158,10 +159,14 @@ def _read_in_a_forked_child(store: GCSStore, key: str, generation: int) -> list[
         return [info.size, info.generation, pinned, bytes(into), streamed, listed]
 
     ctx = multiprocessing.get_context("fork")
-    out: multiprocessing.SimpleQueue[list[object]] = ctx.SimpleQueue()
+    out: multiprocessing.Queue[list[object]] = ctx.Queue()
     proc = ctx.Process(target=child, args=(out,))
     proc.start()
-    got = out.get()  # before join: the answer is larger than a pipe holds
+    try:  # before join: the answer is larger than a pipe holds
+        got = out.get(timeout=60)
+    except queue.Empty:
+        proc.join(5)
+        pytest.fail(f"the forked child gave no answer (exit code {proc.exitcode})")
     proc.join(60)
     assert len(got) > 1, got[0]
     return got

@@ -22,6 +22,7 @@ or a stream the server ended); ``DATA_LOSS`` is a checksum refused.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,15 @@ from torchbucket.storage.gcs._grpc_data import read_response, serialize
 
 if TYPE_CHECKING:
     from torchbucket.storage.gcs.config import GCSConfig
+
+# gRPC's own fork handlers (on by default in its core) stop and restart its
+# threads around a fork; with a call in flight on this library's loop thread
+# they are skipped, and a forked child then crashed in them (SIGSEGV inside
+# os.fork, about one fork in three once other gRPC stores had run in the
+# process). A child forked after gRPC was used never uses gRPC here (it reads
+# over the JSON API: inherited()), so they buy nothing. Off unless the user
+# set them; this must precede gRPC's first import to count.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 try:
     import grpc
@@ -112,7 +122,19 @@ def _unpin_in_parent() -> None:
         _pinned.pop()
 
 
-os.register_at_fork(before=_pin_before_fork, after_in_parent=_unpin_in_parent)
+def _freeze_in_child() -> None:
+    # What the parent held and had already let go of (a finished call, a
+    # store of an earlier job in a reference cycle not yet collected) is not
+    # in _holders: the child's cyclic collector would free it and crash in
+    # gRPC's destructors (seen: a SIGSEGV in a forked child whose parent had
+    # run other gRPC stores). Nothing the parent made is collected here.
+    if _used_pid is not None and _used_pid != os.getpid():
+        gc.freeze()
+
+
+os.register_at_fork(
+    before=_pin_before_fork, after_in_parent=_unpin_in_parent, after_in_child=_freeze_in_child
+)
 
 
 def grpc_target(config: GCSConfig, endpoint: str) -> tuple[str, bool] | None:
