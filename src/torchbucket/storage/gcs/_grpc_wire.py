@@ -22,7 +22,6 @@ or a stream the server ended); ``DATA_LOSS`` is a checksum refused.
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -122,19 +121,7 @@ def _unpin_in_parent() -> None:
         _pinned.pop()
 
 
-def _freeze_in_child() -> None:
-    # What the parent held and had already let go of (a finished call, a
-    # store of an earlier job in a reference cycle not yet collected) is not
-    # in _holders: the child's cyclic collector would free it and crash in
-    # gRPC's destructors (seen: a SIGSEGV in a forked child whose parent had
-    # run other gRPC stores). Nothing the parent made is collected here.
-    if _used_pid is not None and _used_pid != os.getpid():
-        gc.freeze()
-
-
-os.register_at_fork(
-    before=_pin_before_fork, after_in_parent=_unpin_in_parent, after_in_child=_freeze_in_child
-)
+os.register_at_fork(before=_pin_before_fork, after_in_parent=_unpin_in_parent)
 
 
 def grpc_target(config: GCSConfig, endpoint: str) -> tuple[str, bool] | None:
