@@ -56,7 +56,9 @@ def pointer_metadata(target: str, generation: int, size: int, crc: str | None) -
 def pointed(info_metadata: dict[str, str]) -> tuple[str, int, int, str | None] | None:
     """``(data object, generation, size, crc32c)`` of a pointer's metadata, else ``None``."""
     target = info_metadata.get(TARGET)
-    if not target:
+    # Only a hidden data object is followed: metadata anyone with write access
+    # set cannot send a read of this name to another object of the bucket.
+    if not target or not target.startswith(POINTER_PREFIX):
         return None
     try:
         return (
