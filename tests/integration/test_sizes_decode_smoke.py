@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.emulator
+# A benchmark smoke: `make test-smoke` runs it, not `make test`.
+pytestmark = [
+    pytest.mark.emulator,
+    pytest.mark.slow,
+    pytest.mark.bench_smoke,
+    pytest.mark.timeout(600),
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 
