@@ -32,6 +32,7 @@ from torchbucket.datasets import (
 )
 from torchbucket.emulator import Emulator
 from torchbucket.errors import IntegrityError
+from torchbucket.runtime import retry
 from torchbucket.storage.gcs import GCSConfig
 
 # Shared test helpers live with the unit tests.
@@ -262,8 +263,13 @@ def test_a_big_object_corrupted_on_every_read_is_an_integrity_error_naming_it(
     fetch = FetchConfig(output="tensor", large_object_size=1 * MIB, range_size=1 * MIB)
     ds = BucketMapDataset.from_prefix(f"gs://{name}/big/", gcs=_gcs(emulator), fetch=fetch)
     emulator.add_fault("get", "corrupt", nth=1, count=None, match="big/0")
+    before = emulator.stats()["by_op"].get("get", 0)
     with pytest.raises(IntegrityError, match=f"gs://{name}/big/0"):
         ds[0]
+    # Read a few times, not until the retry deadline (hundreds of GETs): each
+    # of its 3 ranges at most retry.CORRUPT_ANSWERS times (on a zonal bucket a
+    # GET is a read stream, and each ends at a corrupt chunk of one of them).
+    assert emulator.stats()["by_op"].get("get", 0) - before <= 3 * retry.CORRUPT_ANSWERS
 
 
 def _tree_rss() -> int:

@@ -260,6 +260,37 @@ def test_corrupt_answers_until_the_end_are_an_integrity_error() -> None:
     assert str(info.value).count("gs://b/k") == 1
 
 
+def test_an_answer_corrupt_every_time_fails_at_the_corrupt_answers_cap_not_the_deadline() -> None:
+    """Bytes corrupt at rest: a few reads, then the IntegrityError, not a minute of reads."""
+    config = RetryConfig(initial_backoff=0.001, max_backoff=0.002, deadline=60.0)
+    calls, fn = _flaky([IntegrityError("CRC32C mismatch") for _ in range(50)])
+    with pytest.raises(IntegrityError, match="CRC32C mismatch") as info:
+        asyncio.run(retry.call(fn, config=config, operation="get", uri="gs://b/k"))  # type: ignore[arg-type]
+    assert len(calls) == retry.CORRUPT_ANSWERS
+    assert f"gave up after {retry.CORRUPT_ANSWERS} corrupt answers" in str(info.value)
+    assert str(info.value).count("gs://b/k") == 1
+
+
+def test_corrupt_answers_are_counted_over_the_call_and_fewer_heal() -> None:
+    """A gRPC range's corrupt answers alternate with breaks its stream's other ranges cause."""
+    config = RetryConfig(initial_backoff=0.001, max_backoff=0.002, deadline=60.0)
+    cap = retry.CORRUPT_ANSWERS
+
+    def alternating(corrupt: int) -> list[Exception]:
+        out: list[Exception] = []
+        for _ in range(corrupt):
+            out += [IntegrityError("CRC32C mismatch"), TransientError("stream ended")]
+        return out
+
+    calls, fn = _flaky(alternating(cap - 1))  # then an answer: a transient corruption heals
+    assert asyncio.run(retry.call(fn, config=config, operation="get", uri="gs://b/k")) == "ok"  # type: ignore[arg-type]
+    assert len(calls) == 2 * (cap - 1) + 1
+    calls, fn = _flaky(alternating(cap + 5))
+    with pytest.raises(IntegrityError, match=f"gave up after {cap} corrupt answers"):
+        asyncio.run(retry.call(fn, config=config, operation="get", uri="gs://b/k"))  # type: ignore[arg-type]
+    assert len(calls) == 2 * cap - 1
+
+
 def test_a_deadline_that_cuts_an_attempt_after_corrupt_answers_is_an_integrity_error() -> None:
     config = RetryConfig(
         initial_backoff=0.001, max_backoff=0.002, attempt_timeout=5.0, deadline=0.2

@@ -3,7 +3,10 @@
 ``call(fn, ...)`` runs one store request under the process's
 :class:`AdaptiveLimiter`, retrying what :func:`is_retryable` accepts, with
 exponential backoff and full jitter, ``Retry-After`` honoured, until the
-operation's deadline. Errors are told apart by type, never by message.
+operation's deadline. Errors are told apart by type, never by message. Two
+kinds of failure end sooner: a local endpoint that refuses connections
+(:data:`UNREACHABLE_GIVE_UP_S`) and an answer that keeps coming back corrupt
+(:data:`CORRUPT_ANSWERS`), on every path (JSON, XML and gRPC reads alike).
 
 Logging: every attempt is logged at DEBUG; a WARNING is written once per episode
 of failures (the first failure after a quiet minute), not once per attempt, so a
@@ -46,12 +49,28 @@ _EPISODE_QUIET_S = 60.0
 #: address failed after 291 s of silence (issue 39).
 UNREACHABLE_GIVE_UP_S = 3.0
 
+#: A call gives up at its this-many-th corrupt answer (an
+#: :class:`IntegrityError`: a checksum or length mismatch), raising that error,
+#: instead of reading again until the deadline. A corruption on the wire is
+#: independent from one answer to the next, so reading again heals it; bytes
+#: corrupt at rest come back corrupt every time and were read until the
+#: deadline (a 1 KiB object 201 times in a 6 s deadline over JSON; each range
+#: of a 3 MiB object for the tests' 20 s over gRPC, whose chunks are all checked
+#: inside the call: a JSON range carries no checksum, so a ranged object is
+#: checked once after its ranges, by the dataset or checkpoint reader, which
+#: reads it twice). Counted over the call, not only in a row: a gRPC range's
+#: corrupt answers alternate with the breaks its stream's other ranges cause.
+#: Four: a read hit three times in a row still heals
+#: (tests/integration/test_read_integrity.py, ``thrice``).
+CORRUPT_ANSWERS = 4
+
 
 def is_retryable(exc: BaseException, *, idempotent: bool) -> bool:
     """Whether another attempt may succeed and is safe.
 
     Throttling, server errors, resets, timeouts and truncated bodies are worth
-    retrying; so is a corrupted body on a read. Which HTTP statuses those are is
+    retrying; so is a corrupted body on a read (:func:`call` gives up at the
+    :data:`CORRUPT_ANSWERS`-th). Which HTTP statuses those are is
     decided in one table, :data:`torchbucket.storage.gcs._errors.STATUS_ERRORS`
     (Google's retry strategy: 408, 429, 500, 502, 503, 504). A request that is
     not idempotent (a write without a precondition) is retried only after a
@@ -201,7 +220,8 @@ async def call(
             deadline cut an attempt short (a write that is not retried included).
         IntegrityError: As above, when the last attempt's answer was corrupt
             (a checksum or length mismatch): a persistent mismatch is reported
-            as what it is.
+            as what it is. Also at the :data:`CORRUPT_ANSWERS`-th corrupt
+            answer, whatever the deadline left.
         StorageError: A failure that is not retryable, as raised by ``fn``.
     """
     start = time.monotonic()
@@ -252,11 +272,12 @@ async def call(
 class _Failed:
     """A call's failed attempts so far, and what comes after one: a delay, or the error raised."""
 
-    __slots__ = ("attempt", "config", "last", "operation", "start", "uri")
+    __slots__ = ("attempt", "config", "corrupt", "last", "operation", "start", "uri")
 
     def __init__(self, config: RetryConfig, operation: str, uri: str, start: float) -> None:
         self.config, self.operation, self.uri, self.start = config, operation, uri, start
         self.attempt = 0  # attempts failed and retried
+        self.corrupt = 0  # of them, answers that were corrupt
         self.last: StorageError | None = None  # the previous attempt's error
 
     def timed_out(self, exc: BaseException, timeout: float, cut_by_deadline: bool) -> StorageError:
@@ -306,6 +327,8 @@ class _Failed:
         self.last = error
         self.attempt += 1
         attempt = self.attempt
+        if isinstance(error, IntegrityError):
+            self.corrupt += 1
         delay = backoff_delay(attempt - 1, config, rng)
         retry_after = getattr(error, "retry_after", None)
         if retry_after is not None:
@@ -313,16 +336,16 @@ class _Failed:
         now = time.monotonic()
         if isinstance(error, UnreachableError):
             _give_up_unreachable(error, attempt, now - self.start, delay, config)
-        out_of_attempts = config.max_attempts is not None and attempt >= config.max_attempts
-        if out_of_attempts or now + delay >= self.start + config.deadline:
-            why = (
-                f"{attempt} attempts"
-                if out_of_attempts
-                else f"the {config.deadline:g} s retry deadline"
-            )
-            gave_up = f"gave up after {why} ({now - self.start:.1f} s); last error: "
-            raise _final_error(
-                error, self.operation, self.uri, corrupt=gave_up, other=gave_up
-            ) from error
-        _log_retry(error, self.operation, self.uri, delay)
-        return delay
+        if config.max_attempts is not None and attempt >= config.max_attempts:
+            why = f"{attempt} attempts"
+        elif self.corrupt >= CORRUPT_ANSWERS:
+            why = f"{self.corrupt} corrupt answers"
+        elif now + delay >= self.start + config.deadline:
+            why = f"the {config.deadline:g} s retry deadline"
+        else:
+            _log_retry(error, self.operation, self.uri, delay)
+            return delay
+        gave_up = f"gave up after {why} ({now - self.start:.1f} s); last error: "
+        raise _final_error(
+            error, self.operation, self.uri, corrupt=gave_up, other=gave_up
+        ) from error

@@ -12,6 +12,9 @@ Every chunk is checked against the CRC32C the server sent with it, and a read
 of a whole object against the object's CRC32C (from the metadata on the
 stream's first message), combined from the chunks' checksums. Each read is one
 :func:`torchbucket.retry.call` (limiter, job budget, backoff, deadline); a
+corrupt chunk fails the attempt (an ``IntegrityError``) and is read again, up
+to ``retry.CORRUPT_ANSWERS`` corrupt answers a read, the rule of every path
+(bytes corrupt at rest fail in a few reads, not at the deadline); a
 broken stream fails the attempt of every read on it, and each retry asks only
 for what it has not received yet (from the last byte received), on a new
 stream opened with the old one's read handle (or the handle and routing token
