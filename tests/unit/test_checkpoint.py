@@ -87,7 +87,13 @@ class RecordingStore:
         return self.inner.uri(key)
 
     async def multipart_upload_part(
-        self, key: str, upload_id: str, number: int, data: bytes | bytearray | memoryview
+        self,
+        key: str,
+        upload_id: str,
+        number: int,
+        data: bytes | bytearray | memoryview,
+        *,
+        crc32c: int | None = None,
     ) -> Part:
         self.calls["multipart_upload_part"] = self.calls.get("multipart_upload_part", 0) + 1
         self.in_flight += 1
@@ -98,7 +104,9 @@ class RecordingStore:
             self.parts_seen += 1
             if self.fail_part == number:
                 raise TransientError("injected", operation="multipart upload part", uri=key)
-            return await self.inner.multipart_upload_part(key, upload_id, number, data)
+            return await self.inner.multipart_upload_part(
+                key, upload_id, number, data, crc32c=crc32c
+            )
         finally:
             self.in_flight -= 1
 

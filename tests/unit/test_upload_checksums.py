@@ -21,8 +21,9 @@ from torchbucket import runtime
 from torchbucket.config import RetryConfig
 from torchbucket.errors import IntegrityError
 from torchbucket.storage.base import ObjectInfo
-from torchbucket.storage.crc32c import crc32c_b64
+from torchbucket.storage.crc32c import b64, crc32c_b64, extend
 from torchbucket.storage.gcs import GCSConfig, GCSStore
+from torchbucket.storage.memory import MemoryStore
 
 DATA = bytes(range(256)) * 4096  # 1 MiB
 
@@ -166,6 +167,29 @@ def test_each_part_declares_its_crc32c(server: tuple[Recorder, str]) -> None:
     runtime.run(store.multipart_upload_part("o", "u1", 3, DATA[:5000]))
     (seen,) = recorder.seen
     assert seen.headers["x-goog-hash"] == f"crc32c={crc32c_b64(DATA[:5000])}"
+
+
+def test_a_part_declares_the_crc32c_its_caller_computed(server: tuple[Recorder, str]) -> None:
+    # The checkpoint writer checksums each part once and passes it on: the
+    # store declares that value (a changed buffer is then refused by GCS).
+    recorder, endpoint = server
+    store = store_on(endpoint)
+    given = extend(0, DATA[:4000])  # not the CRC32C of the bytes sent
+    with pytest.raises(IntegrityError, match="stored with CRC32C"):  # the server's own
+        runtime.run(store.multipart_upload_part("o", "u1", 2, DATA[:5000], crc32c=given))
+    assert recorder.seen[0].headers["x-goog-hash"] == f"crc32c={b64(given)}"
+
+
+def test_the_memory_store_refuses_a_part_whose_declared_crc32c_is_wrong() -> None:
+    store = MemoryStore("bucket-m")
+    upload_id = runtime.run(store.multipart_initiate("o"))
+    with pytest.raises(IntegrityError, match="part 1 declares CRC32C"):
+        runtime.run(
+            store.multipart_upload_part("o", upload_id, 1, DATA[:5000], crc32c=extend(0, b"x"))
+        )
+    runtime.run(
+        store.multipart_upload_part("o", upload_id, 1, DATA[:5000], crc32c=extend(0, DATA[:5000]))
+    )
 
 
 def test_a_part_stored_with_another_crc32c_is_sent_again(server: tuple[Recorder, str]) -> None:

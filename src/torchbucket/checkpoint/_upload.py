@@ -134,8 +134,14 @@ class UploadSession:
         #: The first failure of a part, read by the writer thread.
         self.error: BaseException | None = None
 
-    def start_part(self, number: int, view: memoryview, release: Release) -> None:
-        """Begin uploading part ``number``; call on the loop thread."""
+    def start_part(
+        self, number: int, view: memoryview, release: Release, crc32c: int | None = None
+    ) -> None:
+        """Begin uploading part ``number``; call on the loop thread.
+
+        ``crc32c`` is the part's CRC32C where the caller has it (the part then
+        declares it rather than being checksummed again).
+        """
         raise NotImplementedError
 
     async def finish(self) -> ObjectInfo:
@@ -207,16 +213,20 @@ class MultipartSession(UploadSession):
         # Shielded: cancelling one part must not cancel the upload all parts share.
         return await asyncio.shield(self._initiate)
 
-    def start_part(self, number: int, view: memoryview, release: Release) -> None:
+    def start_part(
+        self, number: int, view: memoryview, release: Release, crc32c: int | None = None
+    ) -> None:
         if self._initiate is None:
             self._initiate = asyncio.ensure_future(
                 self.store.multipart_initiate(self.key, content_type=self.content_type)
             )
-        task = asyncio.ensure_future(self._part(number, view, release))
+        task = asyncio.ensure_future(self._part(number, view, release, crc32c))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _part(self, number: int, view: memoryview, release: Release) -> None:
+    async def _part(
+        self, number: int, view: memoryview, release: Release, crc32c: int | None
+    ) -> None:
         handed_over = False
         try:
             try:
@@ -228,7 +238,9 @@ class MultipartSession(UploadSession):
                 self._to_stream(number, view, release)  # the stream releases it
                 handed_over = True
                 return
-            part = await self.store.multipart_upload_part(self.key, upload_id, number, view)
+            part = await self.store.multipart_upload_part(
+                self.key, upload_id, number, view, crc32c=crc32c
+            )
             self._parts[number] = part
         except Exception as exc:
             # Kept for the writer, which raises it on its next call; not re-raised
@@ -313,7 +325,10 @@ class StreamSession(UploadSession):
                 release()
             yield chunk
 
-    def start_part(self, number: int, view: memoryview, release: Release) -> None:
+    def start_part(
+        self, number: int, view: memoryview, release: Release, crc32c: int | None = None
+    ) -> None:
+        del crc32c  # the stream declares the whole object's CRC32C, at its end
         task = self._ensure_task()
         if task.done():
             release()

@@ -79,7 +79,7 @@ from torchbucket.storage.base import (
     ObjectInfo,
     ObjectStore,
 )
-from torchbucket.storage.crc32c import Crc32c
+from torchbucket.storage.crc32c import Crc32c, extend
 
 __all__ = ["CheckpointWriter"]
 
@@ -355,11 +355,14 @@ class CheckpointWriter(io.BufferedIOBase):
             if buffer is not None:
                 self._pool.give(buffer)
             return
-        self._crc.update(view)
+        # Checksummed once: the part declares this CRC32C (the store does not
+        # compute it again) and the whole object's is combined from the parts'.
+        crc = extend(0, view)
+        self._crc.append(crc, len(view))
         self._slots.acquire()
         self._parts = number
         release = functools.partial(self._release_part, buffer)
-        self._loop.call_soon_threadsafe(self._session.start_part, number, view, release)
+        self._loop.call_soon_threadsafe(self._session.start_part, number, view, release, crc)
 
     def _release_part(self, buffer: bytearray | None) -> None:
         if buffer is not None:

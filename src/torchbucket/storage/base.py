@@ -286,9 +286,20 @@ class ObjectStore(Protocol):
         ...
 
     async def multipart_upload_part(
-        self, key: str, upload_id: str, number: int, data: bytes | bytearray | memoryview
+        self,
+        key: str,
+        upload_id: str,
+        number: int,
+        data: bytes | bytearray | memoryview,
+        *,
+        crc32c: int | None = None,
     ) -> Part:
-        """Upload part ``number`` (1-based, at most 10,000) of an upload."""
+        """Upload part ``number`` (1-based, at most 10,000) of an upload.
+
+        ``crc32c``, the CRC32C of ``data`` where the caller has it already, is
+        what the part declares instead of one computed again; a store that
+        checks parts refuses one that does not match.
+        """
         ...
 
     async def multipart_complete(

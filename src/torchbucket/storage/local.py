@@ -329,7 +329,13 @@ class LocalStore:
         return path
 
     async def multipart_upload_part(
-        self, key: str, upload_id: str, number: int, data: bytes | bytearray | memoryview
+        self,
+        key: str,
+        upload_id: str,
+        number: int,
+        data: bytes | bytearray | memoryview,
+        *,
+        crc32c: int | None = None,  # nothing in transit here: written as given
     ) -> Part:
         check_part_number(number)
         accounting.count("mpu_part", len(data))

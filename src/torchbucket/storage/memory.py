@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from torchbucket.errors import (
     BucketExistsError,
     BucketNotFoundError,
+    IntegrityError,
     NotFoundError,
     PreconditionFailedError,
     StorageError,
@@ -33,7 +34,7 @@ from torchbucket.storage._common import (
     resolve_range,
 )
 from torchbucket.storage.base import ListPage, MultipartUpload, ObjectInfo, Part
-from torchbucket.storage.crc32c import crc32c_b64
+from torchbucket.storage.crc32c import b64, crc32c_b64
 
 __all__ = ["MemoryStore", "delete_memory_bucket"]
 
@@ -307,14 +308,29 @@ class MemoryStore:
         return upload
 
     async def multipart_upload_part(
-        self, key: str, upload_id: str, number: int, data: bytes | bytearray | memoryview
+        self,
+        key: str,
+        upload_id: str,
+        number: int,
+        data: bytes | bytearray | memoryview,
+        *,
+        crc32c: int | None = None,
     ) -> Part:
         check_part_number(number)
         accounting.count("mpu_part", len(data))
         upload = self._upload(key, upload_id, "multipart upload part")
+        etag = crc32c_b64(data)
+        if crc32c is not None and b64(crc32c) != etag:
+            # As GCS refuses a part that does not match its declared hash.
+            raise IntegrityError(
+                f"part {number} declares CRC32C {b64(crc32c)}, its bytes have {etag}",
+                operation="multipart upload part",
+                uri=self.uri(key),
+                status=400,
+            )
         upload.parts[number] = bytes(data)
         await asyncio.sleep(0)
-        return Part(number, crc32c_b64(data))
+        return Part(number, etag)
 
     async def multipart_complete(
         self, key: str, upload_id: str, parts: Sequence[Part]

@@ -193,12 +193,24 @@ class XMLMultipart:
             logger.info("aborted %d upload(s) whose initiate answer was lost", len(strays))
 
     async def upload_part(
-        self, key: str, upload_id: str, number: int, data: bytes | bytearray | memoryview
+        self,
+        key: str,
+        upload_id: str,
+        number: int,
+        data: bytes | bytearray | memoryview,
+        *,
+        crc32c: int | None = None,
     ) -> Part:
+        """Send part ``number``, declaring its CRC32C (``crc32c``, or computed here).
+
+        A caller that checksummed the part already (the checkpoint writer, for
+        the whole object's CRC32C) passes it, so that the bytes are read once.
+        GCS refuses the part if it does not match what arrives.
+        """
         check_part_number(number)
         url = self._xml_url(key, f"partNumber={number}&uploadId={quote_name(upload_id)}")
         uri = self._transport.urls.uri(key)
-        crc = extend_crc(0, data)
+        crc = extend_crc(0, data) if crc32c is None else crc32c
         sent_crc = crc_b64(crc)
         headers = {"x-goog-hash": f"crc32c={sent_crc}"}
         body = _PartBody(data)

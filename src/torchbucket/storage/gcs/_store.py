@@ -370,9 +370,15 @@ class GCSStore:
         return await self._multipart.initiate(key, content_type=content_type)
 
     async def multipart_upload_part(
-        self, key: str, upload_id: str, number: int, data: bytes | bytearray | memoryview
+        self,
+        key: str,
+        upload_id: str,
+        number: int,
+        data: bytes | bytearray | memoryview,
+        *,
+        crc32c: int | None = None,
     ) -> Part:
-        return await self._multipart.upload_part(key, upload_id, number, data)
+        return await self._multipart.upload_part(key, upload_id, number, data, crc32c=crc32c)
 
     async def multipart_complete(
         self, key: str, upload_id: str, parts: Sequence[Part]
