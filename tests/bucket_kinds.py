@@ -29,6 +29,7 @@ BOTH_KINDS: tuple[str, ...] = (
     "integration/test_checkpoint_load_errors_emulator.py",
     "integration/test_checkpoint_load_memory_emulator.py",
     "integration/test_checkpoint_long_names_emulator.py",
+    "integration/test_checkpoint_mapped_emulator.py",
     "integration/test_dataset_emulator.py",
     "integration/test_dataset_stats_emulator.py",
     "integration/test_dataset_torchrun.py",
@@ -83,13 +84,6 @@ REGIONAL_ONLY: dict[str, str] = {
 
 #: Modules of the issue's list not yet run on zonal buckets, and why.
 NOT_YET: dict[str, str] = {
-    "integration/test_checkpoint_mapped_emulator.py": (
-        "its cases assume the JSON API's reads: a checkpoint corrupt at rest fails a regional "
-        "load at its whole-object check at once, where the gRPC path retries each corrupt chunk "
-        "until the retry deadline (20 s a case here); the rewrite case holds the load's second "
-        "GET, where a zonal load's ranges share one stream (the zonal fault matrix and "
-        "test_zonal_emulator.py cover both on gRPC)"
-    ),
     "integration/test_shm_reuse_emulator.py": (
         "on a zonal bucket its kill script hangs (120 s) after a stalled read stream, and an "
         "epoch leaves the main process 26-52 segments: not yet understood; its compose counts "
