@@ -5,8 +5,11 @@ torch's zip loader slices the tensors out of; ``weights_only=False`` into a
 memfd that ``torch.load(..., mmap=True)`` maps; the dataflux layer's ``load``
 and Lightning's ``load_checkpoint`` are ``BucketCheckpoint.load``. On each, a
 checkpoint whose bytes in the bucket are not the object's (every read of it
-corrupt) fails with an ``IntegrityError`` naming it, after a second whole
-read; one rewritten by another writer while it loads fails with a
+corrupt) fails with an ``IntegrityError`` naming it after a few reads, not at
+the retry deadline: on a regional bucket after a second whole read (a JSON
+range carries no checksum; the load checks the object's), on a zonal one at
+the ``retry.CORRUPT_ANSWERS``-th corrupt answer (each gRPC chunk is checked
+as it comes); one rewritten by another writer while it loads fails with a
 ``NotFoundError`` saying so, instead of mixing two checkpoints' bytes.
 """
 
@@ -23,10 +26,12 @@ from typing import Any
 import pytest
 import torch
 
+from torchbucket import runtime
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.config import HedgeConfig
 from torchbucket.emulator import Emulator
 from torchbucket.errors import IntegrityError, NotFoundError
+from torchbucket.runtime import retry
 
 pytestmark = [
     pytest.mark.emulator,
@@ -71,15 +76,21 @@ def test_a_checkpoint_corrupt_in_the_bucket_fails_the_load_naming_it(
     name = f"rot-{uuid.uuid4().hex[:8]}.pt"
     uri = f"gs://{store.bucket}/{name}"
     checkpoint.save(state(1), uri)
+    ranges = -(-runtime.run(store.head(name)).size // PART)
     emulator.add_fault("get", "corrupt", nth=1, count=None, match=name)
-    with pytest.raises(IntegrityError, match="crc32c") as info:
+    gets_before = emulator.stats()["by_op"].get("get", 0)
+    with pytest.raises(IntegrityError, match=r"(?i)crc32c") as info:
         load_through(way, checkpoint, uri)
     assert uri in str(info.value)
+    # A few reads, not until the retry deadline (hundreds of GETs): regional,
+    # two whole reads; zonal, a range's corrupt answers (a GET is a stream).
+    gets = emulator.stats()["by_op"].get("get", 0) - gets_before
+    assert gets <= max(2 * ranges, retry.CORRUPT_ANSWERS)
 
 
 @pytest.mark.parametrize("way", ["aliased", "mapped"])
 def test_a_checkpoint_rewritten_during_the_load_fails_it(
-    emulator: Emulator, store: Any, way: str
+    emulator: Emulator, store: Any, bucket_kind: str, way: str
 ) -> None:
     # No hedge of the held range and no timeout shorter than the hold: the
     # range is read again only after the rewrite has landed.
@@ -92,15 +103,23 @@ def test_a_checkpoint_rewritten_during_the_load_fails_it(
     name = f"moving-{uuid.uuid4().hex[:8]}.pt"
     uri = f"gs://{store.bucket}/{name}"
     checkpoint.save(state(1), uri)
-    # The second range is held (then its connection reset); while it is held
-    # another writer saves a new checkpoint there, and the range read again
-    # finds its generation gone.
-    emulator.add_fault("get", "stall", nth=2, match=name, stall_seconds=8.0)
-    gets_before = emulator.stats()["by_op"].get("get", 0)
+    # The second range is held (then its connection reset, or its stream
+    # broken); while it is held another writer saves a new checkpoint there,
+    # and the range read again finds its generation gone (on a zonal bucket,
+    # the data object the old pointer named, deleted by the new save). The
+    # load reads one range at a time (reads_in_flight=1): over HTTP its second
+    # GET; over gRPC each range goes on a stream of its own (a stream ends
+    # once it has no read left), and the emulator counts a stream's open and
+    # each range it reads as a get (test_emulator_grpc_faults.py): the fourth.
+    second_range = {"regional": 2, "zonal": 4}[bucket_kind]
+    emulator.add_fault("get", "stall", nth=second_range, match=name, stall_seconds=8.0)
+
+    def held() -> bool:
+        return any(rule["kind"] == "stall" and rule["fired"] for rule in emulator.faults())
 
     def rewrite() -> None:
         deadline = time.monotonic() + 30
-        while emulator.stats()["by_op"].get("get", 0) < gets_before + 2:
+        while not held():
             assert time.monotonic() < deadline, "the load never reached its second range"
             time.sleep(0.05)
         BucketCheckpoint(config=CONFIG, gcs=store.config).save(state(2), uri)
