@@ -6,6 +6,7 @@ import pytest
 
 from torchbucket.errors import NotFoundError, StorageError
 from torchbucket.storage.base import Part
+from torchbucket.storage.crc32c import extend
 
 from .conftest import SyncStore
 
@@ -28,6 +29,21 @@ def test_parts_uploaded_out_of_order_assemble_by_number(s: SyncStore) -> None:
     assert s.get("ckpt/model.pt") == expected
     assert s.multipart_list() == []
     assert s.list_all() == ["ckpt/model.pt"]
+
+
+def test_a_part_given_as_several_buffers_is_their_bytes_in_order(s: SyncStore) -> None:
+    # How a checkpoint's part gathered from its tensors' memory is sent; the
+    # CRC32C declared is that of the whole part.
+    data = PARTS[1] + PARTS[2]
+    pieces = [
+        memoryview(PARTS[1]),
+        memoryview(bytearray(PARTS[2]))[:999],
+        memoryview(PARTS[2])[999:],
+    ]
+    upload_id = s.mpu("initiate", "obj")
+    part = s.mpu("upload_part", "obj", upload_id, 1, pieces, crc32c=extend(0, data))
+    s.mpu("complete", "obj", upload_id, [part])
+    assert s.get("obj") == data
 
 
 def test_upload_is_invisible_until_complete(s: SyncStore) -> None:

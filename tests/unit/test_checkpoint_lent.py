@@ -1,8 +1,9 @@
 """``BucketCheckpoint.save`` uploads parts straight out of the tensors it saves (issue 45).
 
 The writer copies what ``torch.save`` writes into part buffers, except the
-bytes of the CPU tensors ``save`` found in the object: their whole parts are
-views of the tensors' own memory. These tests hold that to what a save
+bytes of the CPU tensors ``save`` found in the object: a part is gathered from
+views of the tensors' own memory and the copied bytes between them
+(``checkpoint/_gather.py``). These tests hold that to what a save
 guaranteed: the bytes saved are the tensors' (whatever the part boundaries,
 shared or non-contiguous storages, nested containers), what is not a tensor of
 the object is still copied, and a tensor changed while its parts upload fails
@@ -24,6 +25,7 @@ from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.checkpoint._lent import collect
 from torchbucket.errors import IntegrityError
 from torchbucket.storage import MemoryStore
+from torchbucket.storage.base import PartData, part_pieces
 
 PART = 64 * 1024
 CONFIG = CheckpointConfig(part_size=PART, min_part_size=1, parts_in_flight=4)
@@ -45,8 +47,13 @@ class RecordingStore:
     def __init__(self, bucket: str) -> None:
         self.inner = MemoryStore(bucket)
         self.bucket = bucket
-        self.parts: list[tuple[int, int]] = []
+        #: Per part, where each of its pieces was (address, size).
+        self.parts: list[list[tuple[int, int]]] = []
         self.before_part: Any = None
+
+    @property
+    def pieces(self) -> list[tuple[int, int]]:
+        return [piece for part in self.parts for piece in part]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -55,9 +62,9 @@ class RecordingStore:
         return self.inner.uri(key)
 
     async def multipart_upload_part(
-        self, key: str, upload_id: str, number: int, data: memoryview, *, crc32c: int | None = None
+        self, key: str, upload_id: str, number: int, data: PartData, *, crc32c: int | None = None
     ) -> Any:
-        self.parts.append((address(memoryview(data)), len(data)))
+        self.parts.append([(address(p), len(p)) for p in part_pieces(data) if len(p)])
         if self.before_part is not None:
             self.before_part(number)
         await asyncio.sleep(0)
@@ -87,7 +94,7 @@ def inside(part: tuple[int, int], tensor: torch.Tensor) -> bool:
     return storage.data_ptr() <= start and start + size <= storage.data_ptr() + storage.nbytes()
 
 
-def test_whole_parts_of_the_tensors_are_views_of_them_and_the_bytes_are_theirs(
+def test_the_tensors_are_sent_from_their_own_memory_and_the_bytes_are_theirs(
     bucket: str,
 ) -> None:
     store = RecordingStore(bucket)
@@ -100,12 +107,13 @@ def test_whole_parts_of_the_tensors_are_views_of_them_and_the_bytes_are_theirs(
     assert torch.equal(loaded["views"][0], saved["model"]["big"][::3])
     assert torch.equal(loaded["views"][1], saved["model"]["big"][1000:2000])
     assert all(torch.equal(a, b) for a, b in zip(loaded["small"], saved["small"], strict=True))
-    lent = [p for p in store.parts if inside(p, saved["model"]["big"])]
-    # 1.2 MB of "big": all its whole parts but the one topped up are views of it.
-    assert len(lent) >= saved["model"]["big"].nbytes // PART - 2
-    assert all(size == PART for _, size in lent)
-    copied = [p for p in store.parts if p not in lent]
-    assert copied  # the pickle, the small tensors and the tails went through part buffers
+    tensors = (saved["model"]["big"], saved["model"]["half"])
+    for tensor in tensors:  # every byte of theirs, none copied, whatever the part boundaries
+        lent = [size for piece in store.pieces if inside(piece, tensor) for size in [piece[1]]]
+        assert sum(lent) == tensor.untyped_storage().nbytes()
+    copied = [p for p in store.pieces if not any(inside(p, t) for t in tensors)]
+    assert copied  # the pickle and the small tensors went through part buffers
+    assert any(len(part) > 1 for part in store.parts)  # parts gathered from both
 
 
 def test_the_writer_alone_copies_everything(bucket: str) -> None:
@@ -114,7 +122,7 @@ def test_the_writer_alone_copies_everything(bucket: str) -> None:
     saved = state()
     with on(store).writer(uri) as f:
         torch.save(saved, f)
-    assert not any(inside(p, saved["model"]["big"]) for p in store.parts)
+    assert not any(inside(p, saved["model"]["big"]) for p in store.pieces)
 
 
 def test_a_tensor_changed_while_its_parts_upload_fails_the_save(bucket: str) -> None:

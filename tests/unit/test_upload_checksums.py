@@ -180,6 +180,22 @@ def test_a_part_declares_the_crc32c_its_caller_computed(server: tuple[Recorder, 
     assert recorder.seen[0].headers["x-goog-hash"] == f"crc32c={b64(given)}"
 
 
+def test_a_part_of_several_buffers_is_sent_whole_with_its_crc32c(
+    server: tuple[Recorder, str],
+) -> None:
+    recorder, endpoint = server
+    store = store_on(endpoint)
+    pieces = [
+        memoryview(DATA[:300_000]),
+        memoryview(DATA[300_000:300_001]),
+        memoryview(DATA)[300_001:],
+    ]
+    runtime.run(store.multipart_upload_part("o", "u1", 1, pieces))
+    (seen,) = recorder.seen
+    assert seen.body == DATA
+    assert seen.headers["x-goog-hash"] == f"crc32c={crc32c_b64(DATA)}"
+
+
 def test_the_memory_store_refuses_a_part_whose_declared_crc32c_is_wrong() -> None:
     store = MemoryStore("bucket-m")
     upload_id = runtime.run(store.multipart_initiate("o"))

@@ -12,9 +12,9 @@ the 2-core benchmark VM, against 0.02 s for ``torch.save``'s own work and
 finds the CPU storages of the tensors in it (through dicts, lists and tuples,
 as in a state dict) and the writer keeps references to them until the save
 ends, so a ``write`` whose bytes lie inside one of them stays valid after the
-call. Such a write's whole parts are handed to the upload as views of the
-tensor, the part being filled before it topped up and the rest copied as
-before: the copy is then at most two parts per tensor.
+call. Such a write (of at least ``_gather.LEND_MIN`` bytes) becomes pieces of
+the parts it falls in, views of the tensor, between the copied bytes of the
+other writes (:mod:`._gather`): no byte of those tensors is copied.
 
 The bytes sent are the tensor's at the time each part is sent, not at the
 time of the ``write``: a tensor changed by another thread while it is saved

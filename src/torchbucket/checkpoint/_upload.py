@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 
 from torchbucket.errors import BucketNotFoundError, StorageError
 from torchbucket.runtime.tasks import cancel_and_wait
-from torchbucket.storage.base import MultipartUpload, ObjectInfo, ObjectStore, Part
+from torchbucket.storage.base import MultipartUpload, ObjectInfo, ObjectStore, Part, PartData
 from torchbucket.storage.capabilities import RemoteStore, SupportsZonal
 
 __all__ = [
@@ -135,7 +135,7 @@ class UploadSession:
         self.error: BaseException | None = None
 
     def start_part(
-        self, number: int, view: memoryview, release: Release, crc32c: int | None = None
+        self, number: int, view: PartData, release: Release, crc32c: int | None = None
     ) -> None:
         """Begin uploading part ``number``; call on the loop thread.
 
@@ -168,7 +168,7 @@ class MultipartSession(UploadSession):
         self._tasks: set[asyncio.Task[None]] = set()
         self._parts: dict[int, Part] = {}
         # Parts waiting for their predecessors before they enter the stream.
-        self._early: dict[int, tuple[memoryview, Release]] = {}
+        self._early: dict[int, tuple[PartData, Release]] = {}
         self._next_to_stream = 1
 
     @property  # type: ignore[override]
@@ -187,7 +187,7 @@ class MultipartSession(UploadSession):
         """Whether the parts went to a resumable upload instead."""
         return self._stream is not None
 
-    def _to_stream(self, number: int, view: memoryview, release: Release) -> None:
+    def _to_stream(self, number: int, view: PartData, release: Release) -> None:
         """Hand part ``number`` to the fallback stream once all before it are there."""
         if self._stream is None:
             self._stream = StreamSession(self.store, self.key, self.content_type)
@@ -214,7 +214,7 @@ class MultipartSession(UploadSession):
         return await asyncio.shield(self._initiate)
 
     def start_part(
-        self, number: int, view: memoryview, release: Release, crc32c: int | None = None
+        self, number: int, view: PartData, release: Release, crc32c: int | None = None
     ) -> None:
         if self._initiate is None:
             self._initiate = asyncio.ensure_future(
@@ -225,7 +225,7 @@ class MultipartSession(UploadSession):
         task.add_done_callback(self._tasks.discard)
 
     async def _part(
-        self, number: int, view: memoryview, release: Release, crc32c: int | None
+        self, number: int, view: PartData, release: Release, crc32c: int | None
     ) -> None:
         handed_over = False
         try:
@@ -289,7 +289,7 @@ class StreamSession(UploadSession):
 
     def __init__(self, store: ObjectStore, key: str, content_type: str = CONTENT_TYPE) -> None:
         super().__init__(store, key, content_type)
-        self._queue: asyncio.Queue[tuple[memoryview, Release] | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[PartData, Release] | None] = asyncio.Queue()
         self._task: asyncio.Task[ObjectInfo] | None = None
         self._aborted = False
 
@@ -320,13 +320,13 @@ class StreamSession(UploadSession):
             view, release = item
             try:
                 # A copy: a streaming upload may keep a chunk after asking for the next.
-                chunk = bytes(view)
+                chunk = b"".join(view) if isinstance(view, list) else bytes(view)
             finally:
                 release()
             yield chunk
 
     def start_part(
-        self, number: int, view: memoryview, release: Release, crc32c: int | None = None
+        self, number: int, view: PartData, release: Release, crc32c: int | None = None
     ) -> None:
         del crc32c  # the stream declares the whole object's CRC32C, at its end
         task = self._ensure_task()

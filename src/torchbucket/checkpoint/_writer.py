@@ -44,6 +44,7 @@ from typing import Literal
 
 from torchbucket import runtime
 from torchbucket.checkpoint._cleanup import abort_stale_after_save
+from torchbucket.checkpoint._gather import LEND_MIN, PartBuilder
 from torchbucket.checkpoint._lent import LentMemory
 from torchbucket.checkpoint._parts import (
     BufferPool,
@@ -126,8 +127,7 @@ class CheckpointWriter(io.BufferedIOBase):
         self._slots = threading.Semaphore(config.parts_in_flight)
         self._pool = BufferPool()
         self._base_part_size = first_part_size(config, size_hint)
-        self._buffer: bytearray | None = None
-        self._fill = 0
+        self._part: PartBuilder | None = None  # the part being filled
         self._parts = 0
         self._written = 0
         self._crc = Crc32c()
@@ -160,7 +160,10 @@ class CheckpointWriter(io.BufferedIOBase):
             raise ValueError(f"I/O operation on a closed checkpoint writer ({self.uri})")
 
     def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
-        """Copy ``data`` into part buffers, handing over each one that fills.
+        """Add ``data`` to parts, handing over each one that fills.
+
+        Copied into the part's buffer, or, where ``data`` lies in a storage
+        the save holds (see _lent, _gather), taken as a view of it.
 
         Blocks while ``parts_in_flight`` parts are uploading. Once a part
         has failed, or the checkpoint has outgrown the store's part limit,
@@ -177,16 +180,19 @@ class CheckpointWriter(io.BufferedIOBase):
         if self._session.error is not None or self._error is not None:
             self._written += total
             return total
-        lend = self._lent is not None and total > self._base_part_size and self._lent.holds(view)
-        offset = self._write_lent(view) if lend else 0
-        while offset < total:
-            if self._buffer is None:
-                self._buffer = self._pool.take(self._part_size(self._parts + 1))
-            count = min(len(self._buffer) - self._fill, total - offset)
-            self._buffer[self._fill : self._fill + count] = view[offset : offset + count]
-            self._fill += count
+        lend = self._lent is not None and total >= LEND_MIN and self._lent.holds(view)
+        offset = 0
+        while offset < total and self._error is None:
+            if self._part is None:
+                self._part = PartBuilder(self._pool, self._part_size(self._parts + 1))
+            part = self._part
+            count = min(part.room, total - offset)
+            if lend:
+                part.lend(view[offset : offset + count])
+            else:
+                part.copy(view[offset : offset + count])
             offset += count
-            if self._fill == len(self._buffer):
+            if not part.room:
                 self._hand_over()
         self._written += total
         return total
@@ -317,30 +323,14 @@ class CheckpointWriter(io.BufferedIOBase):
         """Let parts be views of ``memory``'s storages, held until the save ends (see _lent)."""
         self._lent = memory or None
 
-    def _write_lent(self, view: memoryview) -> int:
-        """Hand over the whole parts of ``view`` as views of it; the bytes taken."""
-        offset = 0
-        if self._buffer is not None and self._fill:  # top up the part being filled
-            offset = len(self._buffer) - self._fill
-            if len(view) < offset + self._part_size(self._parts + 2):
-                return 0  # not worth it: less than a whole part would be lent
-            self._buffer[self._fill :] = view[:offset]
-            self._fill = len(self._buffer)
-            self._hand_over()
-        while self._error is None and len(view) - offset >= self._part_size(self._parts + 1):
-            size = self._part_size(self._parts + 1)
-            self._send(view[offset : offset + size], None)
-            offset += size
-        return offset
-
     def _hand_over(self) -> None:
-        buffer, fill = self._buffer, self._fill
-        assert buffer is not None
-        self._buffer, self._fill = None, 0
-        self._send(memoryview(buffer)[:fill], buffer)
+        part = self._part
+        assert part is not None
+        self._part = None
+        self._send(part.pieces(), part.buffers)
 
-    def _send(self, view: memoryview, buffer: bytearray | None) -> None:
-        """Start the next part, ``view`` (of ``buffer``, a pool buffer, or of a lent storage)."""
+    def _send(self, pieces: list[memoryview], buffers: list[bytearray]) -> None:
+        """Start the next part, ``pieces`` (of ``buffers``, pool buffers, or of lent storages)."""
         number = self._parts + 1
         if number > MULTIPART_MAX_PARTS and isinstance(self._session, MultipartSession):
             # Recorded, not raised: see write(). close() raises it.
@@ -352,38 +342,43 @@ class CheckpointWriter(io.BufferedIOBase):
                 operation="checkpoint save",
                 uri=self.uri,
             )
-            if buffer is not None:
+            for buffer in buffers:
                 self._pool.give(buffer)
             return
         # Checksummed once: the part declares this CRC32C (the store does not
         # compute it again) and the whole object's is combined from the parts'.
-        crc = extend(0, view)
-        self._crc.append(crc, len(view))
+        crc = size = 0
+        for piece in pieces:
+            crc, size = extend(crc, piece), size + len(piece)
+        self._crc.append(crc, size)
         self._slots.acquire()
         self._parts = number
-        release = functools.partial(self._release_part, buffer)
-        self._loop.call_soon_threadsafe(self._session.start_part, number, view, release, crc)
+        release = functools.partial(self._release_part, buffers)
+        data = pieces[0] if len(pieces) == 1 else pieces
+        self._loop.call_soon_threadsafe(self._session.start_part, number, data, release, crc)
 
-    def _release_part(self, buffer: bytearray | None) -> None:
-        if buffer is not None:
+    def _release_part(self, buffers: list[bytearray]) -> None:
+        for buffer in buffers:
             self._pool.give(buffer)
         self._slots.release()
 
     def _release_buffers(self) -> None:
         self._lent = None  # every part is done: no view of a storage is read any more
-        if self._buffer is not None:
-            self._pool.give(self._buffer)
-            self._buffer = None
+        if self._part is not None:
+            for buffer in self._part.buffers:
+                self._pool.give(buffer)
+        self._part = None
         self._pool.clear()
 
     def _finish(self) -> ObjectInfo:
         self._raise_part_error()
         # Counted here, not asked of the session: parts start on the loop thread.
         if self._parts == 0:
-            data = memoryview(self._buffer or b"")[: self._fill]
+            pieces = self._part.pieces() if self._part is not None else []
+            data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             self._crc.update(data)
             return runtime.run(self._store.put(self._key, data, content_type=self._content_type))
-        if self._fill:
+        if self._part is not None and self._part.filled:
             self._hand_over()
             self._raise_part_error()  # the last part may be one too many
         if self._staging is not None and not self._staging_held:

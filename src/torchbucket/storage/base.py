@@ -25,6 +25,8 @@ __all__ = [
     "ObjectInfo",
     "ObjectStore",
     "Part",
+    "PartData",
+    "part_pieces",
 ]
 
 #: GCS composes at most 32 source objects into one.
@@ -40,6 +42,17 @@ HIDDEN_PREFIXES = ("dataflux-composed-objects/", "torchbucket-zonal-objects/")
 #: https://cloud.google.com/storage/docs/transcoding), and torchbucket returns
 #: the same bytes, as ``google-cloud-storage``'s ``download_as_bytes()`` does.
 TRANSCODED_ENCODINGS = frozenset({"gzip"})
+
+#: A multipart part's bytes: one buffer, or a list of them sent one after
+#: another (a part gathered from where its bytes already are, without a copy).
+PartData = bytes | bytearray | memoryview | list[memoryview]
+
+
+def part_pieces(data: PartData) -> list[memoryview]:
+    """A part's bytes (:data:`PartData`) as byte views, in order."""
+    if isinstance(data, list):
+        return [memoryview(piece).cast("B") for piece in data]
+    return [memoryview(data).cast("B")]
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,11 +303,13 @@ class ObjectStore(Protocol):
         key: str,
         upload_id: str,
         number: int,
-        data: bytes | bytearray | memoryview,
+        data: PartData,
         *,
         crc32c: int | None = None,
     ) -> Part:
         """Upload part ``number`` (1-based, at most 10,000) of an upload.
+
+        ``data`` is one buffer or a list of them, the part's bytes in order.
 
         ``crc32c``, the CRC32C of ``data`` where the caller has it already, is
         what the part declares instead of one computed again; a store that

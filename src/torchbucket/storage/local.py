@@ -43,7 +43,14 @@ from torchbucket.storage._common import (
     check_range,
     resolve_range,
 )
-from torchbucket.storage.base import ListPage, MultipartUpload, ObjectInfo, Part
+from torchbucket.storage.base import (
+    ListPage,
+    MultipartUpload,
+    ObjectInfo,
+    Part,
+    PartData,
+    part_pieces,
+)
 from torchbucket.storage.crc32c import crc32c_b64
 
 __all__ = ["LocalStore"]
@@ -333,20 +340,22 @@ class LocalStore:
         key: str,
         upload_id: str,
         number: int,
-        data: bytes | bytearray | memoryview,
+        data: PartData,
         *,
         crc32c: int | None = None,  # nothing in transit here: written as given
     ) -> Part:
         check_part_number(number)
-        accounting.count("mpu_part", len(data))
+        pieces = part_pieces(data)
+        size = sum(len(piece) for piece in pieces)
+        accounting.count("mpu_part", size)
         staging = self._existing_staging(key, upload_id, "multipart upload part")
         part_key = f"{staging[1:]}/part-{number:05d}"
-        info = await self._io(
-            len(data),
-            lambda: _fs.commit(
-                part_key, lambda fd: _fs.write_all(fd, data), "multipart upload part"
-            ),
-        )
+
+        def write(fd: int) -> None:
+            for piece in pieces:
+                _fs.write_all(fd, piece)
+
+        info = await self._io(size, lambda: _fs.commit(part_key, write, "multipart upload part"))
         return Part(number, _fs.part_etag(info.size, info.generation))
 
     async def multipart_complete(

@@ -33,7 +33,14 @@ from torchbucket.storage._common import (
     check_part_number,
     resolve_range,
 )
-from torchbucket.storage.base import ListPage, MultipartUpload, ObjectInfo, Part
+from torchbucket.storage.base import (
+    ListPage,
+    MultipartUpload,
+    ObjectInfo,
+    Part,
+    PartData,
+    part_pieces,
+)
 from torchbucket.storage.crc32c import b64, crc32c_b64
 
 __all__ = ["MemoryStore", "delete_memory_bucket"]
@@ -312,11 +319,12 @@ class MemoryStore:
         key: str,
         upload_id: str,
         number: int,
-        data: bytes | bytearray | memoryview,
+        data: PartData,
         *,
         crc32c: int | None = None,
     ) -> Part:
         check_part_number(number)
+        data = b"".join(part_pieces(data)) if isinstance(data, list) else data
         accounting.count("mpu_part", len(data))
         upload = self._upload(key, upload_id, "multipart upload part")
         etag = crc32c_b64(data)

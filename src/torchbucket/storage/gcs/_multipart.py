@@ -30,7 +30,7 @@ from aiohttp.abc import AbstractStreamWriter
 
 from torchbucket.errors import IntegrityError, NotFoundError, RetryableError, StorageError
 from torchbucket.storage._common import check_part_number
-from torchbucket.storage.base import MultipartUpload, ObjectInfo, Part
+from torchbucket.storage.base import MultipartUpload, ObjectInfo, Part, PartData, part_pieces
 from torchbucket.storage.crc32c import combine
 from torchbucket.storage.gcs import _errors, _head, _objects, _xml
 from torchbucket.storage.gcs._transport import GCSTransport
@@ -51,22 +51,30 @@ _SLICE = 256 * 1024
 class _PartBody(aiohttp.Payload):
     """A part's bytes, written to the connection :data:`_SLICE` bytes at a time.
 
-    Reusable: each attempt of a retried part writes it from the start.
+    The part may be several buffers (a checkpoint's part gathered from its
+    tensors' own memory), sent one after another. Reusable: each attempt of a
+    retried part writes it from the start.
     """
 
     _autoclose = True
 
-    def __init__(self, data: bytes | bytearray | memoryview) -> None:
-        view = memoryview(data).cast("B")
-        super().__init__(view, content_type="application/octet-stream")
-        self._view = view
-        self._size = len(view)
+    def __init__(self, data: PartData) -> None:
+        pieces = part_pieces(data)
+        super().__init__(pieces, content_type="application/octet-stream")
+        self._pieces = pieces
+        self._length = sum(len(piece) for piece in pieces)
+        self._size = self._length
 
     def __len__(self) -> int:
-        return len(self._view)
+        return self._length
+
+    @property
+    def pieces(self) -> list[memoryview]:
+        """The part's bytes, in order."""
+        return self._pieces
 
     def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
-        return bytes(self._view).decode(encoding, errors)
+        return b"".join(self._pieces).decode(encoding, errors)
 
     async def write(self, writer: AbstractStreamWriter) -> None:
         await self.write_with_length(writer, None)
@@ -74,10 +82,15 @@ class _PartBody(aiohttp.Payload):
     async def write_with_length(
         self, writer: AbstractStreamWriter, content_length: int | None
     ) -> None:
-        view = self._view if content_length is None else self._view[:content_length]
-        for start in range(0, len(view), _SLICE):
-            # Drains (waits until the transport has sent what it holds) as needed.
-            await writer.write(view[start : start + _SLICE])
+        left = self._length if content_length is None else content_length
+        for piece in self._pieces:
+            view = piece[:left]
+            for start in range(0, len(view), _SLICE):
+                # Drains (waits until the transport has sent what it holds) as needed.
+                await writer.write(view[start : start + _SLICE])
+            left -= len(view)
+            if not left:
+                return
 
 
 def _answered_info(
@@ -197,7 +210,7 @@ class XMLMultipart:
         key: str,
         upload_id: str,
         number: int,
-        data: bytes | bytearray | memoryview,
+        data: PartData,
         *,
         crc32c: int | None = None,
     ) -> Part:
@@ -210,10 +223,14 @@ class XMLMultipart:
         check_part_number(number)
         url = self._xml_url(key, f"partNumber={number}&uploadId={quote_name(upload_id)}")
         uri = self._transport.urls.uri(key)
-        crc = extend_crc(0, data) if crc32c is None else crc32c
+        body = _PartBody(data)
+        crc = crc32c
+        if crc is None:
+            crc = 0
+            for piece in body.pieces:
+                crc = extend_crc(crc, piece)
         sent_crc = crc_b64(crc)
         headers = {"x-goog-hash": f"crc32c={sent_crc}"}
-        body = _PartBody(data)
 
         async def attempt() -> Part:
             # GCS checks the part against its x-goog-hash and refuses damaged

@@ -31,7 +31,7 @@ from typing import Any
 from torchbucket.config import RetryConfig
 from torchbucket.errors import NotFoundError
 from torchbucket.storage._common import check_range
-from torchbucket.storage.base import ListPage, MultipartUpload, ObjectInfo, Part
+from torchbucket.storage.base import ListPage, MultipartUpload, ObjectInfo, Part, PartData
 from torchbucket.storage.gcs import (
     _bucket,
     _head,
@@ -374,7 +374,7 @@ class GCSStore:
         key: str,
         upload_id: str,
         number: int,
-        data: bytes | bytearray | memoryview,
+        data: PartData,
         *,
         crc32c: int | None = None,
     ) -> Part:
