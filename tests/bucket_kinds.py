@@ -38,6 +38,7 @@ BOTH_KINDS: tuple[str, ...] = (
     "integration/test_large_samples_emulator.py",
     "integration/test_lightning_emulator.py",
     "integration/test_shards_emulator.py",
+    "integration/test_shm_reuse_emulator.py",
 )
 
 _MULTIPART = (
@@ -83,13 +84,7 @@ REGIONAL_ONLY: dict[str, str] = {
 }
 
 #: Modules of the issue's list not yet run on zonal buckets, and why.
-NOT_YET: dict[str, str] = {
-    "integration/test_shm_reuse_emulator.py": (
-        "on a zonal bucket its kill script hangs (120 s) after a stalled read stream, and an "
-        "epoch leaves the main process 26-52 segments: not yet understood; its compose counts "
-        "also need the zonal form"
-    ),
-}
+NOT_YET: dict[str, str] = {}
 
 
 def kinds_for(nodeid: str, fixturenames: Sequence[str]) -> list[str] | None:
