@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from bucket_kinds import ZonalBuckets
 from torchbucket import runtime
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig
@@ -38,6 +39,12 @@ RECOVER = RetryConfig(
 #: Retries that must give up: the same, with a deadline of one second.
 GIVE_UP = RetryConfig(
     initial_backoff=0.005, max_backoff=0.02, deadline=1.0, attempt_timeout=0.5, read_timeout=0.3
+)
+#: The same with half the deadline, for the reads of the zonal fault matrix
+#: (every one faulted, so they fail whatever the deadline): still dozens of
+#: retries before it passes, in half the test's time.
+GIVE_UP_ZONAL = RetryConfig(
+    initial_backoff=0.005, max_backoff=0.02, deadline=0.5, attempt_timeout=0.5, read_timeout=0.3
 )
 
 #: Checkpoint parts small enough that a save is several parts (multipart), and
@@ -74,6 +81,11 @@ class Bucket:
 
     emu: Emulator
     name: str
+
+    @property
+    def zonal(self) -> bool:
+        """Whether the bucket is zonal (``bucket_kind`` ``zonal``: read and written over gRPC)."""
+        return isinstance(self.emu, ZonalBuckets)
 
     def gcs(self, retry: RetryConfig = RECOVER, **options: Any) -> GCSConfig:
         """A GCSConfig for this emulator with ``retry``."""

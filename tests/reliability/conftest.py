@@ -13,7 +13,8 @@ from torchbucket.emulator import Emulator
 
 @pytest.fixture
 def model_bucket(emulator: Emulator) -> Iterator[Bucket]:
-    """A fresh bucket on the session's model-store emulator."""
+    """A fresh bucket on the test's model-store emulator: regional, or zonal (over
+    gRPC) in the second run of a test ``tests/bucket_kinds.py`` lists."""
     name = f"rel-{uuid.uuid4().hex[:16]}"
     emulator.create_bucket(name)
     yield Bucket(emulator, name)

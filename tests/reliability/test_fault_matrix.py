@@ -31,6 +31,7 @@ docs/reliability.md is printed from it by running this file as a script.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from collections.abc import Callable
 import pytest
 from _workloads import (
     GIVE_UP,
+    GIVE_UP_ZONAL,
     RECOVER,
     STALL_SECONDS,
     Bucket,
@@ -48,7 +50,9 @@ from _workloads import (
     state,
 )
 
+from bucket_kinds import stored_names
 from torchbucket.compose.registry import in_flight
+from torchbucket.config import RetryConfig
 from torchbucket.emulator import Emulator
 from torchbucket.errors import DeadlineExceededError, StorageError
 
@@ -145,7 +149,7 @@ def expected(op: str, kind: str, mode: str) -> str:
 
 def run_dataset(bucket: Bucket, op: str, kind: str, mode: str) -> tuple[str, object]:
     want = bucket.seed_dataset()
-    retry = GIVE_UP if mode == "past_deadline" else RECOVER
+    retry = give_up(bucket) if mode == "past_deadline" else RECOVER
     emu = bucket.emu
 
     def fault() -> None:
@@ -168,6 +172,11 @@ def run_dataset(bucket: Bucket, op: str, kind: str, mode: str) -> tuple[str, obj
     return outcome
 
 
+def give_up(bucket: Bucket) -> RetryConfig:
+    """The retries of a case past the deadline (on a zonal bucket only reads are cases)."""
+    return GIVE_UP_ZONAL if bucket.zonal else GIVE_UP
+
+
 def check_fired(emu: Emulator, op: str, kind: str, mode: str) -> None:
     """The fault did hit (and, when repeated on a retried request, three times); clear it."""
     fired = sum(rule["fired"] for rule in emu.faults())
@@ -178,7 +187,7 @@ def check_fired(emu: Emulator, op: str, kind: str, mode: str) -> None:
 
 
 def run_checkpoint(bucket: Bucket, op: str, kind: str, mode: str) -> tuple[str, object]:
-    retry = GIVE_UP if mode == "past_deadline" else RECOVER
+    retry = give_up(bucket) if mode == "past_deadline" else RECOVER
     method = "resumable" if op == "resumable" else "multipart"
     uri = bucket.uri(CKPT_KEY)
     good = bucket.checkpoint()
@@ -244,6 +253,9 @@ def applies(op: str, kind: str) -> bool:
 
 
 CASES = [_case(*case) for case in itertools.product(OPS, KINDS, MODES) if applies(*case[:2])]
+#: The reads: a dataset's direct reads and a checkpoint's ranged load, on both
+#: bucket kinds (tests/bucket_kinds.py); on a zonal one over bidi read streams.
+READ_OPS = ("get", "ranged_get")
 
 
 def uri_of(bucket: Bucket, op: str) -> str:
@@ -267,9 +279,46 @@ def check_case(bucket: Bucket, op: str, kind: str, mode: str) -> None:
     assert bucket.incomplete_uploads() == []
 
 
-@pytest.mark.parametrize(("op", "kind", "mode"), CASES)
+@pytest.mark.parametrize(("op", "kind", "mode"), [c for c in CASES if c.values[0] not in READ_OPS])
 def test_fault(model_bucket: Bucket, op: str, kind: str, mode: str) -> None:
     check_case(model_bucket, op, kind, mode)
+
+
+@pytest.mark.parametrize(("op", "kind", "mode"), [c for c in CASES if c.values[0] in READ_OPS])
+def test_read_fault(model_bucket: Bucket, op: str, kind: str, mode: str) -> None:
+    check_case(model_bucket, op, kind, mode)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("workload", ["epoch", "load"])
+def test_a_silent_read_is_abandoned_after_the_read_timeout(
+    model_bucket: Bucket, workload: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read that receives nothing for ``read_timeout`` is retried, not awaited.
+
+    The stall outlasts the pytest timeout, and the attempt's own time limit is
+    as long: only the silence limit (0.3 s) ends the wait. On gRPC it once did
+    not apply, and a silent bidi read stream was awaited for ``attempt_timeout``.
+    """
+    import logging
+
+    patient = dataclasses.replace(RECOVER, attempt_timeout=30.0)
+    emu = model_bucket.emu
+    if workload == "epoch":
+        want = model_bucket.seed_dataset(10)
+    else:
+        ck = model_bucket.checkpoint(patient)
+        ck.save(state(1), model_bucket.uri(CKPT_KEY))
+    emu.add_fault("get", "stall", nth=2, stall_seconds=30.0)
+    with caplog.at_level(logging.DEBUG, logger="torchbucket"):
+        if workload == "epoch":
+            check_epoch(epoch(model_bucket.dataset(patient, compose=False)), want)
+        else:
+            assert same_state(ck.load(model_bucket.uri(CKPT_KEY), weights_only=True), state(1))
+    assert sum(rule["fired"] for rule in emu.faults()) == 1
+    # Cut short for its silence (retried, or over HTTP hedged), never for the
+    # attempt's time limit.
+    assert not [r for r in caplog.records if "attempt timeout" in r.getMessage()]
 
 
 #: On fake-gcs-server (the fidelity reference, slow): every operation with a
@@ -357,7 +406,7 @@ def _wait_fired(emu: Emulator) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
-def test_concurrent_dcp_saves_never_mix(model_bucket: Bucket) -> None:
+def test_concurrent_dcp_saves_never_mix(model_bucket: Bucket, bucket_kind: str) -> None:
     """Job A saves 1.0s, one of its data files held; job B saves 2.0s meanwhile, whole.
 
     Both jobs write ``gs://.../run/step`` with four data files each. The load
@@ -371,7 +420,10 @@ def test_concurrent_dcp_saves_never_mix(model_bucket: Bucket) -> None:
     from torch.distributed.checkpoint.api import CheckpointException
 
     emu, uri = model_bucket.emu, model_bucket.uri("run/step")
-    emu.add_fault("mpu_complete", "stall_apply", match="__0_2.", stall_seconds=STALL_SECONDS)
+    # Held: the upload's completion; on a zonal bucket, where a data file is
+    # one gRPC write stream, that stream.
+    op = "put" if bucket_kind == "zonal" else "mpu_complete"
+    emu.add_fault(op, "stall_apply", match="__0_2.", stall_seconds=STALL_SECONDS)
     outcome: dict[str, BaseException | None] = {}
 
     def save(job: str, value: float) -> None:
@@ -398,7 +450,7 @@ def test_concurrent_dcp_saves_never_mix(model_bucket: Bucket) -> None:
     if outcome[loser] is not None:
         assert uri in str(outcome[loser]) and "finished first" in str(outcome[loser])
     # The winner's four data files and its metadata, nothing of the other job.
-    assert len(emu.object_names(model_bucket.name, "run/step/")) == 5
+    assert len(stored_names(emu, model_bucket.name, "run/step/")) == 5
     assert model_bucket.incomplete_uploads() == []
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from torchbucket.errors import IntegrityError, StorageError, TransientError
 from torchbucket.runtime import accounting
+from torchbucket.runtime.watchdog import watchdog
 from torchbucket.storage import crc32c
 from torchbucket.storage.gcs._grpc_data import Range, RangeData
 from torchbucket.storage.gcs._grpc_wire import EOF, Channels, bucket_path, error_for_rpc, pb
@@ -335,6 +336,9 @@ class ReadStreams:
         bucket: The bucket name.
         metadata: Makes the call metadata (routing and authorization).
         uri: ``gs://bucket/key`` of a key, for errors.
+        quiet: ``RetryConfig.read_timeout``: an attempt that receives nothing
+            for this long fails (``TransientError``) and its stream takes no
+            more reads, as the JSON path's watchdog cuts a silent body short.
     """
 
     def __init__(
@@ -343,8 +347,10 @@ class ReadStreams:
         bucket: str,
         metadata: Callable[[], Any],
         uri: Callable[[str], str],
+        quiet: float | None = None,
     ) -> None:
         self.channels = channels
+        self.quiet = quiet
         self.bucket_name = bucket_path(bucket)
         self.metadata = metadata
         self.uri = uri
@@ -415,16 +421,27 @@ class ReadStreams:
             stream = _Stream(self, key, generation, on_meta)
             self._open[(key, generation)] = stream
         accounting.count("get")
+        dog = watchdog(asyncio.get_running_loop())
+        watch = dog.start(quiet=self.quiet, progress=lambda: read.pos)
         try:
             if stream.call is None:
                 await stream.open(read)
             else:
                 await stream.add(read)
             meta = await read.done
-        except BaseException:
+        except BaseException as exc:
             stream.drop(read)
             if read.done.done() and not read.done.cancelled():
                 read.done.exception()  # retrieved: raised here, or a later stream's
+            if isinstance(exc, asyncio.CancelledError) and dog.stop(watch):
+                self.forget(stream)  # silent: the next attempt opens another stream
+                raise TransientError(
+                    f"no data from the server for {self.quiet:g} s (read timeout)",
+                    operation="get",
+                    uri=self.uri(key),
+                ) from None
             raise
+        finally:
+            dog.stop(watch)
         await stream.finish(read)
         return meta

@@ -84,7 +84,11 @@ class GrpcPath:
         self._config = config
         self.channels = Channels(target[0], secure=target[1], bucket=transport.bucket)
         self._reads = ReadStreams(
-            self.channels, transport.bucket, self._metadata, transport.urls.uri
+            self.channels,
+            transport.bucket,
+            self._metadata,
+            transport.urls.uri,
+            transport.read_timeout,
         )
         hold(self)  # its streams must outlive a fork in the child (see _grpc_wire)
         #: name -> pointer target seen by head or a read, for pinned reads.
