@@ -37,6 +37,7 @@ BOTH_KINDS: tuple[str, ...] = (
     "integration/test_dcp_torchrun.py",
     "integration/test_large_samples_emulator.py",
     "integration/test_lightning_emulator.py",
+    "integration/test_orphaned_worker_emulator.py",
     "integration/test_shards_emulator.py",
     "integration/test_shm_reuse_emulator.py",
 )

@@ -237,7 +237,11 @@ class PrefetchWindow:
                     while pos not in results:
                         if self._failure is not None:
                             raise self._failure
-                        self._cond.wait()
+                        if not self._cond.wait(runtime.PARENT_CHECK_S):
+                            gone = runtime.main_process_gone()
+                            if gone is not None:
+                                self.close()
+                                raise RuntimeError(gone)
                 finally:
                     self._waiting_for = -1
             if self._timeline:  # outside the lock

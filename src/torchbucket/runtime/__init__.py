@@ -18,12 +18,23 @@ they count).
 """
 
 from torchbucket.runtime.loop import (
+    PARENT_CHECK_S,
     at_shutdown,
     get_loop,
     in_loop_thread,
+    main_process_gone,
     run,
     shutdown,
     submit,
 )
 
-__all__ = ["at_shutdown", "get_loop", "in_loop_thread", "run", "shutdown", "submit"]
+__all__ = [
+    "PARENT_CHECK_S",
+    "at_shutdown",
+    "get_loop",
+    "in_loop_thread",
+    "main_process_gone",
+    "run",
+    "shutdown",
+    "submit",
+]

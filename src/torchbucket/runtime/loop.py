@@ -17,11 +17,21 @@ import atexit
 import concurrent.futures
 import logging
 import os
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["at_shutdown", "get_loop", "in_loop_thread", "run", "shutdown", "submit"]
+__all__ = [
+    "PARENT_CHECK_S",
+    "at_shutdown",
+    "get_loop",
+    "in_loop_thread",
+    "main_process_gone",
+    "run",
+    "shutdown",
+    "submit",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +44,13 @@ _pid: int | None = None
 # (priority, callback): lower priorities run first at shutdown.
 _shutdown_hooks: list[tuple[int, Callable[[], Awaitable[None]]]] = []
 _SHUTDOWN_TIMEOUT = 30.0
+
+#: Seconds between the checks, in a blocking wait of a DataLoader worker, that
+#: the worker's main process is still there.
+PARENT_CHECK_S = 1.0
+# The process that started this one: a forked worker's is set after the
+# fork, a spawned worker's when it imports torchbucket (unpickling its dataset).
+_parent_pid = os.getppid()
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -96,6 +113,8 @@ def run(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         raise RuntimeError("torchbucket.runtime.run() called from its own event loop thread")
     future = submit(coro)
     try:
+        if timeout is None:
+            return _result_unless_orphaned(future)
         return future.result(timeout)
     except concurrent.futures.TimeoutError:
         if future.done():
@@ -106,6 +125,37 @@ def run(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
     except KeyboardInterrupt:
         future.cancel()
         raise
+
+
+def main_process_gone() -> str | None:
+    """Why a DataLoader worker should stop waiting: its main process has exited.
+
+    torch's worker loop looks for a dead main process only between tasks, so
+    a worker whose task waits on a stalled bucket (retried up to the retry
+    deadline, minutes) would go on reading for nobody. ``None`` outside a
+    worker, and while the main process lives.
+    """
+    data = sys.modules.get("torch.utils.data")
+    if data is None or data.get_worker_info() is None or os.getppid() == _parent_pid:
+        return None
+    return (
+        f"the DataLoader's main process (pid {_parent_pid}) has exited: "
+        f"worker {os.getpid()} stops waiting for its reads"
+    )
+
+
+def _result_unless_orphaned(future: concurrent.futures.Future[T]) -> T:
+    """``future``'s result; in a worker whose main process exits, cancel it and raise."""
+    while True:
+        try:
+            return future.result(PARENT_CHECK_S)
+        except concurrent.futures.TimeoutError:
+            if future.done():
+                raise  # the coroutine's own TimeoutError (DeadlineExceededError is one)
+            gone = main_process_gone()
+            if gone is not None:
+                future.cancel()
+                raise RuntimeError(gone) from None
 
 
 def at_shutdown(callback: Callable[[], Awaitable[None]], *, priority: int = 100) -> None:
@@ -163,9 +213,10 @@ def shutdown() -> None:
 
 def _after_fork_in_child() -> None:
     # The loop thread did not survive the fork; its loop object must not be used.
-    global _loop, _thread, _pid, _lock
+    global _loop, _thread, _pid, _lock, _parent_pid
     _loop = _thread = _pid = None
     _lock = threading.Lock()
+    _parent_pid = os.getppid()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
