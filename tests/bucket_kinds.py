@@ -40,6 +40,9 @@ BOTH_KINDS: tuple[str, ...] = (
     "integration/test_orphaned_worker_emulator.py",
     "integration/test_shards_emulator.py",
     "integration/test_shm_reuse_emulator.py",
+    "reliability/test_bad_input.py",
+    "reliability/test_crash.py",
+    "reliability/test_fault_matrix.py",
 )
 
 _MULTIPART = (
@@ -81,6 +84,24 @@ REGIONAL_ONLY: dict[str, str] = {
     "integration/test_large_samples_emulator.py::"
     "test_tensor_output_of_composed_objects_is_views_of_one_composite": (
         "views of one composite object; a zonal bucket has no compose"
+    ),
+    "reliability/test_bad_input.py::test_permission_denied_on_compose_falls_back_with_one_warning": (
+        "a compose the server refuses; on a zonal bucket compose is off before any request "
+        "(test_dataset_emulator.py's [zonal] epochs check that none is sent)"
+    ),
+    "reliability/test_bad_input.py::test_dataset_objects_larger_than_the_composite_cap": (
+        "which objects compose coalesces; a zonal bucket has no compose"
+    ),
+    "reliability/test_crash.py": (
+        "kills an epoch holding composites (a zonal bucket has none) and saves mid XML "
+        "multipart or resumable upload; the zonal kill: test_zonal_fault_matrix_emulator.py::"
+        "test_a_save_killed_after_a_flush_keeps_the_previous_checkpoint"
+    ),
+    "reliability/test_fault_matrix.py::test_fault": (
+        "compose, composite deletes and the JSON and XML uploads, which a zonal bucket does not "
+        "have (its saves stream over gRPC: test_zonal_fault_matrix_emulator.py::"
+        "test_a_faulted_save_keeps_the_previous_checkpoint), and the listing, the same JSON API "
+        "request on both kinds; the zonal reads: test_read_fault[zonal-*]"
     ),
 }
 
