@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from bucket_kinds import ZonalBuckets
 from torchbucket import runtime
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig
@@ -85,6 +84,9 @@ class Bucket:
     @property
     def zonal(self) -> bool:
         """Whether the bucket is zonal (``bucket_kind`` ``zonal``: read and written over gRPC)."""
+        # Here, not at the top: the matrix also runs as a script (its table).
+        from bucket_kinds import ZonalBuckets
+
         return isinstance(self.emu, ZonalBuckets)
 
     def gcs(self, retry: RetryConfig = RECOVER, **options: Any) -> GCSConfig:

@@ -50,7 +50,6 @@ from _workloads import (
     state,
 )
 
-from bucket_kinds import stored_names
 from torchbucket.compose.registry import in_flight
 from torchbucket.config import RetryConfig
 from torchbucket.emulator import Emulator
@@ -418,6 +417,8 @@ def test_concurrent_dcp_saves_never_mix(model_bucket: Bucket, bucket_kind: str) 
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
+
+    from bucket_kinds import stored_names
 
     emu, uri = model_bucket.emu, model_bucket.uri("run/step")
     # Held: the upload's completion; on a zonal bucket, where a data file is
