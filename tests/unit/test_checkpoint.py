@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import io
+import itertools
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -22,7 +23,7 @@ from torchbucket.checkpoint import (
     abort_incomplete_uploads,
 )
 from torchbucket.checkpoint._parts import first_part_size
-from torchbucket.checkpoint._reader import split_ranges
+from torchbucket.checkpoint._reader import load_ranges, split_ranges
 from torchbucket.errors import (
     ConfigError,
     DeadlineExceededError,
@@ -396,6 +397,30 @@ def test_split_ranges_tile_the_object(size: int, chunk: int) -> None:
     starts = [lo for lo, _ in ranges]
     assert starts == [0, *(hi for _, hi in ranges[:-1])][: len(ranges)]
     assert (ranges[-1][1] if ranges else 0) == size
+
+
+@given(size=st.integers(0, 10_000), chunk=st.integers(1, 3_000))
+def test_load_ranges_tile_the_object_without_a_sliver_at_the_end(size: int, chunk: int) -> None:
+    ranges = load_ranges(size, chunk)
+    assert [lo for lo, _ in ranges] == [lo for lo, _ in split_ranges(size, chunk)][: len(ranges)]
+    assert all(lo < hi for lo, hi in ranges)
+    assert all(hi == lo2 for (_, hi), (lo2, _) in itertools.pairwise(ranges))
+    assert (ranges[-1][1] if ranges else 0) == size
+    assert all(hi - lo <= chunk + chunk // 8 for lo, hi in ranges)
+    if len(ranges) > 1:
+        assert ranges[-1][1] - ranges[-1][0] >= chunk // 8
+    assert len(ranges) >= len(split_ranges(size, chunk)) - 1
+
+
+def test_a_load_reads_a_small_tail_with_the_range_before_it(bucket: str) -> None:
+    # 3 ranges and 10 bytes: 3 reads, not a 4th for the 10 bytes.
+    store = RecordingStore(bucket)
+    data = b"r" * (3 * PART + 10)
+    runtime.run(store.inner.put("tail.pt", data))
+    checkpoint = checkpoint_on(store, CheckpointConfig(range_size=PART))
+    with checkpoint.reader(f"memory://{bucket}/tail.pt") as f:
+        assert f.read() == data
+    assert store.calls.get("get_into", 0) + store.calls.get("get_into_checked", 0) == 3
 
 
 def test_checkpoint_pickles_without_its_stores(bucket: str) -> None:
