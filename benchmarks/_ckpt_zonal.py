@@ -57,12 +57,46 @@ def _emu_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _threads_cpu() -> dict[str, float]:
+    """CPU seconds of each thread of this process so far, summed by name: Python
+    threads by their ``threading`` name, the others (gRPC's) by the kernel's."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat", encoding="ascii") as f:
+                stat = f.read()
+        except OSError:  # ended meanwhile
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        name = names.get(int(tid)) or stat[stat.index("(") + 1 : stat.rindex(")")]
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _loop_thread() -> Any:
+    """torchbucket's event loop, if this process started it (its thread does the receiving)."""
+    if "torchbucket.runtime" not in sys.modules:
+        return None
+    from torchbucket import runtime
+
+    return runtime.get_loop()
+
+
 def _phase(fn: Any, emu_pid: int, profile: str | None) -> dict[str, Any]:
-    prof = None
+    prof = loop_prof = None
+    loop = _loop_thread()
     if profile:
         import cProfile
 
         prof = cProfile.Profile()
+        if loop is not None:  # cProfile sees one thread: profile the loop's too
+            loop_prof = cProfile.Profile()
+            loop.call_soon_threadsafe(loop_prof.enable)
+    threads0 = _threads_cpu()
     emu0, cpu0, wall0 = _emu_cpu(emu_pid), time.process_time(), time.perf_counter()
     got = fn() if prof is None else prof.runcall(fn)
     out = {
@@ -70,8 +104,19 @@ def _phase(fn: Any, emu_pid: int, profile: str | None) -> dict[str, Any]:
         "cpu": time.process_time() - cpu0,
         "emu_cpu": _emu_cpu(emu_pid) - emu0,
     }
+    threads = {
+        name: round(cpu - threads0.get(name, 0.0), 3) for name, cpu in _threads_cpu().items()
+    }
+    out["threads"] = {name: cpu for name, cpu in threads.items() if cpu > 0}
     if prof is not None and profile:
         prof.dump_stats(profile)
+    if loop_prof is not None and loop is not None and profile:
+        import concurrent.futures
+
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        loop.call_soon_threadsafe(lambda: (loop_prof.disable(), done.set_result(None)))
+        done.result(10)
+        loop_prof.dump_stats(f"{profile}.loop")
     return {**out, "value": got}
 
 
@@ -166,6 +211,23 @@ def _median(values: list[float]) -> float:
     return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
 
 
+def _print_threads(runs: dict[str, dict[str, list[dict[str, Any]]]], mib: float) -> None:
+    """Each contender's client CPU per MiB by thread (medians, runs without a thread as 0)."""
+    print("client CPU ms/MiB by thread (medians; the others under 0.05):")
+    for op in OPS:
+        for c in CONTENDERS:
+            rs = runs[c][op]
+            names = sorted({n for r in rs for n in r.get("threads", {})})
+            each = {
+                n: _median([r.get("threads", {}).get(n, 0.0) for r in rs]) / mib * 1e3
+                for n in names
+            }
+            shown = ", ".join(
+                f"{n} {v:.2f}" for n, v in sorted(each.items(), key=lambda kv: -kv[1]) if v >= 0.05
+            )
+            print(f"  {op:<6}{c:<13}{shown}")
+
+
 def summarize(runs: dict[str, dict[str, list[dict[str, float]]]], size: int) -> dict[str, Any]:
     """The RESULT keys of :func:`run`'s runs (see the module), and a table printed."""
     mib = size / MiB
@@ -189,6 +251,7 @@ def summarize(runs: dict[str, dict[str, list[dict[str, float]]]], size: int) -> 
         tb = _median([r["wall"] for r in runs["torchbucket"][op]])
         gf = _median([r["wall"] for r in runs["gcsfs"][op]])
         out[f"speedup_vs_gcsfs_zonal_{op}"] = round(gf / tb, 3)
+    _print_threads(runs, mib)
     out["zonal_goals_met"] = all(out[f"speedup_vs_gcsfs_zonal_{op}"] >= GOAL for op in OPS)
     return out
 
