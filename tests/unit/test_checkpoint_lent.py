@@ -141,7 +141,7 @@ def test_a_tensor_changed_while_its_parts_upload_fails_the_save(bucket: str) -> 
     # The part's CRC32C was taken at the write and the part declares it: the
     # store refuses the changed bytes (GCS answers 400), the save fails and
     # the previous checkpoint is still the one that loads.
-    with pytest.raises(IntegrityError, match="part 6 declares CRC32C") as info:
+    with pytest.raises(IntegrityError, match=r"part \d+ declares CRC32C") as info:
         checkpoint.save(saved, uri)
     assert uri in str(info.value)
     store.before_part = None

@@ -1,9 +1,12 @@
 """The writable file object a checkpoint is saved through.
 
-``torch.save`` (or anything that writes a file object) writes into part buffers;
-each full buffer is handed to the background loop and uploads while the next
-one fills. When ``parts_in_flight`` parts are pending, ``write`` blocks until
-one finishes, so memory stays at ``(parts_in_flight + 1) * part_size``.
+``torch.save`` (or anything that writes a file object) writes into parts:
+copied into pool buffers, or, for the tensors ``BucketCheckpoint.save`` lends
+it, taken as views of their memory (:mod:`._gather`). Each full part is
+checksummed once (CRC32C, which it declares to the store), handed to the
+background loop and uploads while the next one fills. When
+``parts_in_flight`` parts are pending, ``write`` blocks until one finishes,
+so memory stays under ``(parts_in_flight + 1) * part_size``.
 
 Closing the writer normally commits: the last part goes up and the upload
 completes, so the object appears whole, at once. Leaving a ``with`` block by an
