@@ -141,6 +141,40 @@ def test_parallel_ranges_share_a_stream(store: GCSStore, server: FakeServer) -> 
     assert server.storage.calls["BidiReadObject"] == 1
 
 
+def test_ranges_added_while_the_stream_awaits_credentials_share_it(
+    store: GCSStore, server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The stream's open awaits the request headers (a token refresh): the
+    # ranges asked meanwhile wait for that open instead of each opening a
+    # call of their own on the same stream (three calls, two pumps orphaned).
+    from torchbucket.storage.gcs._zonal import GrpcPath
+
+    slow = GrpcPath._metadata
+
+    async def metadata(self: GrpcPath) -> tuple[tuple[str, str], ...]:
+        await asyncio.sleep(0.05)
+        return await slow(self)
+
+    monkeypatch.setattr(GrpcPath, "_metadata", metadata)
+    data = _data(3 * MiB, seed=6)
+    server.put("slow", data)
+    buf = bytearray(len(data))
+    view = memoryview(buf)
+
+    async def load() -> list[int]:
+        return await asyncio.gather(
+            *(
+                store.get_into("slow", view[at : at + MiB], start=at)
+                for at in range(0, len(data), MiB)
+            )
+        )
+
+    server.storage.calls.clear()
+    assert sum(runtime.run(load())) == len(data)
+    assert bytes(buf) == data
+    assert server.storage.calls["BidiReadObject"] == 1
+
+
 def test_a_broken_read_resumes_from_the_last_byte(store: GCSStore, server: FakeServer) -> None:
     data = _data(5 * MiB, seed=7)
     server.put("r", data)

@@ -14,13 +14,26 @@ protobuf's wire format (google.storage.v2's storage.proto: ``write_offset``
 buffer into the message gRPC sends; the channel's serializer passes such
 ``bytes`` through (:func:`serialize`). ``tests/unit`` checks that the
 message parses to the same fields as the protobuf class builds.
+
+Also :class:`Meta`, what an ``Object`` message says of the object (a read
+stream's first answer, a write stream's last).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Range", "RangeData", "data_message", "finish_message", "read_response", "serialize"]
+__all__ = [
+    "Meta",
+    "Range",
+    "RangeData",
+    "data_message",
+    "finish_message",
+    "meta_of",
+    "read_response",
+    "serialize",
+]
 
 
 def _varint(value: int) -> bytes:
@@ -173,3 +186,27 @@ def read_response(message_class: Any) -> Any:
         return message_class.FromString(raw)
 
     return deserialize
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """What the first message of a read stream says about the object."""
+
+    size: int
+    generation: int
+    crc32c: int | None
+    metadata: dict[str, str]
+    content_type: str
+    finalized: bool
+
+
+def meta_of(obj: Any) -> Meta:
+    """A :class:`Meta` from a v2 ``Object``."""
+    return Meta(
+        size=obj.size,
+        generation=obj.generation,
+        crc32c=obj.checksums.crc32c if obj.checksums.HasField("crc32c") else None,
+        metadata=dict(obj.metadata),
+        content_type=obj.content_type,
+        finalized=obj.HasField("finalize_time"),
+    )

@@ -34,10 +34,10 @@ from torchbucket.errors import IntegrityError, StorageError, TransientError
 from torchbucket.runtime import accounting
 from torchbucket.runtime.watchdog import watchdog
 from torchbucket.storage import crc32c
-from torchbucket.storage.gcs._grpc_data import Range, RangeData
+from torchbucket.storage.gcs._grpc_data import Meta, Range, RangeData, meta_of
 from torchbucket.storage.gcs._grpc_wire import EOF, Channels, bucket_path, error_for_rpc, pb
 
-__all__ = ["Meta", "RangeRead", "ReadStreams"]
+__all__ = ["RangeRead", "ReadStreams"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,30 +46,6 @@ logger = logging.getLogger(__name__)
 MAX_RANGES_PER_STREAM = 16
 #: Read handles kept per store (the latest objects read).
 _HANDLES_KEPT = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class Meta:
-    """What the first message of a read stream says about the object."""
-
-    size: int
-    generation: int
-    crc32c: int | None
-    metadata: dict[str, str]
-    content_type: str
-    finalized: bool
-
-
-def meta_of(obj: Any) -> Meta:
-    """A :class:`Meta` from a v2 ``Object``."""
-    return Meta(
-        size=obj.size,
-        generation=obj.generation,
-        crc32c=obj.checksums.crc32c if obj.checksums.HasField("crc32c") else None,
-        metadata=dict(obj.metadata),
-        content_type=obj.content_type,
-        finalized=obj.HasField("finalize_time"),
-    )
 
 
 @dataclass(eq=False, slots=True)
@@ -132,6 +108,9 @@ class _Stream:
         self.reads: dict[int, RangeRead] = {}
         self.closed = False
         self.call: Any = None
+        #: Set once :meth:`open` ended (the call made and its first message
+        #: sent, or the open failed): a read added meanwhile waits for it.
+        self.opening: asyncio.Event | None = None
         self._lock = asyncio.Lock()
         self.meta: Meta | None = None
         self.task: asyncio.Task[None] | None = None
@@ -142,6 +121,16 @@ class _Stream:
         return pb().ReadRange(read_offset=read.pos, read_length=length, read_id=read.read_id)
 
     async def open(self, read: RangeRead) -> None:
+        opening = self.opening = asyncio.Event()  # before any await: one open per stream
+        try:
+            await self._open(read)
+        except BaseException:
+            self.closed = True  # reads added meanwhile fail their attempt, and retry
+            raise
+        finally:
+            opening.set()
+
+    async def _open(self, read: RangeRead) -> None:
         m = pb()
         owner = self.owner
         spec = m.BidiReadObjectSpec(bucket=owner.bucket_name, object_=self.key)
@@ -168,6 +157,8 @@ class _Stream:
         request = pb().BidiReadObjectRequest()
         request.read_ranges.append(self._range(read))
         self.reads[read.read_id] = read
+        if self.opening is not None and not self.opening.is_set():
+            await self.opening.wait()  # the open awaits credentials: no call yet
         await self._send(request)
 
     async def _send(self, request: Any) -> None:
@@ -424,7 +415,7 @@ class ReadStreams:
         dog = watchdog(asyncio.get_running_loop())
         watch = dog.start(quiet=self.quiet, progress=lambda: read.pos)
         try:
-            if stream.call is None:
+            if stream.opening is None:
                 await stream.open(read)
             else:
                 await stream.add(read)

@@ -43,8 +43,7 @@ from torchbucket.errors import (
 from torchbucket.runtime import accounting, retry
 from torchbucket.runtime.budget import Budget
 from torchbucket.storage import crc32c
-from torchbucket.storage.gcs._grpc_data import data_message, finish_message
-from torchbucket.storage.gcs._grpc_read import Meta, meta_of
+from torchbucket.storage.gcs._grpc_data import Meta, data_message, finish_message, meta_of
 from torchbucket.storage.gcs._grpc_wire import CHUNK_LIMIT, EOF, Channels, bucket_path, pb
 
 __all__ = ["FLUSH_CHUNKS", "Writer", "write", "write_once"]

@@ -33,7 +33,8 @@ from torchbucket.errors import NotFoundError, StorageError
 from torchbucket.runtime import accounting
 from torchbucket.storage.base import ObjectInfo
 from torchbucket.storage.crc32c import b64
-from torchbucket.storage.gcs._grpc_read import Meta, RangeRead, ReadStreams
+from torchbucket.storage.gcs._grpc_data import Meta
+from torchbucket.storage.gcs._grpc_read import RangeRead, ReadStreams
 from torchbucket.storage.gcs._grpc_wire import (
     CHUNK_LIMIT,
     Channels,
