@@ -7,12 +7,17 @@ from torchbucket.datasets._units import COMPOSE_BELOW, plan_sizes
 
 
 def test_objects_below_the_crossover_are_grouped() -> None:
-    units = plan_sizes([COMPOSE_BELOW - 1] * 40, ComposeConfig())
+    # Up to 32 sources, and up to the composite's size cap (4 MiB by default).
+    units = plan_sizes([100 << 10] * 40, ComposeConfig())
     assert [len(u) for u in units] == [32, 8]
+    cap = ComposeConfig().max_composite_object_size
+    per = cap // (COMPOSE_BELOW - 1)
+    units = plan_sizes([COMPOSE_BELOW - 1] * 40, ComposeConfig())
+    assert [len(u) for u in units] == [per, per, 40 - 2 * per]
 
 
 def test_objects_from_the_crossover_on_are_read_directly() -> None:
-    for size in (COMPOSE_BELOW, 256 << 10, 1 << 20):
+    for size in (COMPOSE_BELOW, 512 << 10, 1 << 20):
         units = plan_sizes([size] * 10, ComposeConfig())
         assert [len(u) for u in units] == [1] * 10
 

@@ -39,16 +39,15 @@ _DIRECT_START = 64
 # Objects of at least this many bytes are read directly, never composed.
 # Compose trades up to 31 GETs for a compose, one GET and a delete; the larger
 # the objects, the fewer GETs a composite saves and the longer its single
-# stream. Measured (issue 43: benchmarks/sizes.py's A/B runs, emulator
-# same-region model, 2 DataLoader workers, 2-3 runs on the shared 2-core VM;
-# iterable / map-style with a BucketBatchSampler, compose over direct
-# samples/s): 32 KiB 2.4x / 2.6x; 64 KiB 1.10x / 0.79x; 100 KiB 0.52-0.84x /
-# 1.03x; 128 KiB 0.52x / 0.71x; 256 KiB 0.74x / 0.80x; 1 MiB no difference
-# beyond the noise. From 64 KiB the composites' paths were slow enough on a
-# busy CPU that 40-50% of the objects were also read around them
-# (ComposeConfig.read_around_after), each read twice. See docs/benchmarks.md,
-# "Sizes".
-COMPOSE_BELOW = 64 << 10
+# stream. Measured on the emulator's same-region model, 2 DataLoader workers,
+# compose below 256 KiB over below 64 KiB, alternated in one window on the
+# 2-core VM at load 2-4 (docs/benchmarks.md, "Compose by size"): 100 KiB
+# (dataloading.py) 1.5-2.7x the samples/s; 64 KiB (sizes.py) 1.13-1.23x, with
+# 25% less client CPU per MiB; 256 KiB no difference beyond the noise. An
+# earlier A/B at load 7-12 had compose losing from 64 KiB: there the
+# composites' paths straggled on the starved CPU and 40-50% of the objects
+# were also read around them (ComposeConfig.read_around_after).
+COMPOSE_BELOW = 256 << 10
 
 
 def plan_sizes(sizes: list[int], compose: ComposeConfig) -> list[range]:
