@@ -226,7 +226,10 @@ def scripted() -> Iterator[Start]:
     stores: list[GCSStore] = []
 
     def start(
-        answer: Answer, attempts: int = 1, tls: ssl.SSLContext | None = None
+        answer: Answer,
+        attempts: int = 1,
+        tls: ssl.SSLContext | None = None,
+        read_timeout: float = 5.0,
     ) -> tuple[_Scripted, GCSStore]:
         server = _Scripted(answer, tls)
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -236,7 +239,9 @@ def scripted() -> Iterator[Start]:
             config=GCSConfig(
                 endpoint=server.endpoint,
                 anonymous=True,
-                retry=RetryConfig(max_attempts=attempts, initial_backoff=0.01, read_timeout=5.0),
+                retry=RetryConfig(
+                    max_attempts=attempts, initial_backoff=0.01, read_timeout=read_timeout
+                ),
             ),
         )
         stores.append(store)
@@ -309,7 +314,8 @@ def test_a_body_cut_short_is_retried(
         reply = _partial(first, end)
         return reply[: len(reply) - (end - first) // 2] if conn == 1 else reply
 
-    server, store = scripted(answer, attempts=3)
+    # The rest never comes: the read timeout (1 s here) ends the attempt.
+    server, store = scripted(answer, attempts=3, read_timeout=1.0)
     assert _read(store, "obj", 0, 2 * MiB) == DATA[: 2 * MiB]
     assert server.connections == 2
 
