@@ -2,7 +2,7 @@
 
 Each case injects one fault kind on one operation of the emulator's model store,
 hit once, hit three times then recovering, or hit on every request until the
-client's retry deadline (one second here) has passed, while a user workload runs:
+client's retry deadline (half a second here) has passed, while a user workload runs:
 
 - ``list``, ``get``, ``compose``, ``delete``: a dataset epoch of 50 tiny
   objects (compose on for ``compose`` and ``delete``, off for ``get`` so every
@@ -39,7 +39,6 @@ from collections.abc import Callable
 import pytest
 from _workloads import (
     GIVE_UP,
-    GIVE_UP_ZONAL,
     RECOVER,
     STALL_SECONDS,
     Bucket,
@@ -51,7 +50,6 @@ from _workloads import (
 )
 
 from torchbucket.compose.registry import in_flight
-from torchbucket.config import RetryConfig
 from torchbucket.emulator import Emulator
 from torchbucket.errors import DeadlineExceededError, StorageError
 
@@ -148,7 +146,7 @@ def expected(op: str, kind: str, mode: str) -> str:
 
 def run_dataset(bucket: Bucket, op: str, kind: str, mode: str) -> tuple[str, object]:
     want = bucket.seed_dataset()
-    retry = give_up(bucket) if mode == "past_deadline" else RECOVER
+    retry = GIVE_UP if mode == "past_deadline" else RECOVER
     emu = bucket.emu
 
     def fault() -> None:
@@ -171,11 +169,6 @@ def run_dataset(bucket: Bucket, op: str, kind: str, mode: str) -> tuple[str, obj
     return outcome
 
 
-def give_up(bucket: Bucket) -> RetryConfig:
-    """The retries of a case past the deadline (on a zonal bucket only reads are cases)."""
-    return GIVE_UP_ZONAL if bucket.zonal else GIVE_UP
-
-
 def check_fired(emu: Emulator, op: str, kind: str, mode: str) -> None:
     """The fault did hit (and, when repeated on a retried request, three times); clear it."""
     fired = sum(rule["fired"] for rule in emu.faults())
@@ -186,7 +179,7 @@ def check_fired(emu: Emulator, op: str, kind: str, mode: str) -> None:
 
 
 def run_checkpoint(bucket: Bucket, op: str, kind: str, mode: str) -> tuple[str, object]:
-    retry = give_up(bucket) if mode == "past_deadline" else RECOVER
+    retry = GIVE_UP if mode == "past_deadline" else RECOVER
     method = "resumable" if op == "resumable" else "multipart"
     uri = bucket.uri(CKPT_KEY)
     good = bucket.checkpoint()
