@@ -22,6 +22,7 @@ from torchbucket.storage.gcs._pointers import TARGET, hashed, pointer_key
 
 #: Test modules (relative to ``tests/``) whose emulator tests run on both kinds.
 BOTH_KINDS: tuple[str, ...] = (
+    "integration/test_auth_service_account.py",
     "integration/test_batch_sampler_emulator.py",
     "integration/test_checkpoint_crash.py",
     "integration/test_checkpoint_emulator.py",
@@ -30,19 +31,27 @@ BOTH_KINDS: tuple[str, ...] = (
     "integration/test_checkpoint_load_memory_emulator.py",
     "integration/test_checkpoint_long_names_emulator.py",
     "integration/test_checkpoint_mapped_emulator.py",
+    "integration/test_cleanup_staged_emulator.py",
+    "integration/test_compose_read_around.py",
+    "integration/test_cost_vs_emulator.py",
     "integration/test_dataset_emulator.py",
     "integration/test_dataset_stats_emulator.py",
     "integration/test_dataset_torchrun.py",
     "integration/test_dcp_emulator.py",
     "integration/test_dcp_torchrun.py",
+    "integration/test_hedged_reads.py",
     "integration/test_large_samples_emulator.py",
     "integration/test_lightning_emulator.py",
     "integration/test_orphaned_worker_emulator.py",
     "integration/test_read_integrity.py",
-    "integration/test_shared_bytes_emulator.py",
-    "integration/test_worker_exit_emulator.py",
     "integration/test_shards_emulator.py",
+    "integration/test_shared_bytes_emulator.py",
     "integration/test_shm_reuse_emulator.py",
+    "integration/test_soft_delete_compose.py",
+    "integration/test_transcoding_emulator.py",
+    "integration/test_unreachable_emulator.py",
+    "integration/test_upload_integrity.py",
+    "integration/test_worker_exit_emulator.py",
     "reliability/test_bad_input.py",
     "reliability/test_crash.py",
     "reliability/test_fault_matrix.py",
@@ -105,6 +114,41 @@ REGIONAL_ONLY: dict[str, str] = {
         "have (its saves stream over gRPC: test_zonal_fault_matrix_emulator.py::"
         "test_a_faulted_save_keeps_the_previous_checkpoint), and the listing, the same JSON API "
         "request on both kinds; the zonal reads: test_read_fault[zonal-*]"
+    ),
+    "integration/test_auth_service_account.py": (
+        "google-auth's tokens end to end over HTTP; a request's credentials come from one place "
+        "on both paths (GrpcPath._metadata sends GCSTransport.headers as gRPC metadata)"
+    ),
+    "integration/test_cleanup_staged_emulator.py": (
+        "staged .tbtmp- objects of multipart saves; a zonal save's leftovers are orphan data "
+        "objects (test_cleanup_zonal_emulator.py)"
+    ),
+    "integration/test_compose_read_around.py": (
+        "reading around a straggling compose; a zonal bucket has no compose"
+    ),
+    "integration/test_cost_vs_emulator.py": (
+        "the cost plans of compose and direct strategies over the JSON API's request classes; a "
+        "zonal epoch's gRPC streams are counted by test_dataset_stats_emulator.py's [zonal] cases"
+    ),
+    "integration/test_hedged_reads.py": (
+        "hedged reads are sent over the JSON API only: a zonal bucket's reads are gRPC streams, "
+        "not hedged (not built); a stalled stream is cut by the read timeout and retried "
+        "(tests/reliability/test_fault_matrix.py::test_read_fault[zonal-*-stall-*])"
+    ),
+    "integration/test_soft_delete_compose.py": (
+        "compose under soft delete; a zonal bucket has no compose"
+    ),
+    "integration/test_transcoding_emulator.py": (
+        "the JSON API's decompressive transcoding of gzip-encoded objects, checked against "
+        "google-cloud-storage's download; gzip-encoded objects on a zonal bucket are not covered"
+    ),
+    "integration/test_unreachable_emulator.py": (
+        "an endpoint that refuses connections: no bucket answers, so none is zonal (the JSON "
+        "request that asks a bucket's kind is the one refused)"
+    ),
+    "integration/test_upload_integrity.py": (
+        "the emulator's checks of the JSON and XML uploads' declared checksums; a zonal write's "
+        "checks: test_emulator_grpc_faults.py and the zonal fault matrix"
     ),
 }
 
