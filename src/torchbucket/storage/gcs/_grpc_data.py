@@ -198,6 +198,8 @@ class Meta:
     metadata: dict[str, str]
     content_type: str
     finalized: bool
+    #: ``"gzip"`` for an object stored gzip-encoded (gRPC serves its stored bytes).
+    content_encoding: str = ""
 
 
 def meta_of(obj: Any) -> Meta:
@@ -209,4 +211,5 @@ def meta_of(obj: Any) -> Meta:
         metadata=dict(obj.metadata),
         content_type=obj.content_type,
         finalized=obj.HasField("finalize_time"),
+        content_encoding=obj.content_encoding,
     )
