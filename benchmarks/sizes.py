@@ -472,8 +472,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{result.get(f'tail_slowdown_iterable_{k}')}"
         )
     png = figure(sets, by_size, args.presets[0])
-    if not (args.smoke or args.sizes or args.only):  # a partial run leaves the docs' figure
-        shutil.copyfile(png, h.ROOT / "docs" / "img" / f"{NAME}.png")
+    docs_img = h.ROOT / "docs" / "img"
+    # A partial run leaves the docs' figure; so does a run from a tree without docs.
+    if not (args.smoke or args.sizes or args.only) and docs_img.is_dir():
+        shutil.copyfile(png, docs_img / f"{NAME}.png")
     result.update(
         mode=mode,
         repeats=args.repeats,
