@@ -126,6 +126,8 @@ class _Stream:
             await self._open(read)
         except BaseException:
             self.closed = True  # reads added meanwhile fail their attempt, and retry
+            if self.call is not None:
+                self.call.cancel()  # cancelled while sending its first message
             raise
         finally:
             opening.set()
@@ -397,20 +399,23 @@ class ReadStreams:
         generation: int | None,
         read: RangeRead,
         on_meta: Callable[[str, Meta], None] | None = None,
+        fresh: bool = False,
     ) -> Meta:
         """One attempt at ``read``: from ``read.pos`` on, on a shared stream.
 
         ``read.pos`` keeps what arrived, so another attempt resumes there.
         ``on_meta(key, meta)`` sees the object's metadata before any of its
-        bytes, and may raise to stop every read of the stream.
+        bytes, and may raise to stop every read of the stream. ``fresh``: on
+        a new stream of its own, which no other read shares (a hedge).
         """
         read.done = asyncio.get_running_loop().create_future()
         if generation is None and read.meta is not None:
             generation = read.meta.generation  # a resumed read stays on its generation
-        stream = self._open.get((key, generation))
+        stream = None if fresh else self._open.get((key, generation))
         if stream is None or stream.closed or len(stream.reads) >= MAX_RANGES_PER_STREAM:
             stream = _Stream(self, key, generation, on_meta)
-            self._open[(key, generation)] = stream
+            if not fresh:
+                self._open[(key, generation)] = stream
         accounting.count("get")
         dog = watchdog(asyncio.get_running_loop())
         watch = dog.start(quiet=self.quiet, progress=lambda: read.pos)

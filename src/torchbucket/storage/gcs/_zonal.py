@@ -34,6 +34,8 @@ from torchbucket.runtime import accounting
 from torchbucket.storage.base import ObjectInfo
 from torchbucket.storage.crc32c import b64
 from torchbucket.storage.gcs._grpc_data import Meta
+from torchbucket.storage.gcs._grpc_hedge import Parts
+from torchbucket.storage.gcs._grpc_hedge import attempt as hedged
 from torchbucket.storage.gcs._grpc_read import RangeRead, ReadStreams
 from torchbucket.storage.gcs._grpc_wire import (
     CHUNK_LIMIT,
@@ -137,7 +139,9 @@ class GrpcPath:
             read = RangeRead(start, end, sink, crc_all=crc is not None)
             try:
                 meta = await self._t.call(
-                    functools.partial(self._reads.read, name, gen, read, self._on_meta(key)),
+                    functools.partial(
+                        hedged, self._reads, self._t.hedger, name, gen, read, self._on_meta(key)
+                    ),
                     "get",
                     self._t.urls.uri(key),
                 )
@@ -185,9 +189,9 @@ class GrpcPath:
         return check
 
     async def get(self, key: str, start: int, end: int | None, generation: int | None) -> bytes:
-        parts: list[bytes | memoryview] = []
-        await self._read(key, start, end, generation, lambda _o, data: parts.append(data))
-        return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
+        parts = Parts()  # a hedge that wins hands over its chunks (see _grpc_hedge)
+        await self._read(key, start, end, generation, parts.sink)
+        return parts.join()
 
     async def get_into(
         self,
@@ -215,13 +219,11 @@ class GrpcPath:
         pos, generation = start, None
         while end is None or pos < end:
             stop = pos + window if end is None else min(end, pos + window)
-            parts: list[bytes] = []
-            count, meta = await self._read(
-                key, pos, stop, generation, lambda _o, data, out=parts: out.append(bytes(data))
-            )
+            parts = Parts()
+            count, meta = await self._read(key, pos, stop, generation, parts.sink)
             if meta is not None:
                 generation = meta.generation
-            for part in parts:
+            for part in parts.chunks:
                 yield part
             pos += count
             if count < stop - (pos - count):
