@@ -255,7 +255,8 @@ class GrpcPath:
             return ObjectInfo(key, size, generation, crc, obj.storage_class or None)
         self._pointers.pop(key, None)
         crc = b64(obj.checksums.crc32c) if obj.checksums.HasField("crc32c") else None
-        return ObjectInfo(key, obj.size, obj.generation, crc, obj.storage_class or None)
+        sc, encoding = obj.storage_class or None, obj.content_encoding or None
+        return ObjectInfo(key, obj.size, obj.generation, crc, sc, encoding)
 
     # ------------------------------------------------------------ writes
 
