@@ -130,11 +130,6 @@ REGIONAL_ONLY: dict[str, str] = {
         "the cost plans of compose and direct strategies over the JSON API's request classes; a "
         "zonal epoch's gRPC streams are counted by test_dataset_stats_emulator.py's [zonal] cases"
     ),
-    "integration/test_hedged_reads.py": (
-        "hedged reads are sent over the JSON API only: a zonal bucket's reads are gRPC streams, "
-        "not hedged (not built); a stalled stream is cut by the read timeout and retried "
-        "(tests/reliability/test_fault_matrix.py::test_read_fault[zonal-*-stall-*])"
-    ),
     "integration/test_soft_delete_compose.py": (
         "compose under soft delete; a zonal bucket has no compose"
     ),

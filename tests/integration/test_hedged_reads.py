@@ -1,9 +1,13 @@
-"""Hedged reads over HTTP against the emulator (``storage/gcs/_hedge.py``).
+"""Hedged reads against the emulator (``storage/gcs/_hedge.py``), on both bucket kinds.
 
 A read held by a stalled request completes through its hedge, with the exact
 bytes, and the hedge is counted; hedges stay within their budget; a stall
 longer than ``read_timeout`` ends in a retry and then an error naming the URI,
-hedging on or off. No assertion on how fast anything ran.
+hedging on or off. On a zonal bucket the requests are gRPC bidi read streams
+(``storage/gcs/_grpc_hedge.py``): the hedge goes on a stream of its own and the
+stalled stream is cancelled once the hedge has answered. The stall rules match
+by name: a stream's open and each of its ranges count as a "get" each. No
+assertion on how fast anything ran.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -41,9 +47,19 @@ def _server_gets(emu: Any) -> int:
     return int(emu.stats()["by_op"].get("get", 0))
 
 
+def _eventually(check: Callable[[], bool], within: float = 10.0) -> bool:
+    """Whether ``check()`` holds within ``within`` seconds (polled)."""
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 @pytest.mark.parametrize("how", ["get", "get_into"])
 def test_a_stalled_read_completes_through_its_hedge(
-    emulator: Any, gcs_bucket_factory: Any, how: str
+    emulator: Any, gcs_bucket_factory: Any, bucket_kind: str, how: str
 ) -> None:
     store = gcs_bucket_factory(emulator, prefix="hedge", retry=ONE_ATTEMPT, hedge=EAGER)
     runtime.run(store.put("obj", DATA))
@@ -65,10 +81,17 @@ def test_a_stalled_read_completes_through_its_hedge(
     spent = accounting.snapshot() - before
     assert spent.hedges == 1
     assert spent.retries == 0
-    # The stalled request and its hedge both reached the server, both GETs (class B).
+    # The stalled request and its hedge both reached the server, both GETs (class B):
+    # on a zonal bucket, two streams (the hedge did not go on the stalled one).
     assert spent.by_op.get("get") == 2
     assert _server_gets(emulator) == 2
     assert emulator.faults()[0]["fired"] == 1
+    if bucket_kind == "zonal":
+        # The stalled stream was cancelled by the client (the server records a
+        # 499), not left running until its 30 s stall ends (an UNAVAILABLE);
+        # the hedge's stream ended as a finished read does, not cancelled.
+        assert _eventually(lambda: emulator.stats()["by_status"].get("499", 0) >= 1)
+        assert emulator.stats()["by_status"].get("499") == 1
 
 
 def test_without_hedging_the_same_stall_fails_the_read(
