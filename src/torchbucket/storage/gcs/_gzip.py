@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import zlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING
 
 import yarl
@@ -44,7 +44,14 @@ from torchbucket.storage.gcs._wire import (
 if TYPE_CHECKING:
     from torchbucket.storage.gcs._transport import GCSTransport
 
-__all__ = ["GzipDecoder", "gunzip", "read_decoded", "served_gzip", "stream_decoded"]
+__all__ = [
+    "GzipDecoder",
+    "decode_range",
+    "gunzip",
+    "read_decoded",
+    "served_gzip",
+    "stream_decoded",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -164,12 +171,36 @@ async def stream_decoded(
     reader = ResumingStream(
         transport, url_for, uri, 0, None, generation=generation, check=stored_bytes
     )
+
+    async def checked() -> AsyncGenerator[bytes | bytearray | memoryview, None]:
+        crc = 0
+        async with contextlib.aclosing(reader.chunks(chunk_size)) as chunks:
+            async for chunk in chunks:
+                crc = extend_crc(crc, chunk)
+                yield chunk
+        # All of them arrived (a part only cannot be checked): before the last decoded bytes.
+        if reader.hash_headers is not None:
+            verify_crc32c(reader.hash_headers, crc_b64(crc), uri)
+
+    async for piece in decode_range(uri, checked(), start, end):
+        yield piece
+
+
+async def decode_range(
+    uri: str,
+    stored: AsyncGenerator[bytes | bytearray | memoryview, None],
+    start: int,
+    end: int | None,
+) -> AsyncIterator[bytes]:
+    """Yield ``[start, end)`` of the decoded bytes of ``stored``, a gzip object's bytes from offset 0.
+
+    ``stored`` is asked for no more once ``end`` is reached; its own checks
+    run once it is exhausted, before the last decoded bytes are yielded.
+    """
     decoder = GzipDecoder(uri)
     out = 0  # decoded bytes produced
-    crc = 0
-    async with contextlib.aclosing(reader.chunks(chunk_size)) as chunks:
+    async with contextlib.aclosing(stored) as chunks:
         async for chunk in chunks:
-            crc = extend_crc(crc, chunk)
             piece = decoder.feed(chunk)
             lo, hi = max(start - out, 0), len(piece)
             if end is not None:
@@ -178,10 +209,8 @@ async def stream_decoded(
             if hi > lo:
                 yield piece[lo:hi] if (lo, hi) != (0, len(piece)) else piece
             if end is not None and out >= end:
-                return  # a part only: the stored bytes' CRC32C cannot be checked
+                return
     tail = decoder.finish()
-    if reader.hash_headers is not None:
-        verify_crc32c(reader.hash_headers, crc_b64(crc), uri)
     lo, hi = max(start - out, 0), len(tail)
     if end is not None:
         hi = min(hi, end - out)

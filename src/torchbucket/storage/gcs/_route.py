@@ -34,6 +34,7 @@ from torchbucket.storage.gcs._layout import bucket_layout, known_layout
 from torchbucket.storage.gcs._transport import GCSTransport
 from torchbucket.storage.gcs._wire import INFO_FIELDS, object_infos, quote_name
 from torchbucket.storage.gcs._zonal import GrpcPath, grpc_target, listed_info
+from torchbucket.storage.gcs._zonal_gzip import DecodingGrpcPath
 from torchbucket.storage.gcs._zonal_json import JsonPointers
 from torchbucket.storage.gcs.config import GCSConfig
 
@@ -110,7 +111,7 @@ class Router:
                 "use multiprocessing_context='forkserver' or 'spawn')",
             )
             return None
-        return GrpcPath(self._t, self._config, target)
+        return DecodingGrpcPath(self._t, self._config, target)
 
     def _warn(self, uri: str, why: str) -> None:
         if uri not in _warned:
