@@ -133,9 +133,13 @@ REGIONAL_ONLY: dict[str, str] = {
     "integration/test_soft_delete_compose.py": (
         "compose under soft delete; a zonal bucket has no compose"
     ),
-    "integration/test_transcoding_emulator.py": (
-        "the JSON API's decompressive transcoding of gzip-encoded objects, checked against "
-        "google-cloud-storage's download; gzip-encoded objects on a zonal bucket are not covered"
+    "integration/test_transcoding_emulator.py::test_the_emulator_transcodes_as_gcs_documents": (
+        "the JSON API's transcoding, asked of the emulator's HTTP side; a zonal bucket's reads "
+        "take gRPC, which GCS does not transcode: test_transcoding_emulator.py::"
+        "test_grpc_serves_the_stored_bytes_as_gcs_does, and its [zonal] cases read them decoded"
+    ),
+    "integration/test_transcoding_emulator.py::test_compose_of_gzip_objects_is_what_gcs_composes": (
+        "compose; a zonal bucket has none"
     ),
     "integration/test_unreachable_emulator.py": (
         "an endpoint that refuses connections: no bucket answers, so none is zonal (the JSON "

@@ -6,10 +6,18 @@ gzip, and as stored to one that does. Every torchbucket read path returns what
 ``google-cloud-storage``'s ``download_as_bytes()`` returns for it: the decoded
 bytes. The objects are written by google-cloud-storage itself, over HTTP, to
 the emulator, on the model store and on fake-gcs-server (which transcodes too).
+
+On a zonal bucket (``tests/bucket_kinds.py``) torchbucket reads over gRPC,
+which GCS does not transcode: it serves the stored bytes
+(:func:`test_grpc_serves_the_stored_bytes_as_gcs_does`), and torchbucket
+decodes them (``storage/gcs/_zonal_gzip.py``), so every read returns the same
+bytes as on a regional bucket. fake-gcs-server has no zonal bucket: its cases
+are regional only.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import io
 import uuid
@@ -21,6 +29,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+import bucket_kinds
 from torchbucket import BucketCheckpoint, runtime
 from torchbucket.cli import main
 from torchbucket.compose import ComposeConfig
@@ -46,9 +55,19 @@ def plain(i: int) -> bytes:
     return b"object %d " % i * (50 + i)
 
 
-@pytest.fixture(params=["emulator", "fake_gcs"])
-def emu(request: pytest.FixtureRequest) -> Emulator:
-    return request.getfixturevalue(request.param)  # type: ignore[no-any-return]
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """The model store on the bucket kinds ``bucket_kinds.py`` gives, and fake-gcs-server."""
+    if "server" in metafunc.fixturenames:
+        kinds = bucket_kinds.kinds_for(metafunc.definition.nodeid, ["emulator"]) or ["regional"]
+        cases = [(kind, "model") for kind in kinds] + [("regional", "fake_gcs")]
+        ids = [kind if server == "model" else server for kind, server in cases]
+        metafunc.parametrize(("bucket_kind", "server"), cases, ids=ids)
+
+
+@pytest.fixture
+def emu(request: pytest.FixtureRequest, bucket_kind: str, server: str) -> Emulator:
+    name = "emulator" if server == "model" else "fake_gcs"  # ``emulator`` reads bucket_kind
+    return request.getfixturevalue(name)  # type: ignore[no-any-return]
 
 
 @pytest.fixture
@@ -60,9 +79,11 @@ def gcs(emu: Emulator, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 @pytest.fixture
-def bucket(gcs: Any) -> Iterator[Any]:
+def bucket(emu: Emulator, gcs: Any) -> Iterator[Any]:
     """A bucket of plain and gzip-encoded objects, written by google-cloud-storage."""
-    b = gcs.create_bucket(f"tc-{uuid.uuid4().hex[:16]}")
+    name = f"tc-{uuid.uuid4().hex[:16]}"
+    emu.create_bucket(name)  # a zonal one for bucket_kind "zonal"
+    b = gcs.bucket(name)
     for i in range(12):
         blob = b.blob(f"train/{i:03d}")
         if i % 3 == 0:
@@ -114,7 +135,10 @@ def test_the_emulator_transcodes_as_gcs_documents(
     assert gzip.decompress(whole.body) == BIG
 
 
-def test_store_reads_return_what_download_as_bytes_returns(store: GCSStore, bucket: Any) -> None:
+def test_store_reads_return_what_download_as_bytes_returns(
+    emu: Emulator, bucket_kind: str, store: GCSStore, bucket: Any
+) -> None:
+    streams = emu.stats().get("by_rpc", {}).get("BidiReadObject", 0)
     expected = bucket.blob("big.txt").download_as_bytes()
     assert expected == BIG
     info = runtime.run(store.head("big.txt"))
@@ -137,6 +161,48 @@ def test_store_reads_return_what_download_as_bytes_returns(store: GCSStore, buck
 
     assert runtime.run(collect()) == expected
     assert runtime.run(collect(start=123_456, end=200_000)) == expected[123_456:200_000]
+    # On a zonal bucket all of it went over gRPC, which serves the stored bytes.
+    now = emu.stats().get("by_rpc", {}).get("BidiReadObject", 0)
+    assert (now > streams) == (bucket_kind == "zonal")
+
+
+def test_grpc_serves_the_stored_bytes_as_gcs_does(
+    grpc_emulator: Emulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GCS's gRPC API does not transcode (storage/gcs/_zonal_gzip.py): the
+    # official client's reads of a gzip-encoded object on a zonal bucket get
+    # its stored bytes, ranges over them, checked against their CRC32C.
+    from google.api_core.client_options import ClientOptions
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud.storage.asyncio.async_grpc_client import AsyncGrpcClient
+    from google.cloud.storage.asyncio.async_multi_range_downloader import (
+        AsyncMultiRangeDownloader,
+    )
+
+    emu = grpc_emulator
+    name = f"tc-{uuid.uuid4().hex[:16]}"
+    emu.create_bucket(name, zonal=True)
+    stored = gzip.compress(BIG)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", emu.endpoint)
+    gcs = storage.Client(project="test", credentials=AnonymousCredentials())
+    blob = gcs.bucket(name).blob("big.txt")
+    blob.content_encoding = "gzip"
+    blob.upload_from_string(stored, content_type="text/plain")
+
+    async def body() -> tuple[int, list[bytes]]:
+        client = AsyncGrpcClient(
+            credentials=AnonymousCredentials(),
+            client_options=ClientOptions(api_endpoint=emu.grpc_endpoint),
+        )
+        mrd = await AsyncMultiRangeDownloader.create_mrd(client, name, "big.txt")
+        bufs = [io.BytesIO(), io.BytesIO()]
+        await mrd.download_ranges([(10, 10, bufs[0]), (0, 0, bufs[1])])
+        await mrd.close()
+        return mrd.persisted_size, [b.getvalue() for b in bufs]
+
+    size, got = asyncio.run(body())
+    assert size == len(stored) < len(BIG)
+    assert got == [stored[10:20], stored]
 
 
 def test_a_broken_stream_resumes_within_the_stored_bytes(emu: Emulator, store: GCSStore) -> None:
@@ -163,7 +229,7 @@ def test_compose_of_gzip_objects_is_what_gcs_composes(store: GCSStore, bucket: A
 
 @pytest.mark.parametrize("kind", ["map", "iterable"])
 def test_datasets_with_compose_return_decoded_objects(
-    emu: Emulator, bucket: Any, kind: str
+    emu: Emulator, bucket_kind: str, bucket: Any, kind: str
 ) -> None:
     expected = {
         f"train/{i:03d}": bucket.blob(f"train/{i:03d}").download_as_bytes() for i in range(12)
@@ -184,8 +250,10 @@ def test_datasets_with_compose_return_decoded_objects(
     assert sorted(seen) == sorted(expected.values())
     if kind == "map":
         assert [ds[i] for i in range(12)] == [plain(i) for i in range(12)]
-        # The plain objects of a batch were still composed.
-        assert emu.stats()["by_op"].get("compose", 0) > before
+        # The plain objects of a batch were still composed; a zonal bucket
+        # has no compose, and none was asked.
+        composed = emu.stats()["by_op"].get("compose", 0) - before
+        assert composed > 0 if bucket_kind == "regional" else composed == 0
 
 
 @pytest.mark.parametrize("kind", ["map", "iterable"])
