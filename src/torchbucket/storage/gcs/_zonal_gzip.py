@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
-from typing import Any
+from typing import Any, cast
 
 from torchbucket.storage.base import TRANSCODED_ENCODINGS
 from torchbucket.storage.gcs._grpc_data import Meta
@@ -163,9 +163,10 @@ class DecodingGrpcPath(GrpcPath):
     async def stream(
         self, key: str, start: int, end: int | None, chunk_size: int
     ) -> AsyncIterator[bytes]:
-        inner = super().stream(key, start, end, chunk_size)
+        # GrpcPath.stream is an async generator: closed here if this one is.
+        inner = cast("AsyncGenerator[bytes, None]", super().stream(key, start, end, chunk_size))
         found: int | None = None
-        async with contextlib.aclosing(inner):  # type: ignore[type-var]
+        async with contextlib.aclosing(inner):
             with _probing(_Probe(stop=True)) as probe:
                 try:
                     first: bytes | None = await inner.__anext__()
