@@ -36,6 +36,7 @@ from torchbucket.compose import ComposeConfig
 from torchbucket.config import RetryConfig
 from torchbucket.datasets import BucketIterableDataset, BucketMapDataset, FetchConfig, collate_list
 from torchbucket.emulator import Emulator
+from torchbucket.errors import StorageError
 from torchbucket.storage.gcs import GCSConfig, GCSStore
 
 pytestmark = pytest.mark.emulator
@@ -159,6 +160,10 @@ def test_store_reads_return_what_download_as_bytes_returns(
     async def collect(**kw: Any) -> bytes:
         return b"".join([c async for c in store.stream("big.txt", chunk_size=4096, **kw)])
 
+    # GCS has no CRC32C of the decoded bytes: a checked read says it has none.
+    head = bytearray(info.size)
+    got, crc = runtime.run(store.get_into_checked("big.txt", memoryview(head)))
+    assert (got, crc) == (info.size, None) and bytes(head) == expected[: info.size]
     assert runtime.run(collect()) == expected
     assert runtime.run(collect(start=123_456, end=200_000)) == expected[123_456:200_000]
     # On a zonal bucket all of it went over gRPC, which serves the stored bytes.
@@ -213,6 +218,20 @@ def test_a_broken_stream_resumes_within_the_stored_bytes(emu: Emulator, store: G
 
     assert runtime.run(collect()) == BIG
     assert [rule["fired"] for rule in emu.faults()] == [2]
+
+
+def test_an_object_that_does_not_decode_is_an_error_naming_it(store: GCSStore, bucket: Any) -> None:
+    blob = bucket.blob("bad.txt")
+    blob.content_encoding = "gzip"
+    blob.upload_from_string(b"not gzip at all " * 100, content_type="text/plain")
+
+    async def collect() -> bytes:
+        return b"".join([c async for c in store.stream("bad.txt", start=5)])
+
+    for read in (lambda: store.get("bad.txt"), lambda: store.get("bad.txt", start=5), collect):
+        with pytest.raises(StorageError, match="do not decode") as caught:
+            runtime.run(read())
+        assert caught.value.uri == f"gs://{bucket.name}/bad.txt"
 
 
 def test_compose_of_gzip_objects_is_what_gcs_composes(store: GCSStore, bucket: Any) -> None:
