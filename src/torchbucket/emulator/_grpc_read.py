@@ -14,6 +14,10 @@ google-cloud-storage 3.x's ``_storage_v2``, and its asyncio readers):
   is answered.
 - ``ReadObject``: the first message carries ``metadata``, ``object_checksums``
   and, for a ranged read, ``content_range``.
+- No transcoding: an object stored with ``Content-Encoding: gzip`` is served
+  as stored, ranges over the stored bytes, its ``content_encoding`` in the
+  metadata (the gRPC API has no ``Accept-Encoding``; google-cloud-storage's
+  asyncio readers hand the stored bytes over). Only the HTTP side transcodes.
 
 Faults (rules on ``get``; a bidi stream's open and each of its ranges are a
 request each): a status kind fails the stream with its code, ``reset`` with
