@@ -36,7 +36,7 @@ from torchbucket.compose import ComposeConfig
 from torchbucket.config import RetryConfig
 from torchbucket.datasets import BucketIterableDataset, BucketMapDataset, FetchConfig, collate_list
 from torchbucket.emulator import Emulator
-from torchbucket.errors import StorageError
+from torchbucket.errors import NotFoundError, StorageError
 from torchbucket.storage.gcs import GCSConfig, GCSStore
 
 pytestmark = pytest.mark.emulator
@@ -164,6 +164,11 @@ def test_store_reads_return_what_download_as_bytes_returns(
     head = bytearray(info.size)
     got, crc = runtime.run(store.get_into_checked("big.txt", memoryview(head)))
     assert (got, crc) == (info.size, None) and bytes(head) == expected[: info.size]
+    # Pinned to the generation listed, a range too; a generation gone is not found.
+    pinned = runtime.run(store.get("big.txt", start=9, end=99, generation=info.generation))
+    assert pinned == expected[9:99]
+    with pytest.raises(NotFoundError):
+        runtime.run(store.get("big.txt", start=9, generation=info.generation + 1))
     assert runtime.run(collect()) == expected
     assert runtime.run(collect(start=123_456, end=200_000)) == expected[123_456:200_000]
     # On a zonal bucket all of it went over gRPC, which serves the stored bytes.
