@@ -171,6 +171,9 @@ def test_store_reads_return_what_download_as_bytes_returns(
         runtime.run(store.get("big.txt", start=9, generation=info.generation + 1))
     assert runtime.run(collect()) == expected
     assert runtime.run(collect(start=123_456, end=200_000)) == expected[123_456:200_000]
+    # A stream from past the stored size goes on in the decoded bytes, as a get does.
+    past = info.size + 100
+    assert runtime.run(collect(start=past)) == expected[past:] != b""
     # On a zonal bucket all of it went over gRPC, which serves the stored bytes.
     now = emu.stats().get("by_rpc", {}).get("BidiReadObject", 0)
     assert (now > streams) == (bucket_kind == "zonal")

@@ -235,9 +235,11 @@ async def stream(
     uri = transport.urls.uri(key)
     reader = ResumingStream(transport, url_for, uri, start, end, allow=(416,))
     first = await reader.open()
-    if _gzip.served_gzip(first.headers):
+    # Past the stored end, a gzip object's decoded bytes may go on (as in read).
+    past_gzip_end = first.status == 416 and start > 0 and await _transcoded(transport, key)
+    if past_gzip_end or _gzip.served_gzip(first.headers):
         # Stored gzip bytes: streamed decoded, from the stored offset 0 (_gzip).
-        generation = first.headers.get("x-goog-generation")
+        generation = None if past_gzip_end else first.headers.get("x-goog-generation")
         # Dropped unread, but sent (and billed): counted as the server counts it.
         accounting.received(first.content_length or 0)
         first.release()
