@@ -116,8 +116,8 @@ REGIONAL_ONLY: dict[str, str] = {
         "request on both kinds; the zonal reads: test_read_fault[zonal-*]"
     ),
     "integration/test_auth_service_account.py": (
-        "google-auth's tokens end to end over HTTP; a request's credentials come from one place "
-        "on both paths (GrpcPath._metadata sends GCSTransport.headers as gRPC metadata)"
+        "google-auth's tokens end to end, on emulators of its own with auth on; its zonal case "
+        "is test_a_zonal_checkpoint_over_grpc_carries_fresh_tokens (gRPC metadata)"
     ),
     "integration/test_cleanup_staged_emulator.py": (
         "staged .tbtmp- objects of multipart saves; a zonal save's leftovers are orphan data "

@@ -211,3 +211,33 @@ def test_a_checkpoint_saved_and_loaded_over_several_token_lifetimes(
     assert elapsed > 2 * LIFETIME, "the save and load should outlive several tokens"
     assert per_process[str(os.getpid())] <= _bound(elapsed), (per_process, elapsed)
     assert per_process[str(os.getpid())] >= 2
+
+
+def test_a_zonal_checkpoint_over_grpc_carries_fresh_tokens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The gRPC path's credentials: each stream's metadata carries the token
+    # the JSON path would send, refreshed as it expires; the emulator refuses a
+    # stream without a valid one (UNAUTHENTICATED).
+    with Emulator(auth=True, token_lifetime=LIFETIME, grpc=True) as emu:
+        assert emu.grpc_endpoint is not None
+        _use_key(emu, tmp_path, monkeypatch)
+        bucket = f"authz-{uuid.uuid4().hex[:12]}"
+        emu.create_bucket(bucket, zonal=True)
+        checkpoint = BucketCheckpoint(
+            config=CheckpointConfig(range_size=256 * 1024, reads_in_flight=2),
+            gcs=_config(emu, grpc_endpoint=f"http://{emu.grpc_endpoint}"),
+        )
+        state = {"w": torch.arange(1 << 20, dtype=torch.float32)}  # 4 MiB: streamed
+        uri = f"gs://{bucket}/ck/step-1.pt"
+        emu.set_latency(LatencyModel(read=0.15, list_page=0.05, write=0.15, bandwidth=None))
+        started = time.monotonic()
+        checkpoint.save(state, uri)
+        loaded = checkpoint.load(uri, weights_only=True)
+        elapsed = time.monotonic() - started
+        assert torch.equal(loaded["w"], state["w"])
+        assert emu.stats().get("by_rpc", {}).get("BidiWriteObject", 0) >= 1
+        assert emu.stats().get("by_rpc", {}).get("BidiReadObject", 0) >= 1
+        per_process = emu.auth_stats()["token_requests"][str(os.getpid())]
+        assert elapsed > 2 * LIFETIME, "the save and load should outlive several tokens"
+        assert 2 <= per_process <= _bound(elapsed), (per_process, elapsed)
