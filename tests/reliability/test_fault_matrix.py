@@ -2,7 +2,7 @@
 
 Each case injects one fault kind on one operation of the emulator's model store,
 hit once, hit three times then recovering, or hit on every request until the
-client's retry deadline (half a second here) has passed, while a user workload runs:
+client's retry deadline (one second here) has passed, while a user workload runs:
 
 - ``list``, ``get``, ``compose``, ``delete``: a dataset epoch of 50 tiny
   objects (compose on for ``compose`` and ``delete``, off for ``get`` so every
