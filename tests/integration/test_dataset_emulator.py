@@ -19,6 +19,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from bucket_kinds import stored_names
+from gc_helper import frozen_at_first_call
 from torchbucket import runtime
 from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig, cleanup_composites
 from torchbucket.compose import _fetch as compose_fetch
@@ -174,7 +175,7 @@ def test_worker_killed_mid_epoch_leaves_composites_that_cleanup_removes(
 
 def seen_by_worker(data: bytes) -> tuple[int, int, bytes]:
     """A data_format_fn run in the worker: its pid, its frozen count, the bytes."""
-    return os.getpid(), gc.get_freeze_count(), data
+    return (*frozen_at_first_call(), data)
 
 
 @pytest.mark.parametrize("kind", ["map", "iterable"])
@@ -202,8 +203,8 @@ def test_workers_freeze_the_collector_before_their_first_read(
     assert len(pids) == 2 and os.getpid() not in pids
     counts = [count for _, count, _ in samples]
     if freeze:
-        # Every sample, each worker's first included: the freeze came before
-        # the first read, and it took what the worker inherited.
+        # Each worker's count at its first read (gc_helper): the freeze came
+        # before the first read, and it took what the worker inherited.
         assert min(counts) > frozen_in_main + 10_000
     else:
         assert set(counts) == {frozen_in_main}

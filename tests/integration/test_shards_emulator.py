@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import os
 import sys
 import uuid
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from bucket_kinds import stored_names
+from gc_helper import frozen_at_first_call
 from torchbucket.cli import main
 from torchbucket.config import HedgeConfig, RetryConfig
 from torchbucket.emulator import Emulator
@@ -243,7 +243,7 @@ def test_large_reads_land_in_place_and_survive_corrupt_and_cut_bodies(
 
 def key_seen_by_worker(sample: dict[str, Any]) -> tuple[int, int, str]:
     """A data_format_fn run in the worker: its pid, its frozen count, the key."""
-    return os.getpid(), gc.get_freeze_count(), _key(sample)
+    return (*frozen_at_first_call(), _key(sample))
 
 
 @pytest.mark.parametrize("kind", ["map", "iterable"])
