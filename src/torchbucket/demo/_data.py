@@ -13,13 +13,23 @@ from __future__ import annotations
 import io
 import math
 import multiprocessing
+import os
 from collections.abc import Iterator
 
 import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-__all__ = ["CLASSES", "IMAGE_SIZE", "decode", "generate", "label_of", "object_name", "render"]
+__all__ = [
+    "CLASSES",
+    "IMAGE_SIZE",
+    "decode",
+    "drawing_processes",
+    "generate",
+    "label_of",
+    "object_name",
+    "render",
+]
 
 CLASSES = ("circle", "square", "triangle", "cross", "ring", "diamond")
 IMAGE_SIZE = 32
@@ -99,6 +109,18 @@ def decode(data: bytes) -> torch.Tensor:
         array = np.asarray(image.convert("RGB"), dtype=np.float32)
     tensor = torch.from_numpy(array).permute(2, 0, 1)
     return (tensor / 255.0 - _MEAN) / _STD
+
+
+#: From this many images on, a pool draws them. Below it one process is
+#: quicker: an image takes about 0.3 ms to draw, and a pool of spawned
+#: processes about 1.5 s to start (each imports torch; measured on a 2-core VM:
+#: 240 images, 0.07 s in process against 1.6 s through a pool of two).
+POOL_FROM = 10_000
+
+
+def drawing_processes(images: int) -> int:
+    """How many processes :func:`generate` should draw ``images`` images with."""
+    return min(2, os.cpu_count() or 1) if images >= POOL_FROM else 1
 
 
 def _render_many(args: tuple[str, int, int, int]) -> list[tuple[str, bytes]]:

@@ -21,7 +21,7 @@ from torchbucket.checkpoint import BucketCheckpoint
 from torchbucket.compose import ComposeConfig
 from torchbucket.datasets import BucketMapDataset
 from torchbucket.demo._bucket import find_leftovers, human_bytes, list_uris, plural, upload_folder
-from torchbucket.demo._data import CLASSES, decode, generate
+from torchbucket.demo._data import CLASSES, decode, drawing_processes, generate
 from torchbucket.demo._model import SmallCNN
 from torchbucket.demo._train import Labelled, evaluate, make_loader, train_epoch
 from torchbucket.demo.config import DemoConfig
@@ -129,7 +129,7 @@ def _write_dataset(folder: str, config: DemoConfig, n_train: int, n_val: int) ->
         for chunk in generate(
             {"train": n_train, "val": n_val},
             seed=config.seed,
-            processes=min(2, os.cpu_count() or 1),
+            processes=drawing_processes(n_train + n_val),
         ):
             for name, data in chunk:
                 path = os.path.join(folder, name)
