@@ -69,7 +69,9 @@ def _gets(emulator: Emulator) -> int:
 
 @pytest.mark.parametrize(
     ("context", "compose", "persistent"),
-    [("fork", False, True), ("fork", None, False), ("spawn", False, False), ("spawn", True, True)],
+    # One spawned pair of workers, kept across the epochs: a spawned process
+    # imports torch (about 1.7 CPU s).
+    [("fork", False, True), ("fork", None, False), ("fork", False, False), ("spawn", True, True)],
 )
 def test_epochs_through_workers_in_the_samplers_order_each_object_read_once(
     emulator: Emulator,
