@@ -31,12 +31,18 @@ typecheck: $(STAMP)
 # cores: most of a test's time is spent waiting (modelled latency, DataLoader
 # workers starting), and each worker starts its own emulators.
 PYTEST_WORKERS ?= 3
+# With bytecode caching on, even where the environment turns it off: the
+# suite starts some 300 Python processes (emulators, DataLoader workers,
+# torchrun ranks, CLI calls), and without __pycache__ (git ignores it) each
+# compiles torchbucket and pytest rewrites every test module again in each
+# xdist worker (about 20 s of make test on this 2-core VM).
+PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest
 
 test: lint typecheck
-	$(PY) -m pytest -q tests -m "not bench_smoke" -n $(PYTEST_WORKERS)
+	$(PYTEST) -q tests -m "not bench_smoke" -n $(PYTEST_WORKERS)
 
 test-smoke: $(STAMP)
-	$(PY) -m pytest -q tests -m bench_smoke
+	$(PYTEST) -q tests -m bench_smoke
 
 # The user guide and the API reference (mkdocs.yml) into site/; --strict makes
 # every warning (a broken link, a docstring the reference cannot render) an error.
