@@ -17,6 +17,19 @@ store):
 
 from __future__ import annotations
 
+import os
+
+# gRPC's own fork handlers (on by default in its core) stop and restart its
+# threads around a fork; with a call in flight on this library's loop thread
+# they are skipped, and a forked child then crashed in them (SIGSEGV inside
+# os.fork, about one fork in three once other gRPC stores had run in the
+# process). A child forked after gRPC was used never uses gRPC here (it reads
+# over the JSON API: _grpc_wire.inherited()), so they buy nothing. Off unless
+# the user set them. This must precede gRPC's first import to count, and the
+# gRPC path (_grpc_wire) is imported only once a store takes it: so here, as
+# the backend is imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
 from torchbucket.storage.gcs._store import GCSStore
 from torchbucket.storage.gcs.config import DEFAULT_ENDPOINT, GCSConfig
 

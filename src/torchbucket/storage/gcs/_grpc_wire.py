@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torchbucket.errors import (
     BucketNotFoundError,
@@ -37,19 +37,9 @@ from torchbucket.errors import (
     TransientError,
 )
 from torchbucket.storage.gcs._grpc_data import read_response, serialize
+from torchbucket.storage.gcs._layout import grpc_target
 
-if TYPE_CHECKING:
-    from torchbucket.storage.gcs.config import GCSConfig
-
-# gRPC's own fork handlers (on by default in its core) stop and restart its
-# threads around a fork; with a call in flight on this library's loop thread
-# they are skipped, and a forked child then crashed in them (SIGSEGV inside
-# os.fork, about one fork in three once other gRPC stores had run in the
-# process). A child forked after gRPC was used never uses gRPC here (it reads
-# over the JSON API: inherited()), so they buy nothing. Off unless the user
-# set them; this must precede gRPC's first import to count.
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
-
+# GRPC_ENABLE_FORK_SUPPORT is set before this import: see the package's __init__.
 try:
     import grpc
     from google.cloud import _storage_v2 as _v2
@@ -122,25 +112,6 @@ def _unpin_in_parent() -> None:
 
 
 os.register_at_fork(before=_pin_before_fork, after_in_parent=_unpin_in_parent)
-
-
-def grpc_target(config: GCSConfig, endpoint: str) -> tuple[str, bool] | None:
-    """``(host:port, secure)`` of the gRPC endpoint, or ``None`` where none is known.
-
-    ``GCSConfig.grpc_endpoint`` or ``$TORCHBUCKET_GCS_GRPC_ENDPOINT`` when set
-    (``http://`` plaintext, ``https://`` TLS); Google's own for Google's JSON
-    endpoint; none for an emulator that was not given one.
-    """
-    url = config.grpc_endpoint or os.environ.get("TORCHBUCKET_GCS_GRPC_ENDPOINT", "").strip()
-    if not url:
-        if not endpoint.startswith("https://storage.googleapis.com"):
-            return None
-        url = "https://storage.googleapis.com"
-    secure = url.startswith("https://")
-    host = url.split("://", 1)[-1].rstrip("/")
-    if ":" not in host.rpartition("]")[2]:
-        host += ":443" if secure else ":80"
-    return host, secure
 
 
 def available() -> bool:

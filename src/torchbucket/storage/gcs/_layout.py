@@ -14,6 +14,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import yarl
 
@@ -22,7 +23,10 @@ from torchbucket.storage.gcs import _errors
 from torchbucket.storage.gcs._transport import GCSTransport
 from torchbucket.storage.gcs._wire import quote_name
 
-__all__ = ["Layout", "bucket_layout", "known_layout"]
+if TYPE_CHECKING:
+    from torchbucket.storage.gcs.config import GCSConfig
+
+__all__ = ["Layout", "bucket_layout", "grpc_target", "known_layout"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,3 +113,22 @@ async def _ask(transport: GCSTransport, key: tuple[str, str]) -> Layout:
     if layout.zonal:
         logger.info("%s is a zonal (Rapid) bucket: reads and writes go over gRPC", uri)
     return layout
+
+
+def grpc_target(config: GCSConfig, endpoint: str) -> tuple[str, bool] | None:
+    """``(host:port, secure)`` of the gRPC endpoint, or ``None`` where none is known.
+
+    ``GCSConfig.grpc_endpoint`` or ``$TORCHBUCKET_GCS_GRPC_ENDPOINT`` when set
+    (``http://`` plaintext, ``https://`` TLS); Google's own for Google's JSON
+    endpoint; none for an emulator that was not given one.
+    """
+    url = config.grpc_endpoint or os.environ.get("TORCHBUCKET_GCS_GRPC_ENDPOINT", "").strip()
+    if not url:
+        if not endpoint.startswith("https://storage.googleapis.com"):
+            return None
+        url = "https://storage.googleapis.com"
+    secure = url.startswith("https://")
+    host = url.split("://", 1)[-1].rstrip("/")
+    if ":" not in host.rpartition("]")[2]:
+        host += ":443" if secure else ":80"
+    return host, secure

@@ -21,7 +21,7 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yarl
 
@@ -29,14 +29,16 @@ from torchbucket import runtime
 from torchbucket.errors import ConfigError, NotFoundError, StorageError
 from torchbucket.storage._common import check_page_size
 from torchbucket.storage.base import ListPage
-from torchbucket.storage.gcs import _errors, _grpc_wire, _objects
-from torchbucket.storage.gcs._layout import bucket_layout, known_layout
+from torchbucket.storage.gcs import _errors, _objects
+from torchbucket.storage.gcs._layout import bucket_layout, grpc_target, known_layout
+from torchbucket.storage.gcs._pointers import listed_info
 from torchbucket.storage.gcs._transport import GCSTransport
 from torchbucket.storage.gcs._wire import INFO_FIELDS, object_infos, quote_name
-from torchbucket.storage.gcs._zonal import GrpcPath, grpc_target, listed_info
-from torchbucket.storage.gcs._zonal_gzip import DecodingGrpcPath
 from torchbucket.storage.gcs._zonal_json import JsonPointers
 from torchbucket.storage.gcs.config import GCSConfig
+
+if TYPE_CHECKING:
+    from torchbucket.storage.gcs._zonal import GrpcPath
 
 __all__ = ["Router"]
 
@@ -86,14 +88,19 @@ class Router:
             return None
         uri = self._t.urls.uri()
         target = grpc_target(self._config, self._t.endpoint)
-        if mode == "auto":
-            # Only where gRPC could be taken is the bucket asked: an emulator
-            # without a gRPC endpoint costs no request more than before.
-            if target is None or not (await bucket_layout(self._t)).zonal:
-                return None
-            if not _grpc_wire.available():
-                self._warn(uri, "grpcio is missing (pip install 'torchbucket[rapid]')")
-                return None
+        # Only where gRPC could be taken is the bucket asked: an emulator
+        # without a gRPC endpoint costs no request more than before.
+        if mode == "auto" and (target is None or not (await bucket_layout(self._t)).zonal):
+            return None
+        # Imported only here: grpcio and google-cloud-storage's v2 messages
+        # take about 0.16 s to import, which a process on the JSON API (a CLI
+        # call, a DataLoader worker) need not pay.
+        from torchbucket.storage.gcs import _grpc_wire
+        from torchbucket.storage.gcs._zonal_gzip import DecodingGrpcPath
+
+        if mode == "auto" and not _grpc_wire.available():
+            self._warn(uri, "grpcio is missing (pip install 'torchbucket[rapid]')")
+            return None
         if not _grpc_wire.available():
             raise ConfigError(
                 "GCSConfig.transport='grpc' needs grpcio: pip install 'torchbucket[rapid]'"
