@@ -387,7 +387,18 @@ async def _read_body(request: web.BaseRequest) -> bytes:
     if request.headers.get("Expect", "").lower() == "100-continue":
         # The low-level server leaves this to the handler (curl waits a second otherwise).
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    return await request.read()
+    # Not request.read(): it grows a bytearray chunk by chunk and copies that
+    # into bytes at the end, two to three copies of every uploaded byte, the
+    # largest share of the emulator's CPU in a multipart save (a py-spy
+    # profile of 512 MiB saves: 38%). Joined once here, a body costs one copy.
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.readany():
+        size += len(chunk)
+        if size > _CLIENT_MAX_SIZE:
+            raise web.HTTPRequestEntityTooLarge(max_size=_CLIENT_MAX_SIZE, actual_size=size)
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _reset(request: web.BaseRequest) -> None:
