@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
+import os
 import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -98,6 +100,53 @@ def test_multipart_upload_round_trip(emu: Emulator, bucket: str, raw_http: Http)
         assert got.headers["x-goog-hash"] == f"crc32c={base64.b64encode(whole).decode()}"
     after = raw_http(emu, "GET", f"/{bucket}?uploads&prefix=ckpt/")
     assert upload_id not in _text(after.body, "UploadId")
+
+
+def _multipart(raw_http: Http, emu: Emulator, bucket: str, key: str, parts: list[bytes]) -> None:
+    start = raw_http(emu, "POST", f"/{bucket}/{quote(key)}?uploads")
+    (upload_id,) = _text(start.body, "UploadId")
+    etags = []
+    for number, part in enumerate(parts, 1):
+        path = f"/{bucket}/{quote(key)}?partNumber={number}&uploadId={upload_id}"
+        etags.append((number, raw_http(emu, "PUT", path, part).headers["ETag"]))
+    done = raw_http(
+        emu, "POST", f"/{bucket}/{quote(key)}?uploadId={upload_id}", _complete_body(etags)
+    )
+    assert done.status == 200, done
+
+
+def test_a_completed_upload_reads_alike_on_every_path(
+    emu: Emulator, bucket: str, raw_http: Http
+) -> None:
+    # The model store keeps a completed upload as its parts (emulator/_pieces):
+    # every read, whole or ranged, within a part or across parts, and every
+    # object made from it, must see the joined bytes.
+    parts = [os.urandom(1000), os.urandom(777), os.urandom(1500)]
+    data = b"".join(parts)
+    _multipart(raw_http, emu, bucket, "big", parts)
+    assert raw_http(emu, "GET", f"/{bucket}/big").body == data
+    json_path = f"/storage/v1/b/{bucket}/o/big"
+    for first, last in ((0, 9), (10, 999), (990, 1010), (500, 3000), (1777, 1777), (0, 3276)):
+        for path in (f"/{bucket}/big", json_path + "?alt=media"):
+            got = raw_http(emu, "GET", path, headers={"Range": f"bytes={first}-{last}"})
+            assert got.status == 206 and got.body == data[first : last + 1], (path, first, last)
+    meta = raw_http(emu, "GET", json_path).json()
+    crc = base64.b64encode(google_crc32c.value(data).to_bytes(4, "big")).decode()
+    assert (meta["size"], meta["crc32c"]) == (str(len(data)), crc)
+    raw_http(emu, "PUT", f"/{bucket}/tail", b"tail")
+    composed = raw_http(
+        emu,
+        "POST",
+        json_path.replace("/o/big", "/o/both") + "/compose",
+        json.dumps({"sourceObjects": [{"name": "big"}, {"name": "tail"}]}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    assert composed.status == 200, composed
+    assert raw_http(emu, "GET", f"/{bucket}/both").body == data + b"tail"
+    copied = raw_http(emu, "POST", f"{json_path}/rewriteTo/b/{bucket}/o/again")
+    assert copied.status == 200, copied
+    got = raw_http(emu, "GET", f"/{bucket}/again", headers={"Range": "bytes=999-1777"})
+    assert got.body == data[999:1778]
 
 
 def test_multipart_complete_validates_parts(emu: Emulator, bucket: str, raw_http: Http) -> None:

@@ -11,6 +11,7 @@ from torchbucket.emulator._fields import parse_fields
 from torchbucket.emulator._http import ApiError, parse_range
 from torchbucket.emulator._latency import LatencyModel, RateCap, resolve_latency
 from torchbucket.emulator._model_store import ModelStore, Preconditions
+from torchbucket.emulator._pieces import Pieces, checksums
 from torchbucket.emulator._routes import parse_route
 from torchbucket.emulator._seed import decode_frames, encode_frames, generated_names
 from torchbucket.errors import ConfigError
@@ -271,3 +272,37 @@ def test_name_unquoting_matches_urllib(name: str) -> None:
     encoded = quote(name, safe="")
     assert fast_unquote(encoded) == unquote(encoded) == name
     assert fast_unquote(name.replace("%", "%25")) == unquote(name.replace("%", "%25"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.binary(max_size=40), max_size=6),
+    st.integers(-60, 260),
+    st.integers(-60, 260),
+)
+def test_pieces_read_as_the_joined_bytes(chunks: list[bytes], start: int, stop: int) -> None:
+    joined = b"".join(chunks)
+    data = Pieces(chunks)
+    assert len(data) == len(joined)
+    assert data[start:stop] == joined[start:stop]
+    assert isinstance(data[start:stop], bytes)
+    assert data[start:] == joined[start:] and data[:stop] == joined[:stop]
+    assert bytes(data) == joined
+    assert checksums(data) == checksums(joined)
+
+
+def test_pieces_refuse_a_stepped_slice() -> None:
+    with pytest.raises(ValueError, match="contiguous"):
+        Pieces([b"ab", b"cd"])[::2]
+
+
+def test_pieces_of_one_chunk_is_that_chunk_and_a_whole_read_joins_once() -> None:
+    one = b"x" * 10
+    assert Pieces.of([b"", one]) is one
+    assert Pieces.of([]) == b""
+    store = ModelStore()
+    store.create_bucket("b")
+    obj = store.put("b", "o", Pieces([b"ab", b"cd"]), md5=False)
+    assert isinstance(obj.data, Pieces)
+    assert obj.content() == b"abcd"
+    assert obj.content() is obj.data  # joined once, then kept as one bytes

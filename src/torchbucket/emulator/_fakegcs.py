@@ -37,6 +37,7 @@ from torchbucket.emulator._http import (
     error_response,
     json_call,
 )
+from torchbucket.emulator._pieces import Pieces, chunks_of
 from torchbucket.emulator._resumable import ResumableSessions, Session
 
 __all__ = ["FakeGcsBackend", "fake_gcs_binary"]
@@ -212,7 +213,7 @@ class FakeGcsBackend:
         if resp.status >= 400:
             raise ApiError(resp.status, f"The specified bucket {bucket} does not exist.")
 
-    async def _finalize(self, session: Session, data: bytes) -> web.Response:
+    async def _finalize(self, session: Session, data: bytes | Pieces) -> web.Response:
         """Write a finished resumable upload as one multipart upload."""
         gen = await self._shim.generation(session.bucket, session.name, "127.0.0.1")
         check_generation(gen, session.query)
@@ -222,7 +223,7 @@ class FakeGcsBackend:
                 f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode(),
                 json.dumps(session.meta).encode(),
                 f"\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n".encode(),
-                data,
+                *chunks_of(data),
                 f"\r\n--{boundary}--\r\n".encode(),
             ]
         )
@@ -249,7 +250,7 @@ class FakeGcsBackend:
                 call.method,
                 URL(self.base + path_qs, encoded=True),
                 headers=headers,
-                data=call.body if call.body else None,
+                data=(call.body if call.assembled is None else bytes(call.assembled)) or None,
                 allow_redirects=False,
             ) as upstream:
                 body = await upstream.read()

@@ -48,6 +48,7 @@ from torchbucket.emulator._grpc_common import (
     read_handle_ok,
 )
 from torchbucket.emulator._model_store import ModelObject
+from torchbucket.emulator._pieces import Pieces, sliceable
 from torchbucket.emulator._zonal import AppendableObject
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ def range_message(content: bytes, crc: int, offset: int, read_id: int, end: bool
     return b"".join((b"\x32", _varint(len(head) + n), head, content))
 
 
-def _chunk(data: memoryview, start: int, end: int, corrupt: bool) -> tuple[bytes, int]:
+def _chunk(data: memoryview | Pieces, start: int, end: int, corrupt: bool) -> tuple[bytes, int]:
     content = bytes(data[start:end])
     crc = google_crc32c.value(content)
     if corrupt and content:
@@ -198,7 +199,7 @@ class ReadApi:
         start, end = _span(request.read_offset, request.read_limit, size)
         await self.g.first_byte("get")
         kind = rule.kind if rule is not None else None
-        data = memoryview(obj.data)
+        data = sliceable(obj.data)
         first = pb.ReadObjectResponse()
         first.metadata.CopyFrom(object_proto(obj, zonal=self._zonal(bucket)))
         first.object_checksums.CopyFrom(first.metadata.checksums)
@@ -337,7 +338,7 @@ class _BidiRead:
         kind = rule.kind if rule is not None else None
         start, end = _span(offset, length, _size(obj))
         await g.first_byte("get")
-        data = memoryview(obj.data)
+        data = sliceable(obj.data)
         half = start + (end - start) // 2
         pos = start
         while True:

@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 from collections.abc import Mapping
 
-import google_crc32c
-
 from torchbucket.emulator._http import ApiError
+from torchbucket.emulator._pieces import Pieces, crc32c_b64, md5_b64
 
 __all__ = ["Declared", "check_declared", "declared_in_headers", "declared_in_metadata"]
 
@@ -92,13 +90,16 @@ def declared_in_metadata(meta: Mapping[str, object]) -> Declared:
     )
 
 
-def check_declared(declared: Declared, data: bytes | bytearray, *, xml: bool = False) -> None:
+def check_declared(
+    declared: Declared, data: bytes | bytearray | Pieces, *, xml: bool = False
+) -> None:
     """Raise GCS's 400 when ``data`` does not match what was declared for it."""
     if not declared:
         return
+    if isinstance(data, bytearray):
+        data = bytes(data)  # google_crc32c's C code takes read-only buffers only
     if declared.crc32c is not None:
-        crc = google_crc32c.value(bytes(data) if isinstance(data, bytearray) else data)
-        got = base64.b64encode(crc.to_bytes(4, "big")).decode()
+        got = crc32c_b64(data)
         if got != declared.crc32c:
             if xml:
                 raise ApiError(
@@ -113,7 +114,7 @@ def check_declared(declared: Declared, data: bytes | bytearray, *, xml: bool = F
                 reason="invalid",
             )
     if declared.md5 is not None:
-        got = base64.b64encode(hashlib.md5(data).digest()).decode()
+        got = md5_b64(data)
         if got != declared.md5:
             if xml:
                 raise ApiError(

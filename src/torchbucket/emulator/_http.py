@@ -6,23 +6,21 @@ Errors follow GCS: the JSON API answers ``{"error": {"code", "message",
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import quote, urlencode
 
-import google_crc32c
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
+
+from torchbucket.emulator._pieces import Pieces
 
 __all__ = [
     "ASSEMBLED_HEADER",
     "ApiError",
     "Call",
-    "checksums",
     "error_response",
     "json_call",
     "json_response",
@@ -146,20 +144,6 @@ def _xml_escape(text: str) -> str:
 xml_escape = _xml_escape
 
 
-def checksums(data: bytes | bytearray | memoryview) -> tuple[str, str]:
-    """Base64 CRC32C (big-endian) and MD5 of ``data``, as GCS reports them."""
-    crc = google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data)
-    return (
-        base64.b64encode(crc.to_bytes(4, "big")).decode(),
-        base64.b64encode(hashlib.md5(data).digest()).decode(),
-    )
-
-
-def crc32c_b64(data: bytes) -> str:
-    """Base64 CRC32C (big-endian) of ``data``."""
-    return base64.b64encode(google_crc32c.value(data).to_bytes(4, "big")).decode()
-
-
 def rfc3339(seconds: float) -> str:
     """``seconds`` since the epoch as GCS writes times (UTC, milliseconds)."""
     whole = int(seconds)
@@ -244,6 +228,9 @@ class Call:
         host: The ``Host`` header the client sent.
         scheme: ``"http"`` or ``"https"``: how the client reached the server
             (for the URLs it is given back, such as a resumable session's).
+        assembled: A completed XML multipart upload's parts, the object's
+            bytes in order (``body`` is then empty): the model store keeps
+            them as they are (see ``_pieces``).
     """
 
     method: str
@@ -254,6 +241,7 @@ class Call:
     body: bytes
     host: str
     scheme: str = "http"
+    assembled: bytes | Pieces | None = None
 
 
 def json_call(
@@ -266,6 +254,7 @@ def json_call(
     headers: dict[str, str] | None = None,
     body: bytes = b"",
     host: str = "127.0.0.1",
+    assembled: bytes | Pieces | None = None,
 ) -> Call:
     """A synthetic JSON API call (for the XML API and the admin API).
 
@@ -280,6 +269,7 @@ def json_call(
         headers: Request headers.
         body: Request body.
         host: The Host header to send.
+        assembled: An upload's bytes as parts (``Call.assembled``).
     """
     query = dict(query or {})
     qb, qn = quote(bucket, safe=""), quote(name, safe="")
@@ -307,4 +297,5 @@ def json_call(
     op = {"media": "get", "metadata": "head", "upload_media": "put", "upload_multipart": "put"}.get(
         kind, kind
     )
-    return Call(method, Route(op, kind, bucket, name), path_qs, query, hdrs, body, host)
+    route = Route(op, kind, bucket, name)
+    return Call(method, route, path_qs, query, hdrs, body, host, assembled=assembled)

@@ -26,6 +26,7 @@ from torchbucket.emulator._model_store import (
     Preconditions,
     check_soft_delete,
 )
+from torchbucket.emulator._pieces import Pieces
 from torchbucket.emulator._resumable import ResumableSessions, Session
 
 __all__ = ["ModelBackend"]
@@ -124,7 +125,7 @@ class ModelBackend:
             headers["Content-Encoding"] = obj.content_encoding
         rng = parse_range(call.headers.get("Range"), len(obj.data))
         if rng is None:
-            return web.Response(body=obj.data, headers=headers)
+            return web.Response(body=obj.content(), headers=headers)
         first, last = rng
         headers["Content-Range"] = f"bytes {first}-{last}/{len(obj.data)}"
         return web.Response(status=206, body=obj.data[first : last + 1], headers=headers)
@@ -171,7 +172,7 @@ class ModelBackend:
     # -- writes --------------------------------------------------------------
 
     def _put(
-        self, call: Call, name: str, data: bytes, meta: dict[str, Any], *, md5: bool = True
+        self, call: Call, name: str, data: bytes | Pieces, meta: dict[str, Any], *, md5: bool = True
     ) -> web.Response:
         if not name:
             raise ApiError(400, "Required parameter 'name' is missing.")
@@ -190,7 +191,7 @@ class ModelBackend:
         return _object_response(call, obj)
 
     @staticmethod
-    def _check_hashes(meta: dict[str, Any], data: bytes) -> None:
+    def _check_hashes(meta: dict[str, Any], data: bytes | Pieces) -> None:
         # GCS refuses an upload whose declared crc32c / md5Hash does not match
         # what it received (see _hashes).
         check_declared(declared_in_metadata(meta), data)
@@ -198,7 +199,8 @@ class ModelBackend:
     async def _upload_media(self, call: Call) -> web.Response:
         # A completed XML multipart upload: no MD5, as on GCS.
         md5 = ASSEMBLED_HEADER not in call.headers
-        return self._put(call, call.query.get("name", ""), call.body, {}, md5=md5)
+        data = call.body if call.assembled is None else call.assembled
+        return self._put(call, call.query.get("name", ""), data, {}, md5=md5)
 
     async def _insert_metadata(self, call: Call) -> web.Response:
         meta = _json_body(call)
@@ -213,7 +215,7 @@ class ModelBackend:
     async def _check_bucket(self, bucket: str) -> None:
         self.store.bucket(bucket)
 
-    async def _finalize(self, session: Session, data: bytes) -> web.Response:
+    async def _finalize(self, session: Session, data: bytes | Pieces) -> web.Response:
         meta = session.meta
         self._check_hashes(meta, data)
         obj = self.store.put(

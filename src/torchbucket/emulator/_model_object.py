@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from torchbucket.emulator._http import checksums, crc32c_b64
+from torchbucket.emulator._pieces import Pieces, checksums, crc32c_b64
 
 __all__ = ["ModelObject"]
 
@@ -46,7 +46,7 @@ class ModelObject:
         self,
         bucket: str,
         name: str,
-        data: bytes,
+        data: bytes | Pieces,
         generation: int,
         created: str,
         *,
@@ -155,6 +155,12 @@ class ModelObject:
             }
         return dict(self._headers)
 
+    def content(self) -> bytes:
+        """The object's bytes as one ``bytes``: pieces are joined on the first call."""
+        if isinstance(self.data, Pieces):
+            self.data = bytes(self.data)
+        return self.data
+
     def decoded(self) -> bytes | None:
         """The bytes GCS serves by decompressive transcoding, or ``None``.
 
@@ -166,7 +172,7 @@ class ModelObject:
             return None
         if self._decoded is None:
             try:
-                self._decoded = gzip.decompress(self.data)
+                self._decoded = gzip.decompress(self.content())
             except (OSError, EOFError, zlib.error):
                 return None
         return self._decoded

@@ -15,6 +15,7 @@ from typing import Any
 
 from torchbucket.emulator._http import ApiError, rfc3339
 from torchbucket.emulator._model_object import ModelObject
+from torchbucket.emulator._pieces import Pieces, chunks_of
 
 __all__ = ["ModelBucket", "ModelObject", "ModelStore", "Preconditions"]
 
@@ -226,7 +227,7 @@ class ModelStore:
         self,
         bucket: str,
         name: str,
-        data: bytes,
+        data: bytes | Pieces,
         *,
         content_type: str | None = None,
         metadata: dict[str, str] | None = None,
@@ -382,7 +383,7 @@ class ModelStore:
                 raise ApiError(
                     412, f"Source object {src_name} generation {obj.generation} != {match}."
                 )
-            chunks.append(obj.data)
+            chunks.extend(chunks_of(obj.data))
             components += obj.component_count or 1
         if components > MAX_COMPONENTS:
             raise ApiError(

@@ -5,8 +5,9 @@ with a ``Location`` built from the request's ``Host``), fed with ``PUT``s whose
 ``Content-Range`` is ``bytes a-b/*`` (answered 308 with the ``Range`` received
 so far) and finished by one whose total is known (``bytes a-b/N`` or
 ``bytes */N``). fake-gcs-server's own sessions finish early on a status query
-and mis-report ``Range``, so the front server keeps the bytes and hands the
-finished object to the store in one write. The finalizing request's
+and mis-report ``Range``, so the front server keeps the bytes (as they came,
+not joined: see :mod:`._pieces`) and hands the finished object to the store
+in one write. The finalizing request's
 ``x-goog-hash`` and the session's ``crc32c`` / ``md5Hash`` are checked against
 the whole object first, as GCS checks them (see :mod:`._hashes`).
 """
@@ -24,6 +25,7 @@ from aiohttp import web
 
 from torchbucket.emulator._hashes import check_declared, declared_in_headers, declared_in_metadata
 from torchbucket.emulator._http import ApiError, Call
+from torchbucket.emulator._pieces import Pieces
 
 __all__ = ["ResumableSessions", "Session"]
 
@@ -35,20 +37,22 @@ _SESSION_TTL = 3600.0
 class Session:
     """One resumable upload session."""
 
-    __slots__ = ("bucket", "buf", "done", "meta", "name", "query", "started")
+    __slots__ = ("bucket", "chunks", "done", "meta", "name", "query", "received", "started")
 
     def __init__(self, bucket: str, name: str, meta: dict[str, Any], query: dict[str, str]) -> None:
         self.bucket = bucket
         self.name = name
         self.meta = meta
         self.query = query
-        self.buf = bytearray()
+        # The bytes received, as they came (joined by no one: see _pieces).
+        self.chunks: list[bytes] = []
+        self.received = 0
         self.done: web.Response | None = None
         self.started = time.monotonic()
 
 
 # finalize(session, data) -> the answer to the final PUT (an object resource).
-Finalize = Callable[[Session, bytes], Awaitable[web.Response]]
+Finalize = Callable[[Session, bytes | Pieces], Awaitable[web.Response]]
 CheckBucket = Callable[[str], Awaitable[None]]
 
 
@@ -115,28 +119,33 @@ class ResumableSessions:
         if session.done is not None:
             return session.done
         first, last, total = content_range(call.headers.get("Content-Range"), len(call.body))
-        buf = session.buf
         if first is not None:
-            if first > len(buf):
+            if first > session.received:
                 raise ApiError(
-                    400, f"Chunk starts at {first} but only {len(buf)} bytes were received."
+                    400,
+                    f"Chunk starts at {first} but only {session.received} bytes were received.",
                 )
             assert last is not None
             if last - first + 1 != len(call.body):
                 raise ApiError(400, "Content-Range does not match the body length.")
-            skip = len(buf) - first  # bytes already received (a retried chunk)
+            skip = session.received - first  # bytes already received (a retried chunk)
             if skip < len(call.body):
-                buf += call.body[skip:]
-        if total is not None and len(buf) >= total:
-            if len(buf) > total:
-                raise ApiError(400, f"Received {len(buf)} bytes, more than the total {total}.")
+                fresh = call.body[skip:] if skip else call.body
+                session.chunks.append(fresh)
+                session.received += len(fresh)
+        if total is not None and session.received >= total:
+            if session.received > total:
+                raise ApiError(
+                    400, f"Received {session.received} bytes, more than the total {total}."
+                )
+            data = Pieces.of(session.chunks)
             try:
                 # The whole object's checksums: declared in the session's metadata,
                 # or on this, the finalizing request (x-goog-hash). A mismatch
                 # ends the upload; nothing becomes visible.
-                check_declared(declared_in_metadata(session.meta), buf)
-                check_declared(declared_in_headers(call.headers, xml=False), buf)
-                resp = await self.finalize(session, bytes(buf))
+                check_declared(declared_in_metadata(session.meta), data)
+                check_declared(declared_in_headers(call.headers, xml=False), data)
+                resp = await self.finalize(session, data)
             except ApiError:
                 del self.sessions[upload_id]
                 raise
@@ -144,11 +153,11 @@ class ResumableSessions:
                 del self.sessions[upload_id]
                 return resp
             session.done = resp
-            session.buf = bytearray()
+            session.chunks = []
             return resp
         headers = {"X-GUploader-UploadID": upload_id}
-        if buf:
-            headers["Range"] = f"bytes=0-{len(buf) - 1}"
+        if session.received:
+            headers["Range"] = f"bytes=0-{session.received - 1}"
         return web.Response(status=308, headers=headers)
 
 

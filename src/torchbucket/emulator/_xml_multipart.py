@@ -32,6 +32,7 @@ from torchbucket.emulator._http import (
     rfc3339,
     xml_escape,
 )
+from torchbucket.emulator._pieces import Pieces
 from torchbucket.emulator._xml_wire import NS, as_xml_error, copy_generation, parse_complete, xml
 
 __all__ = ["XmlApi"]
@@ -257,7 +258,6 @@ class XmlApi:
                     xml_code="EntityTooSmall",
                 )
             chunks.append(stored[1])
-        data = b"".join(chunks)
         headers = {"Content-Type": upload.content_type} if upload.content_type else {}
         headers[ASSEMBLED_HEADER] = "1"
         resp = await self.backend.handle(
@@ -268,8 +268,8 @@ class XmlApi:
                 upload.key,
                 query=self._preconditions(call),
                 headers=headers,
-                body=data,
                 host=call.host,
+                assembled=Pieces.of(chunks),  # not joined: see _pieces
             )
         )
         if resp.status >= 400:
