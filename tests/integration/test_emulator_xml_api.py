@@ -149,6 +149,18 @@ def test_a_completed_upload_reads_alike_on_every_path(
     assert got.body == data[999:1778]
 
 
+def test_a_completed_upload_streams_whole_under_the_bandwidth_model(raw_http: Http) -> None:
+    # Past 4 MiB a body under a latency model goes out in timed chunks
+    # (emulator/_server._stream), here taken from the parts one after another.
+    parts = [os.urandom(2_000_000), os.urandom(3_000_000), os.urandom(5)]
+    with Emulator(latency="same-region") as emu:
+        emu.create_bucket("b")
+        _multipart(raw_http, emu, "b", "big", parts)
+        got = raw_http(emu, "GET", "/storage/v1/b/b/o/big?alt=media")
+    assert got.status == 200 and got.body == b"".join(parts)
+    assert int(got.headers["Content-Length"]) == 5_000_005
+
+
 def test_multipart_complete_validates_parts(emu: Emulator, bucket: str, raw_http: Http) -> None:
     start = raw_http(emu, "POST", f"/{bucket}/obj?uploads")
     (upload_id,) = _text(start.body, "UploadId")

@@ -26,7 +26,7 @@ from torchbucket.emulator._model_store import (
     Preconditions,
     check_soft_delete,
 )
-from torchbucket.emulator._pieces import Pieces
+from torchbucket.emulator._pieces import Pieces, PiecesPayload
 from torchbucket.emulator._resumable import ResumableSessions, Session
 
 __all__ = ["ModelBackend"]
@@ -125,7 +125,9 @@ class ModelBackend:
             headers["Content-Encoding"] = obj.content_encoding
         rng = parse_range(call.headers.get("Range"), len(obj.data))
         if rng is None:
-            return web.Response(body=obj.content(), headers=headers)
+            data = obj.data
+            body = data if isinstance(data, bytes) else PiecesPayload(data)  # sent as they are
+            return web.Response(body=body, headers=headers)
         first, last = rng
         headers["Content-Range"] = f"bytes {first}-{last}/{len(obj.data)}"
         return web.Response(status=206, body=obj.data[first : last + 1], headers=headers)

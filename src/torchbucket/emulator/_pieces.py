@@ -17,8 +17,18 @@ import hashlib
 from collections.abc import Iterable
 
 import google_crc32c
+from aiohttp import payload
+from aiohttp.abc import AbstractStreamWriter
 
-__all__ = ["Pieces", "checksums", "chunks_of", "crc32c_b64", "md5_b64", "sliceable"]
+__all__ = [
+    "Pieces",
+    "PiecesPayload",
+    "checksums",
+    "chunks_of",
+    "crc32c_b64",
+    "md5_b64",
+    "sliceable",
+]
 
 
 class Pieces:
@@ -67,6 +77,25 @@ class Pieces:
             start = end
             i += 1
         return bytes(views[0]) if len(views) == 1 else b"".join(views)
+
+
+class PiecesPayload(payload.Payload):
+    """A response body of :class:`Pieces`, written piece by piece (never joined)."""
+
+    def __init__(self, pieces: Pieces) -> None:
+        super().__init__(pieces, content_type=None)
+        self.pieces = pieces
+        self._size = len(pieces)
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return bytes(self.pieces).decode(encoding, errors)
+
+    async def as_bytes(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return bytes(self.pieces)
+
+    async def write(self, writer: AbstractStreamWriter) -> None:
+        for chunk in self.pieces.chunks:
+            await writer.write(chunk)
 
 
 def chunks_of(data: bytes | Pieces) -> tuple[bytes, ...]:

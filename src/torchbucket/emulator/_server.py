@@ -27,6 +27,7 @@ from torchbucket.emulator._faults import STATUS_KINDS, FaultRule, FaultTable, fl
 from torchbucket.emulator._http import Call, Route, error_response, json_call, json_response
 from torchbucket.emulator._latency import LatencyModel, LatencySampler, RateCap
 from torchbucket.emulator._names import name_problem, written_name
+from torchbucket.emulator._pieces import PiecesPayload
 from torchbucket.emulator._ratemodel import RateState, RequestRateModel
 from torchbucket.emulator._routes import parse_route
 from torchbucket.emulator._stats import Stats
@@ -214,7 +215,7 @@ class FrontServer:
             request.method, route, raw, query, request.headers, body, request.host, request.scheme
         )
         resp = await self._apply(call)
-        out_len = len(resp.body) if resp.body is not None else 0  # type: ignore[arg-type]
+        out_len = _body_size(resp)
         stats.count(op, resp.status, len(body), out_len, route.bucket)
         if latency is not None:
             bandwidth = latency.model.bandwidth
@@ -325,7 +326,8 @@ class FrontServer:
         self, request: web.BaseRequest, resp: web.Response, kind: str
     ) -> web.StreamResponse:
         """Apply a body fault (corrupt or truncate) to a computed answer."""
-        body = bytes(resp.body or b"")  # type: ignore[arg-type]
+        raw = resp.body
+        body = bytes(raw.pieces if isinstance(raw, PiecesPayload) else raw or b"")  # type: ignore[arg-type]
         if kind == "corrupt":
             if body:
                 flipped = bytearray(body)
@@ -364,20 +366,34 @@ async def _stream(
 ) -> web.StreamResponse:
     """Send ``resp``'s body in chunks, each after its share of transfer time."""
     raw = resp.body
-    body = memoryview(raw if isinstance(raw, (bytes, bytearray, memoryview)) else b"")
+    if isinstance(raw, PiecesPayload):
+        pieces = [memoryview(c) for c in raw.pieces.chunks]
+    else:
+        pieces = [memoryview(raw if isinstance(raw, (bytes, bytearray, memoryview)) else b"")]
     out = web.StreamResponse(status=resp.status, reason=resp.reason)
     out.headers.update(resp.headers)
     if resp.chunked:  # a transcoded download: no Content-Length, as on GCS
         out.enable_chunked_encoding()
     else:
-        out.content_length = len(body)
+        out.content_length = sum(len(p) for p in pieces)
     await out.prepare(request)
-    for start in range(0, len(body), _STREAM_CHUNK):
-        chunk = body[start : start + _STREAM_CHUNK]
-        await asyncio.sleep(len(chunk) / bandwidth)
-        await out.write(chunk)
+    for body in pieces:
+        for start in range(0, len(body), _STREAM_CHUNK):
+            chunk = body[start : start + _STREAM_CHUNK]
+            await asyncio.sleep(len(chunk) / bandwidth)
+            await out.write(chunk)
     await out.write_eof()
     return out
+
+
+def _body_size(resp: web.Response) -> int:
+    """The length of ``resp``'s body (bytes, or an object's pieces)."""
+    raw = resp.body
+    if raw is None:
+        return 0
+    if isinstance(raw, PiecesPayload):
+        return len(raw.pieces)
+    return len(raw)  # type: ignore[arg-type]
 
 
 async def _read_body(request: web.BaseRequest) -> bytes:
