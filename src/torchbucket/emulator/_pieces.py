@@ -5,8 +5,10 @@ completed: a fresh allocation the size of the object, whose pages a VM
 faults in at a few hundred MB/s. In a 4 GiB checkpoint save that join was
 44% of the emulator's samples (issue 45), and it set the save's pace. GCS
 completes an upload without moving its bytes (the call's time does not grow
-with the object), so the model keeps the parts as they are: a read copies
-the range it asks for, which it did before too (``bytes`` slicing copies).
+with the object), so the model keeps the parts (or a resumable upload's
+chunks) as they are: a ranged read copies the range it asks for, as a
+``bytes`` slice did, and a whole read sends them one after another
+(:class:`PiecesPayload`).
 """
 
 from __future__ import annotations
