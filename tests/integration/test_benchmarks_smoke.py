@@ -8,6 +8,7 @@ end with the ``RESULT`` line its issue names.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -163,7 +164,10 @@ def test_tail_epochs_smoke_splits_the_tails_cost(tmp_path: Path) -> None:
         for n in result["counts"]:
             assert result[f"tail_slowdown_{path}_{n}"] > 0
         assert f"tail_fixed_cost_s_{path}" in result
-        assert result[f"fit_{path}"]["same-region"]["us_per_object"] > 0
+        # A line through the smoke's two sizes: its slope is a fitted number,
+        # not a sign to rely on (two short epochs on a busy VM can come out
+        # with the larger one faster: the fixed cost dominates at 256 and 1,024).
+        assert math.isfinite(result[f"fit_{path}"]["same-region"]["us_per_object"])
         assert result[f"first_batch_s_{path}_same_region_tail"] > 0
     assert result["server_cpu_fraction_max"] > 0
     assert 0 <= result["tail_runs_with_compose_stalled_before"] <= result["tail_runs"] == 8
