@@ -90,14 +90,10 @@ def declared_in_metadata(meta: Mapping[str, object]) -> Declared:
     )
 
 
-def check_declared(
-    declared: Declared, data: bytes | bytearray | Pieces, *, xml: bool = False
-) -> None:
+def check_declared(declared: Declared, data: bytes | Pieces, *, xml: bool = False) -> None:
     """Raise GCS's 400 when ``data`` does not match what was declared for it."""
     if not declared:
         return
-    if isinstance(data, bytearray):
-        data = bytes(data)  # google_crc32c's C code takes read-only buffers only
     if declared.crc32c is not None:
         got = crc32c_b64(data)
         if got != declared.crc32c:

@@ -155,12 +155,6 @@ class ModelObject:
             }
         return dict(self._headers)
 
-    def content(self) -> bytes:
-        """The object's bytes as one ``bytes``: pieces are joined on the first call."""
-        if isinstance(self.data, Pieces):
-            self.data = bytes(self.data)
-        return self.data
-
     def decoded(self) -> bytes | None:
         """The bytes GCS serves by decompressive transcoding, or ``None``.
 
@@ -172,7 +166,7 @@ class ModelObject:
             return None
         if self._decoded is None:
             try:
-                self._decoded = gzip.decompress(self.content())
+                self._decoded = gzip.decompress(bytes(self.data))  # no copy of a bytes
             except (OSError, EOFError, zlib.error):
                 return None
         return self._decoded

@@ -3,10 +3,12 @@
 A completed XML multipart upload was joined into one ``bytes`` when it
 completed: a fresh allocation the size of the object, whose pages a VM
 faults in at a few hundred MB/s. In a 4 GiB checkpoint save that join was
-44% of the emulator's samples (issue 45), and it set the save's pace. GCS
-completes an upload without moving its bytes (the call's time does not grow
-with the object), so the model keeps the parts (or a resumable upload's
-chunks) as they are: a ranged read copies the range it asks for, as a
+44% of the emulator's samples (issue 45), and it set the save's pace, which
+no client could change. Google documents no cost of a completion that grows
+with the object (https://cloud.google.com/storage/docs/multipart-uploads
+says only that the parts are assembled into the object; how GCS stores them
+is not said), so the model keeps the parts (or a resumable upload's chunks)
+as they are, which answers every read the same: a ranged read copies the range it asks for, as a
 ``bytes`` slice did, and a whole read sends them one after another
 (:class:`PiecesPayload`).
 """
