@@ -36,7 +36,8 @@ from ckpt_common import measured, spec_args
 
 from torchbucket import runtime
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
-from torchbucket.checkpoint._reader import allocate, download
+from torchbucket.checkpoint._pages import allocate
+from torchbucket.checkpoint._reader import download
 from torchbucket.checkpoint._upload import open_session
 from torchbucket.storage.base import ObjectStore
 from torchbucket.storage.crc32c import Crc32c

@@ -13,7 +13,8 @@ from memory_helper import memory_bucket
 
 from torchbucket import runtime
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
-from torchbucket.checkpoint._reader import MemoryFile, allocate, prefault
+from torchbucket.checkpoint._pages import allocate, prefault
+from torchbucket.checkpoint._reader import MemoryFile
 from torchbucket.storage import MemoryStore
 
 MiB = 1 << 20

@@ -31,7 +31,7 @@ from torchbucket import runtime
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.checkpoint import _aliased as aliased
 from torchbucket.checkpoint import _mapped as mapped
-from torchbucket.checkpoint._reader import allocate as reader_allocate
+from torchbucket.checkpoint._pages import allocate as reader_allocate
 from torchbucket.errors import IntegrityError, NotFoundError
 from torchbucket.storage import MemoryStore
 

@@ -12,19 +12,24 @@ another copy.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import io
 import logging
-import mmap
-from collections.abc import Callable, Coroutine, Iterator
+import threading
+from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any, cast
-
-import numpy as np
+from typing import TypeVar, cast
 
 from torchbucket import runtime
-from torchbucket._madvise import MADV_POPULATE_WRITE, madvise
 from torchbucket.checkpoint import _consumed
+from torchbucket.checkpoint._pages import (
+    MAPPED_MIN,
+    PREFAULT_MIN,
+    allocate,
+    never,
+    prefault,
+    prefault_target,
+    run_filling,
+)
 from torchbucket.checkpoint.config import CheckpointConfig
 from torchbucket.errors import IntegrityError, NotFoundError
 from torchbucket.storage.base import ObjectInfo, ObjectStore
@@ -34,103 +39,21 @@ from torchbucket.storage.ranges import fetch_ranges, split_ranges
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 #: Whole-object reads before a CRC32C mismatch is reported.
 _LOAD_ATTEMPTS = 2
-#: Buffers at least this large are mapped pages of their own (see allocate);
-#: smaller ones (a DCP load's pieces of one read chunk, by the thousand) stay on
-#: the heap, well within the kernel's limit on mappings per process.
-_MAPPED_MIN = 64 << 20
 #: A last range shorter than range_size // _TAIL joins the range before it.
 _TAIL = 8
-#: readinto targets at least this large are prefaulted before the copy.
-_PREFAULT_MIN = 1 << 20
-_PAGE = mmap.PAGESIZE
 
 __all__ = [
     "CheckpointReader",
     "MemoryFile",
-    "allocate",
     "download",
     "fetch_ranges",
     "load_decoded",
-    "prefault",
     "split_ranges",
 ]
-
-
-def allocate(size: int) -> memoryview:
-    """A writable byte buffer of ``size`` bytes, its pages not yet touched.
-
-    From :data:`_MAPPED_MIN` bytes on, an anonymous private mapping of its own
-    (freed when the last view of it goes) rather than ``numpy.empty``: numpy
-    asks for transparent huge pages for large arrays, and on the 2-core VM the
-    benchmarks run on (a balloon hands free 2 MiB blocks back to the host)
-    faulting 512 MiB of huge pages cost 0.1 to 1.1 s of system time from one
-    run to the next, 4 KiB pages a steady 0.2 to 0.3 s.
-    """
-    if size >= _MAPPED_MIN and hasattr(mmap, "MAP_PRIVATE"):
-        mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        return memoryview(mapping)
-    # numpy.empty leaves the pages untouched (bytearray would zero them first,
-    # touching every page twice).
-    view: memoryview = np.empty(size, dtype=np.uint8).data
-    return view.cast("B")
-
-
-_madvise_fn = madvise
-
-
-def prefault(buffer: memoryview, piece: int, stop: Callable[[], bool]) -> None:
-    """Allocate the pages of ``buffer`` a ``piece`` at a time, until ``stop()``.
-
-    Run by the thread that waits for a download while the loop fills the
-    buffer: the pages are then mostly in place when the data lands, so the loop
-    thread spends less time in page faults, and a 2-core machine allocates them
-    in parallel with receiving. ``MADV_POPULATE_WRITE`` (Linux 5.14) does it
-    without touching the bytes, so pages that already hold data keep it; each
-    call runs without the GIL (ctypes). Elsewhere this does nothing.
-
-    Measured (512 MiB, 8 MiB ranges, 32 in flight, 2-core VM, emulator with the
-    same-region latency model): the download went from 0.51-0.55 s to
-    0.35-0.39 s, the loop thread's CPU from 0.33 to 0.10-0.13 s.
-    """
-    madvise = _madvise_fn
-    if madvise is None or buffer.readonly or not len(buffer):
-        return
-    holder = (ctypes.c_char * len(buffer)).from_buffer(buffer)
-    try:
-        base = ctypes.addressof(holder)
-    finally:
-        del holder
-    first = -(-base // _PAGE) * _PAGE
-    end = (base + len(buffer)) // _PAGE * _PAGE
-    piece = max(_PAGE, piece // _PAGE * _PAGE)
-    for address in range(first, end, piece):
-        if stop() or madvise(address, min(piece, end - address), MADV_POPULATE_WRITE) != 0:
-            return  # done, or a kernel without MADV_POPULATE_WRITE
-
-
-def _never() -> bool:
-    return False
-
-
-def _prefault_target(target: memoryview) -> None:
-    if len(target) >= _PREFAULT_MIN:
-        prefault(target, len(target), _never)
-
-
-def _run_filling(coro: Coroutine[Any, Any, None], buffer: memoryview, piece: int) -> None:
-    """``runtime.run(coro)``, prefaulting ``buffer`` while it runs."""
-    if runtime.in_loop_thread() or _madvise_fn is None:
-        runtime.run(coro)
-        return
-    future = runtime.submit(coro)
-    try:
-        prefault(buffer, piece, future.done)
-        future.result()
-    except KeyboardInterrupt:
-        future.cancel()
-        raise
 
 
 class MemoryFile(io.BufferedIOBase):
@@ -206,17 +129,17 @@ class MemoryFile(io.BufferedIOBase):
         start = min(self._position, len(view))
         count = min(len(out), len(view) - start)
         if self._pages is not None:
-            if self._pages.copy(start, out[:count], _prefault_target):
+            if self._pages.copy(start, out[:count], prefault_target):
                 # A record's bytes: copied a piece at a time, each piece's pages
                 # then given back (peak: the checkpoint once, not twice).
                 self._position = start + count
                 return count
             self._pages.restore(start, start + count)
-        if count >= _PREFAULT_MIN:
+        if count >= PREFAULT_MIN:
             # torch.load reads each tensor into fresh memory: its pages in one
             # call cost less than a fault per 4 KiB page during the copy
             # (0.35 -> 0.28 s for the benchmark's 512 MiB state dict).
-            prefault(out[:count], count, _never)
+            prefault(out[:count], count, never)
         out[:count] = view[start : start + count]
         self._position = start + count
         return count
@@ -274,7 +197,7 @@ class CheckpointReader(MemoryFile):
         buffer = allocate(info.size)
         download(store, key, info, buffer, config)
         reader = cls(store.uri(key), info, buffer)
-        if info.size >= _MAPPED_MIN and _consumed.supported():
+        if info.size >= MAPPED_MIN and _consumed.supported():
             # Only a private anonymous mapping (allocate) can give pages back.
             records = _consumed.record_ranges(buffer)
             if records:
@@ -394,9 +317,24 @@ def load_ranges(size: int, range_size: int) -> list[tuple[int, int]]:
 
 
 def download(
-    store: ObjectStore, key: str, info: ObjectInfo, buffer: memoryview, config: CheckpointConfig
-) -> None:
+    store: ObjectStore,
+    key: str,
+    info: ObjectInfo,
+    buffer: memoryview,
+    config: CheckpointConfig,
+    then: Callable[[], T] | None = None,
+) -> T | None:
     """Fill ``buffer`` (``info.size`` bytes) with generation ``info.generation`` of ``key``.
+
+    Returns ``then()`` (``None`` without it), called once the bytes are in.
+    Where their CRC32C is computed over the buffer (no per-range checksums
+    came), ``then`` runs while another thread computes it (the native CRC32C
+    runs without the GIL), and what it returned or raised is given only once
+    every byte matched; on a mismatch it is dropped, the bytes are read again
+    and ``then`` runs again. So ``then`` must be safe on damaged bytes: for a
+    load, torch's weights-only loader, which must be safe on any bytes anyway
+    (a CRC32C tells damage on the way, not a hostile writer, who stores a
+    matching one).
 
     Raises:
         NotFoundError: The object is gone, or was rewritten since ``info`` was read.
@@ -413,7 +351,7 @@ def download(
             _CheckedRanges(store) if verify and isinstance(store, SupportsCheckedReads) else None
         )
         with _same_generation(store, key, info):
-            _run_filling(
+            run_filling(
                 fetch_ranges(
                     cast(ObjectStore, checked or store),
                     jobs,
@@ -425,17 +363,45 @@ def download(
                 config.range_size,
             )
         if not verify:
-            return
+            return then() if then is not None else None
         value = checked.combined(len(buffer)) if checked is not None else None
-        if value is None:  # the bytes read again: no per-chunk checksums came
-            crc = Crc32c()
-            crc.update(buffer)
-            value = crc.value
-        if b64(value) == info.crc32c:
-            return
+        if value is None:  # no per-chunk checksums came: the bytes read again
+            got, result = _checksum_beside(buffer, then, info.crc32c)
+            if got == info.crc32c:
+                return result
+        elif (got := b64(value)) == info.crc32c:
+            return then() if then is not None else None
         # A range is checked only for its length on the way in, so which one
         # was damaged is unknown: read them all again.
-        message = f"crc32c of the bytes read is {b64(value)}, the object's is {info.crc32c}"
+        message = f"crc32c of the bytes read is {got}, the object's is {info.crc32c}"
         if attempt == _LOAD_ATTEMPTS:
             raise IntegrityError(message, operation="checkpoint load", uri=uri)
         logger.warning("%s: %s; reading it again", uri, message)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _checksum_beside(
+    buffer: memoryview, then: Callable[[], T] | None, expected: str | None
+) -> tuple[str, T | None]:
+    """The CRC32C of ``buffer`` (base64), and what ``then()``, run meanwhile, returned.
+
+    What ``then`` raised is raised where the CRC32C is ``expected``, dropped
+    where not; no variable holds it (a frame that did would be a reference
+    cycle keeping the download alive until the garbage collector ran).
+    """
+    crc = Crc32c()
+    if then is None:
+        crc.update(buffer)
+        return b64(crc.value), None
+    thread = threading.Thread(target=crc.update, args=(buffer,), name="torchbucket-crc32c")
+    thread.start()
+    try:
+        result = then()
+    except Exception:
+        thread.join()
+        if b64(crc.value) == expected:
+            raise
+        return b64(crc.value), None  # made of damaged bytes: dropped with them
+    finally:
+        thread.join()
+    return b64(crc.value), result

@@ -10,6 +10,7 @@ import them by (a package's ``_`` modules are its own).
 
 from __future__ import annotations
 
-from torchbucket.checkpoint._reader import MemoryFile, allocate
+from torchbucket.checkpoint._pages import allocate
+from torchbucket.checkpoint._reader import MemoryFile
 
 __all__ = ["MemoryFile", "allocate"]
