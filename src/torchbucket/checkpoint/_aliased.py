@@ -12,11 +12,12 @@ pages.
 
 Here the download goes into those anonymous pages (:func:`._pages.allocate`,
 the same ranges pinned to one generation, prefaulted by the waiting thread),
-and torch's zip loader gets them as its ``overall_storage``: one ``UntypedStorage`` over the buffer
-(``torch.frombuffer``, which keeps the buffer alive as long as any storage
-sliced from it), so every tensor is a view of the downloaded bytes, exactly as
-with a mapped file, with no file, no second mapping, and pages written in place
-without a copy (nothing else sees them).
+and torch's zip loader gets them as its ``overall_storage``: one
+``UntypedStorage`` over the buffer (``torch.frombuffer``, which keeps the
+buffer alive as long as any storage sliced from it), so every tensor is a
+view of the downloaded bytes, exactly as with a mapped file, with no file, no
+second mapping, and pages written in place without a copy (nothing else sees
+them).
 
 torch unpickles while another thread computes the CRC32C of every byte, and
 the tensors are returned only once it matches (on a mismatch they are dropped

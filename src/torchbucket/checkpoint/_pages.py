@@ -1,7 +1,7 @@
 """The pages a checkpoint download lands in: allocated untouched, prefaulted while it runs.
 
-Split from :mod:`._reader`, which fills them; :mod:`._aliased` and the buffers
-of :mod:`.buffers` allocate them too.
+:func:`._reader.download` fills them; the default load (:mod:`._aliased`) and
+the read buffers of :mod:`.buffers` (DCP's) allocate them.
 """
 
 from __future__ import annotations
