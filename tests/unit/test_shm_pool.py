@@ -175,25 +175,43 @@ def test_free_segments_beyond_the_idle_cap_are_let_go() -> None:
     del big
 
 
-def test_the_pool_tracks_at_most_its_cap_but_never_forgets_a_handle_in_flight() -> None:
+def test_the_pool_forgets_past_its_cap_only_segments_that_readers_alone_hold() -> None:
+    # Views still held in the worker (a batch being read, not yet sent) are
+    # never forgotten: each is still sent by handle, past the cap.
     pool = _shm.SegmentPool(tracked_most=4)
     held = [pool.tensor(64 * KIB) for _ in range(10)]
-    assert pool.tracked() == 4
-    # The forgotten ones stay the holders' own: none was handed out twice.
-    for i, tensor in enumerate(held):
+    assert pool.tracked() == 10
+    for tensor in held:
+        assert _shm._reduce_storage_with(pool, tensor.untyped_storage())[0] is _shm._open
+    # Once a reader has opened them and the worker let go, the oldest are forgotten
+    # past the cap; the readers keep theirs, and none was handed out twice.
+    pool = _shm.SegmentPool(tracked_most=4)
+    readers = []
+    for i in range(10):
+        tensor = pool.tensor(64 * KIB)
         tensor.fill_(i)
-    assert [int(t[-1]) for t in held] == list(range(10))
-    assert len({t.data_ptr() for t in held}) == 10
+        handle = _send(pool, tensor)
+        readers.append(_shm._open(*handle))
+        del tensor
+    assert pool.tracked() == 4
+    assert [bytes(r[_shm._HEADER : _shm._HEADER + 1]) for r in readers] == [
+        bytes([i]) for i in range(10)
+    ]
+    assert len({r.data_ptr() for r in readers}) == 10
     # A segment whose handle no reader has opened yet keeps its descriptor
     # (the handle names it), however old.
     pool = _shm.SegmentPool(tracked_most=2)
     sent = pool.tensor(64 * KIB)
     base = sent.untyped_storage().data_ptr()
     handle = _send(pool, sent)
+    del sent
     rest = [pool.tensor(64 * KIB) for _ in range(3)]
+    assert pool.tracked() == 4  # the one in flight and three held here
+    del rest
+    big = pool.tensor(1024 * KIB)  # fits none: made, and the cap applied
     assert pool.tracked() == 2
     assert base in {s.base for s in pool._segments}
-    del sent, rest
+    del big
     assert bytes(_shm._open(*handle)[: _shm._HEADER + 1])[-1:] == b"\x00"
 
 

@@ -87,8 +87,8 @@ _OPENED_AT = 8
 _STEP_LEAST = 64 << 10
 #: Free segments kept for reuse, bytes per worker; more are let go.
 IDLE_BYTES_MOST = 64 << 20
-#: Segments the pool tracks (a descriptor each); past this the oldest with no
-#: handle in flight are forgotten (their holders keep them alive).
+#: Segments the pool tracks (a descriptor each); past this the oldest that
+#: only readers hold (no handle in flight, no view in the worker) are forgotten.
 TRACKED_MOST = 256
 
 # struct flock (fcntl(2)) on Linux: l_type, l_whence, l_start, l_len, l_pid.
@@ -188,11 +188,14 @@ class SegmentPool:
         self.made = 0
         self.reused = 0
 
-    def _free(self, segment: _Segment) -> bool:
+    def _held_here(self, segment: _Segment) -> bool:
         storage = segment.tensor.untyped_storage()
-        # Two holders in this process when free: the pool's tensor and the
-        # ``storage`` object just made.
-        if self._use_count(storage._cdata) > 2 or segment.in_flight():
+        # Two holders in this process when it holds no view: the pool's tensor
+        # and the ``storage`` object just made.
+        return self._use_count(storage._cdata) > 2
+
+    def _free(self, segment: _Segment) -> bool:
+        if self._held_here(segment) or segment.in_flight():
             return False
         return not _locked_by_others(segment.fd)
 
@@ -225,8 +228,12 @@ class SegmentPool:
             kept.append(segment)
         kept.reverse()
         over = len(kept) + 1 - self._tracked_most
-        if over > 0:  # forget the oldest whose handles have all been opened
-            forget = [s for s in kept if not s.in_flight()][:over]
+        if over > 0:
+            # Forget the oldest that only readers hold: every handle opened and
+            # no view left here. One this worker still holds (a batch being
+            # read, not yet sent) keeps its descriptor open either way; forgotten,
+            # it would go torch's way when sent, and its memory not come back.
+            forget = [s for s in kept if not s.in_flight() and not self._held_here(s)][:over]
             kept = [s for s in kept if s not in forget]
         self._segments = kept
         self._by_base = {s.base: s for s in kept}
