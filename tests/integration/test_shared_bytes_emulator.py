@@ -4,7 +4,8 @@ With ``bytes`` output (the default) and no ``data_format_fn``, a DataLoader
 worker reads objects of 512 KiB and more into shared segments and hands each
 sample out as a ``bytes`` subclass that pickles as a handle. What must hold:
 the main process gets plain ``bytes`` with every object's contents, once
-each; a ``collate_fn`` in the worker sees ``bytes`` with the contents; a
+each; a ``collate_fn`` in the worker sees ``bytes`` with the contents (and
+torch's own, which reads none, an empty one: no copy in the worker); a
 ``data_format_fn`` still gets plain ``bytes`` (and turns the hand-over off);
 ``FetchConfig(shared_bytes=False)``, small objects and a process without
 workers keep the plain path.
@@ -14,11 +15,12 @@ from __future__ import annotations
 
 import pickle
 from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from torchbucket.config import RetryConfig
 from torchbucket.datasets import (
@@ -28,7 +30,7 @@ from torchbucket.datasets import (
     FetchConfig,
     _shm,
 )
-from torchbucket.datasets._handover import HandedBytes, hand_over
+from torchbucket.datasets._handover import HandedBytes, collate_passes_bytes_through, hand_over
 from torchbucket.emulator import Emulator
 from torchbucket.storage.gcs import GCSConfig
 
@@ -148,6 +150,67 @@ def test_a_segment_is_not_reused_before_its_samples_cross(emulator: Emulator, ki
     _check_all([s for batch in loader for s in batch], objects)
 
 
+class _RecordingMap(Dataset[Any]):
+    """A map-style dataset's batches as they are, each sample's type and length written down."""
+
+    def __init__(self, inner: BucketMapDataset, log: Path) -> None:
+        self.inner, self.log = inner, log
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> Any:
+        raise AssertionError("the DataLoader asks for batches (__getitems__)")
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        batch = self.inner.__getitems__(indices)
+        with self.log.open("a") as f:
+            f.writelines(f"{type(s).__name__}:{len(s)}\n" for s in batch)
+        return batch
+
+
+class _RecordingIterable(IterableDataset[Any]):
+    """An iterable dataset's samples as they are, each one's type and length written down."""
+
+    def __init__(self, inner: BucketIterableDataset, log: Path) -> None:
+        self.inner, self.log = inner, log
+
+    def __iter__(self) -> Any:
+        for sample in self.inner:
+            with self.log.open("a") as f:
+                f.write(f"{type(sample).__name__}:{len(sample)}\n")
+            yield sample
+
+
+@pytest.mark.parametrize("kind", ["map_fast", "iterable"])
+def test_with_torchs_own_collate_a_worker_copies_nothing_and_every_byte_arrives(
+    emulator: Emulator, kind: str, tmp_path: Path
+) -> None:
+    # default_collate returns a list of bytes as it is, reading none of them:
+    # in the worker each sample is an empty HandedBytes (its bytes stay in the
+    # segment), and the main process gets the object's contents.
+    bucket = f"own-collate-{kind.replace('_', '-')}"
+    objects = _seed(emulator, bucket, [(600 + 7 * i) * KIB for i in range(64)])
+    uri = f"gs://{bucket}/s/"
+    gcs = GCSConfig(endpoint=emulator.endpoint, anonymous=True, retry=RETRY)
+    log = tmp_path / "worker-samples.txt"
+    loader: DataLoader[Any]
+    if kind == "map_fast":
+        inner = BucketMapDataset.from_prefix(uri, gcs=gcs)
+        sampler = BucketBatchSampler(inner, batch_size=16, seed=5)
+        loader = DataLoader(_RecordingMap(inner, log), batch_sampler=sampler, num_workers=2)
+    else:
+        stream = BucketIterableDataset.from_prefix(uri, gcs=gcs)
+        loader = DataLoader(_RecordingIterable(stream, log), batch_size=16, num_workers=2)
+    samples = [s for batch in loader for s in batch]
+    _check_all(samples, objects)
+    assert log.read_text().splitlines() == ["HandedBytes:0"] * len(objects)
+
+
+def test_outside_a_dataloader_worker_no_collate_fn_is_assumed() -> None:
+    assert collate_passes_bytes_through() is False
+
+
 def test_small_objects_keep_the_plain_path(emulator: Emulator) -> None:
     objects = _seed(emulator, "handed-small", [200 * KIB + i for i in range(32)])
     seen, samples = _epoch(emulator, "handed-small", "iterable")
@@ -165,3 +228,10 @@ def test_a_handed_sample_pickles_back_to_plain_bytes() -> None:
         assert type(back) is bytes
         assert back == bytes(range(200))
     assert hand_over(b"as it was") == b"as it was"
+    # The empty one a worker hands torch's own collate_fn pickles its segment's bytes.
+    empty = HandedBytes()
+    empty._tensor = tensor[10:20]
+    assert pickle.loads(pickle.dumps(empty)) == bytes(range(10, 20))
+    rebuilt = pickle.loads(bytes(ForkingPickler.dumps(empty)))
+    assert type(rebuilt) is bytes
+    assert rebuilt == bytes(range(10, 20))
