@@ -9,7 +9,9 @@ Contenders (``benchmarks/dataloading.py``'s scripts):
 
 - ``map_default``: ``BucketMapDataset.from_prefix(uri)`` with a shuffling
   ``BucketBatchSampler``, every config left at the library's default (what a
-  user who follows the README gets), samples as the ``bytes`` it hands out;
+  user who follows the README gets), samples as the ``bytes`` it hands out,
+  batched by the DataLoader's own ``collate_fn`` (every other contender
+  keeps a batch as the list of its samples: the same list for ``bytes``);
 - ``iter_default``: ``BucketIterableDataset.from_prefix(uri)``, the same;
 - ``tb_best``: torchbucket's best explicit configuration for the size
   (:func:`best_spec`: the iterable dataset; compose below 256 KiB;
@@ -106,9 +108,9 @@ TAIL_KEYS = (*DEFAULTS, "aiohttp")
 
 CONTENDERS = [
     dl.Contender("map_default", "torchbucket map + BucketBatchSampler, defaults", "tb_loader.py",
-                 False, "default", {"kind": "map_fast"}),
+                 False, "default", {"kind": "map_fast", "collate": "torch"}),
     dl.Contender("iter_default", "torchbucket iterable, defaults", "tb_loader.py", False,
-                 "default", {"kind": "iterable"}),
+                 "default", {"kind": "iterable", "collate": "torch"}),
     dl.Contender("tb_best", "torchbucket, best explicit config", "tb_loader.py", False,
                  "torchbucket", {}),
     dl.Contender("df_best", "dataflux map, compose, 8 threads", "dataflux_loader.py", True,
@@ -122,10 +124,10 @@ CONTENDERS = [
 #: memory turned off (``FetchConfig(shared_bytes=False)``), for an A/B in one run.
 AB_CONTENDERS = [
     dl.Contender("map_default_pipe", "torchbucket map + BucketBatchSampler, defaults, bytes via pipe",
-                 "tb_loader.py", False, "default", {"kind": "map_fast",
+                 "tb_loader.py", False, "default", {"kind": "map_fast", "collate": "torch",
                                                     "fetch_config": {"shared_bytes": False}}),
     dl.Contender("iter_default_pipe", "torchbucket iterable, defaults, bytes via pipe",
-                 "tb_loader.py", False, "default", {"kind": "iterable",
+                 "tb_loader.py", False, "default", {"kind": "iterable", "collate": "torch",
                                                     "fetch_config": {"shared_bytes": False}}),
 ]  # fmt: skip
 STYLE = {  # figure: colour, line style

@@ -458,7 +458,9 @@ def measure_loader(
         loader = DataLoader(
             dataset,
             num_workers=spec["num_workers"],
-            collate_fn=identity_collate,
+            # spec "collate": "torch": the DataLoader's own (default_collate),
+            # what a user who passes none gets; else the batch as its list.
+            collate_fn=None if spec.get("collate") == "torch" else identity_collate,
             worker_init_fn=pids,
             **kwargs,
         )

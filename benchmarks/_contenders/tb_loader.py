@@ -11,7 +11,9 @@ Spec: ``endpoint``, ``grpc_endpoint`` (optional: a zonal bucket), ``bucket``, ``
 ``"tensor"``: samples received into shared-memory tensors and handed over by
 handle; measure_loader's identity collate keeps a batch a list of them),
 ``reuse_shm`` (bool: ``FetchConfig(reuse_shared_memory=...)``, default False),
-``fetch_config`` (more ``FetchConfig`` fields). ``compose`` null (or left out)
+``fetch_config`` (more ``FetchConfig`` fields), ``collate`` (``"torch"``:
+the DataLoader's own ``collate_fn``, as a user who passes none has it;
+otherwise measure_loader's identity). ``compose`` null (or left out)
 with no ``output`` nor ``fetch_config``: the library's own defaults for both.
 """
 

@@ -40,7 +40,12 @@ class FetchConfig:
             the bandwidth or CPU is the limit.
         prefetch_size: Bytes in the window (in flight, or arrived and not yet
             taken), per iterator; a unit larger than this is still fetched,
-            alone. Default 256 MiB.
+            alone. Default 64 MiB: at 1 MiB samples (2 workers, emulator's
+            same-region model) 256 MiB read 0.83-0.92x the samples/s of 64
+            MiB at more CPU per MiB (its working set outgrew the reused
+            shared-memory segments), with the first batch 2-3x later, and
+            under the latency tail 64, 128 and 256 MiB read the same
+            (``benchmarks/sizes.py``); 32 MiB read a third less there.
         output: What ``data_format_fn`` receives, and a sample is without one.
             ``"bytes"``: a ``bytes`` object (the default, as ``data_format_fn``
             always received). ``"tensor"``: a 1-D ``torch.uint8`` tensor that
@@ -101,7 +106,7 @@ class FetchConfig:
     """
 
     reads_in_flight: int = in_flight(128)
-    prefetch_size: int = size(256 * 1024 * 1024)
+    prefetch_size: int = size(64 * 1024 * 1024)
     output: Literal["bytes", "tensor"] = one_of("bytes", ("bytes", "tensor"))
     reuse_shared_memory: bool = switch(False)
     large_object_size: int = size(8 * 1024 * 1024)
