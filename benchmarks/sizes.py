@@ -39,9 +39,10 @@ Opt-in by ``--only`` (an A/B in one run): ``map_default_pipe`` and
 
 Latency (``--latency``): ``same-region`` (constant) and ``same-region-tail``,
 alternated repeat by repeat; under the tail only the two defaults and the bare
-loop run (the tail goal is theirs). ``--quick``: the counts below (epochs of
-one to a few seconds at the limit; fewer objects than before from 64 KiB,
-where epochs were longest), 2 runs of the defaults and the bare loop per
+loop run (the tail goal is theirs). ``--quick``: the counts below (an epoch
+of about 1-1.5 s at the limit below 256 KiB, 1.5-3 s from 256 KiB, where the
+DataLoader's start, about 0.25 s to the first batch, would otherwise weigh
+on the figure more than in any real epoch), 2 runs of the defaults and the bare loop per
 preset, 1 of the others (``tb_best``, ``aiohttp_dl``, dataflux, gcsfs); the
 full run doubles the counts and runs everything 3 times. ``--smoke``: three
 sizes, tiny counts, one run. ``--sizes`` picks sizes (``512b,1mib``...),
@@ -90,15 +91,15 @@ MIB = 1 << 20
 KIB = 1 << 10
 #: (key, bytes, objects in --quick). Log-spaced, 1 MiB included.
 SIZES = [
-    ("512b", 512, 6000),
-    ("4kib", 4 * KIB, 6000),
-    ("16kib", 16 * KIB, 4000),
-    ("64kib", 64 * KIB, 2500),
-    ("256kib", 256 * KIB, 1200),
-    ("1mib", MIB, 500),
-    ("4mib", 4 * MIB, 128),
-    ("16mib", 16 * MIB, 32),
-    ("64mib", 64 * MIB, 8),
+    ("512b", 512, 8000),
+    ("4kib", 4 * KIB, 8000),
+    ("16kib", 16 * KIB, 8000),
+    ("64kib", 64 * KIB, 5000),
+    ("256kib", 256 * KIB, 6000),
+    ("1mib", MIB, 2000),
+    ("4mib", 4 * MIB, 512),
+    ("16mib", 16 * MIB, 128),
+    ("64mib", 64 * MIB, 32),
 ]
 SMOKE = [("512b", 512, 512), ("64kib", 64 * KIB, 256), ("4mib", 4 * MIB, 16)]
 #: A batch holds at most this many bytes (and at most 64 samples).

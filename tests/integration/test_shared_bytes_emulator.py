@@ -1,7 +1,7 @@
 """Raw ``bytes`` samples handed to the main process through shared memory (``datasets._handover``).
 
 With ``bytes`` output (the default) and no ``data_format_fn``, a DataLoader
-worker reads objects of 512 KiB and more into shared segments and hands each
+worker reads objects of 32 KiB and more (on average) into shared segments and hands each
 sample out as a ``bytes`` subclass that pickles as a handle. What must hold:
 the main process gets plain ``bytes`` with every object's contents, once
 each; a ``collate_fn`` in the worker sees ``bytes`` with the contents (and
@@ -30,7 +30,12 @@ from torchbucket.datasets import (
     FetchConfig,
     _shm,
 )
-from torchbucket.datasets._handover import HandedBytes, collate_passes_bytes_through, hand_over
+from torchbucket.datasets._handover import (
+    SHARED_BYTES_FROM,
+    HandedBytes,
+    collate_passes_bytes_through,
+    hand_over,
+)
 from torchbucket.emulator import Emulator
 from torchbucket.storage.gcs import GCSConfig
 
@@ -183,14 +188,20 @@ class _RecordingIterable(IterableDataset[Any]):
 
 
 @pytest.mark.parametrize("kind", ["map_fast", "iterable"])
+@pytest.mark.parametrize("read", ["direct", "composed"])
 def test_with_torchs_own_collate_a_worker_copies_nothing_and_every_byte_arrives(
-    emulator: Emulator, kind: str, tmp_path: Path
+    emulator: Emulator, kind: str, read: str, tmp_path: Path, bucket_kind: str
 ) -> None:
     # default_collate returns a list of bytes as it is, reading none of them:
     # in the worker each sample is an empty HandedBytes (its bytes stay in the
-    # segment), and the main process gets the object's contents.
-    bucket = f"own-collate-{kind.replace('_', '-')}"
-    objects = _seed(emulator, bucket, [(600 + 7 * i) * KIB for i in range(64)])
+    # segment, or the composite's tensor), and the main process gets the
+    # object's contents.
+    bucket = f"own-collate-{kind.replace('_', '-')}-{read}"
+    # Composed: past the first objects of each worker's window, read directly.
+    kib = (
+        [600 + 7 * i for i in range(64)] if read == "direct" else [40 + i % 50 for i in range(480)]
+    )
+    objects = _seed(emulator, bucket, [k * KIB for k in kib])
     uri = f"gs://{bucket}/s/"
     gcs = GCSConfig(endpoint=emulator.endpoint, anonymous=True, retry=RETRY)
     log = tmp_path / "worker-samples.txt"
@@ -205,6 +216,9 @@ def test_with_torchs_own_collate_a_worker_copies_nothing_and_every_byte_arrives(
     samples = [s for batch in loader for s in batch]
     _check_all(samples, objects)
     assert log.read_text().splitlines() == ["HandedBytes:0"] * len(objects)
+    if read == "composed" and bucket_kind == "regional":  # a zonal bucket refuses compose
+        stats = loader.dataset.inner.last_epoch_stats  # type: ignore[attr-defined]
+        assert stats.by_op.get("compose", 0) > 0
 
 
 def test_outside_a_dataloader_worker_no_collate_fn_is_assumed() -> None:
@@ -212,7 +226,9 @@ def test_outside_a_dataloader_worker_no_collate_fn_is_assumed() -> None:
 
 
 def test_small_objects_keep_the_plain_path(emulator: Emulator) -> None:
-    objects = _seed(emulator, "handed-small", [200 * KIB + i for i in range(32)])
+    # Below SHARED_BYTES_FROM on average (compose, on by default, reads them).
+    assert 20 * KIB < SHARED_BYTES_FROM
+    objects = _seed(emulator, "handed-small", [20 * KIB + i for i in range(32)])
     seen, samples = _epoch(emulator, "handed-small", "iterable")
     assert seen == {"bytes:True"}
     _check_all(samples, objects)

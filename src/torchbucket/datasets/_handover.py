@@ -27,10 +27,14 @@ hundred bytes. What the main process gets is exactly what it got before, a
 runs in the worker, and hands over whatever it returns).
 
 Measured with ``benchmarks/sizes.py`` (an A/B in one run, the defaults
-with and without it, 2 runs each, 2-core VM at load 8-18; docs/benchmarks.md's
-sizes section): client CPU per MiB 3.70-3.80 against 4.72-4.80 at 1 MiB,
-3.55-3.57 against 4.87-5.04 at 4 MiB; 4.82-4.93 against 4.72-4.94 at
-256 KiB, hence :data:`SHARED_BYTES_FROM`. ``FetchConfig(shared_bytes=False)``
+with and without it, ``--only map_default,iter_default,map_default_pipe,iter_default_pipe``,
+2 runs each, 2-core VM; docs/benchmarks.md's sizes section), with torch's
+own ``collate_fn``, map-style / iterable samples/s: 256 KiB 2,135 / 2,192
+through shared memory against 1,623 / 1,633 through the pipe (client CPU
+2.6 against 3.4 ms per MiB); 64 KiB (composed) 7,367 / 7,516 against
+5,942 / 5,941; 16 KiB 8,757 / 9,271 against 8,742 / 8,802; 4 KiB 12,072 /
+12,450 against 12,301 / 12,677 (CPU per MiB 21.1 / 20.7 against 20.4 /
+18.7), hence :data:`SHARED_BYTES_FROM`. ``FetchConfig(shared_bytes=False)``
 turns it off.
 """
 
@@ -59,7 +63,7 @@ __all__ = [
 ]
 
 #: Mean object size from which raw ``bytes`` samples cross through shared memory.
-SHARED_BYTES_FROM = 512 << 10
+SHARED_BYTES_FROM = 32 << 10
 
 
 def _to_bytes(storage: torch.UntypedStorage, offset: int, size: int) -> bytes:

@@ -59,7 +59,7 @@ class FetchConfig:
             Pick ``"tensor"`` for raw samples of about 1 MiB and more
             (audio, video, large images, ``.npy``/``.pt`` blobs, token
             blocks): a ``bytes`` sample is copied into a new ``bytes`` in
-            the main process (through shared memory from 512 KiB, see
+            the main process (through shared memory from 32 KiB, see
             ``shared_bytes``; pickled through the worker's pipe below), and
             at 1-64 MiB ``"tensor"`` read 1.4-2.2x the samples/s at 1.5-2.3
             against 3.2-4.0 ms of client CPU per MiB (``benchmarks/sizes.py``);
@@ -95,7 +95,7 @@ class FetchConfig:
             an epoch, and set the p99 of a map-style batch. Never done in the
             main process. Default True.
         shared_bytes: With ``"bytes"`` output and no ``data_format_fn``, a
-            DataLoader worker reads objects of 512 KiB and more (on average)
+            DataLoader worker reads objects of 32 KiB and more (on average)
             into shared-memory segments it reuses and hands each raw sample
             to the main process through them, where it becomes a plain
             ``bytes`` again, instead of pickling it through the worker's
