@@ -52,7 +52,7 @@ def _plans(sizes: list[int], **kw: Any) -> dict[str, cost.StrategyPlan]:
 
 def test_plan_of_a_fixed_example_against_a_hand_computation() -> None:
     # 10,000 objects of 32 KiB, 3 epochs, 1 rank x 2 workers, 7-day soft delete.
-    # (Objects of 64 KiB and more are read directly: datasets/_units.COMPOSE_BELOW.)
+    # (Objects of COMPOSE_BELOW and more are read directly: datasets/_units.)
     plans = _plans([32 << 10] * 10_000, epochs=3, workers=2, soft_delete_seconds=7 * 86400)
     direct = plans["direct"]
     assert (direct.per_epoch.class_a, direct.per_epoch.class_b) == (0, 10_000)

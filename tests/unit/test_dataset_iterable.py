@@ -149,6 +149,21 @@ def test_window_bytes_bound_the_memory_ahead(bucket: str) -> None:
     assert SlowStore.peak >= 2 and SlowStore.peak_bytes <= 2 * largest
 
 
+def test_by_default_the_window_holds_at_most_64_mib_reading_directly() -> None:
+    # FetchConfig(prefetch_size=None): 64 MiB of 1 MiB objects read directly,
+    # though 128 requests could be in flight (96 MiB where it composes).
+    assert FetchConfig().prefetch_size is None
+    mib = 1 << 20
+    objects = ((f"big/{i:03d}", bytes([i]) * mib) for i in range(100))
+    with memory_bucket("window", objects) as name:
+        infos = runtime.run(MemoryStore(name).list_page("big/")).objects
+        catalog = Catalog([SlowStore(name)], [0] * len(infos), infos)
+        SlowStore.peak = SlowStore.peak_bytes = 0
+        ds = BucketIterableDataset(catalog, compose=ComposeConfig(enabled=False))
+        assert [s[:1] for s in ds] == [bytes([i]) for i in range(100)]
+    assert 32 * mib <= SlowStore.peak_bytes <= 64 * mib
+
+
 def test_abandoned_iterator_stops_its_producer(bucket: str) -> None:
     ds = _slow_dataset(bucket, FetchConfig(reads_in_flight=4))
     loop = runtime.get_loop()

@@ -75,6 +75,10 @@ _GROUPS_PER_PREFETCH_MOST = 4
 _GROUP_BYTES_IN_FLIGHT = 48 << 20
 _GROUP_BYTES_AHEAD = 96 << 20
 
+# The window's bytes with ``FetchConfig(prefetch_size=None)``, reading directly;
+# composing, _GROUP_BYTES_AHEAD (see FetchConfig.prefetch_size for why).
+_DIRECT_BYTES_AHEAD = 64 << 20
+
 # With tensor output in a DataLoader worker, a window's objects read one by
 # one are carved out of shared segments of about this many objects, within
 # _SLAB_BYTES_MOST: a batch then hands the main process a few handles, not
@@ -168,7 +172,10 @@ class PrefetchWindow:
             self._slab = SharedSlab(
                 int(min(_SLAB_BYTES_MOST, max(64 << 10, _SLAB_OBJECTS * per_object)))
             )
-        self._limit_bytes = fetch.prefetch_size
+        default_bytes = _GROUP_BYTES_AHEAD if self._groups else _DIRECT_BYTES_AHEAD
+        self._limit_bytes: int = (
+            default_bytes if fetch.prefetch_size is None else fetch.prefetch_size
+        )
         self._chunk = max(1, min(_HANDOVER_CHUNK, fetch.reads_in_flight // 4))
         self._cond = threading.Condition(threading.Lock())
         self._results: dict[int, Item] = {}

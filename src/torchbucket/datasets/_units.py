@@ -46,8 +46,14 @@ _DIRECT_START = 64
 # 25% less client CPU per MiB; 256 KiB no difference beyond the noise. An
 # earlier A/B at load 7-12 had compose losing from 64 KiB: there the
 # composites' paths straggled on the starved CPU and 40-50% of the objects
-# were also read around them (ComposeConfig.read_around_after).
-COMPOSE_BELOW = 256 << 10
+# were also read around them (ComposeConfig.read_around_after). Since the
+# raw-bytes hand-over copies nothing in the worker, compose also pays at 256
+# KiB (sizes.py --sizes 256kib,1mib, defaults, same-region, medians of 2):
+# map / iterable 2,789 / 2,829 samples/s composed against 2,227 / 2,267
+# direct, at 1.6 against 2.5 ms of client CPU per MiB, and under the latency
+# tail 2,200 / 2,056 against 1,617 / 1,668; at 1 MiB it loses (760 / 689
+# composed, about 950 direct). The cut lies between the two sizes measured.
+COMPOSE_BELOW = 512 << 10
 
 
 def plan_sizes(sizes: list[int], compose: ComposeConfig) -> list[range]:

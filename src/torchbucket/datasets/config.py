@@ -40,12 +40,17 @@ class FetchConfig:
             the bandwidth or CPU is the limit.
         prefetch_size: Bytes in the window (in flight, or arrived and not yet
             taken), per iterator; a unit larger than this is still fetched,
-            alone. Default 64 MiB: at 1 MiB samples (2 workers, emulator's
-            same-region model) 256 MiB read 0.83-0.92x the samples/s of 64
-            MiB at more CPU per MiB (its working set outgrew the reused
-            shared-memory segments), with the first batch 2-3x later, and
-            under the latency tail 64, 128 and 256 MiB read the same
-            (``benchmarks/sizes.py``); 32 MiB read a third less there.
+            alone. Default ``None``: by the read path, 64 MiB reading
+            objects directly and 96 MiB composing (a composite's compose
+            and GET take about four times one GET's latency, so the same
+            time ahead holds more bytes). Measured with ``benchmarks/sizes.py``
+            (2 workers, the emulator's same-region model): at 1 MiB samples
+            (direct) 128 MiB read 0.92-0.93x the samples/s of 64 MiB and 256
+            MiB 0.83-0.92x, with the first batch up to 2x later, and under
+            the latency tail 64, 128 and 256 MiB read the same, 32 MiB a
+            third less; at 256 KiB (composed) under the tail 64 MiB read
+            0.83-0.85x the samples/s of a deeper window, at 64 KiB 0.88-0.92x
+            without it.
         output: What ``data_format_fn`` receives, and a sample is without one.
             ``"bytes"``: a ``bytes`` object (the default, as ``data_format_fn``
             always received). ``"tensor"``: a 1-D ``torch.uint8`` tensor that
@@ -106,7 +111,7 @@ class FetchConfig:
     """
 
     reads_in_flight: int = in_flight(128)
-    prefetch_size: int = size(64 * 1024 * 1024)
+    prefetch_size: int | None = size(None, optional=True)
     output: Literal["bytes", "tensor"] = one_of("bytes", ("bytes", "tensor"))
     reuse_shared_memory: bool = switch(False)
     large_object_size: int = size(8 * 1024 * 1024)
