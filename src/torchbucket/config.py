@@ -104,9 +104,10 @@ class HedgeConfig:
     (and at least ``floor`` seconds) is sent once more; the first answer wins,
     the other request is cancelled, and the bytes are verified as any read's.
     The second requests are bounded: each read earns ``budget`` of a hedge,
-    at most ``burst`` are saved up, so over any stretch of reads at most
-    ``budget`` of them (plus ``burst``) are hedged; a read whose wait ends
-    with the budget spent asks again after each further wait. Each is a GET,
+    at most ``burst`` are saved up (a new process starts with them), so over
+    any stretch of reads at most ``budget`` of them (plus ``burst``) are
+    hedged; a read whose wait ends with the budget spent asks again after
+    each further wait. Each is a GET,
     billed as class B, counted in :mod:`torchbucket.accounting`
     (``hedges``). See docs/reliability.md for how hedges and retries
     interact.
@@ -122,9 +123,10 @@ class HedgeConfig:
         min_samples: Reads of a size class seen before its quantile sets the
             wait. Default 32.
         initial_wait: The wait until then for reads under 1 MiB (or whole
-            objects), seconds: long enough not to hedge a read that is merely
-            slow, short enough to rescue one that stalls; longer ranges are
-            not hedged until their class is known. Default 0.2.
+            objects of unknown length), seconds: long enough not to hedge a
+            read that is merely slow, short enough to rescue one that stalls;
+            longer reads wait this plus a second per 25 MB of their length
+            (0.24 s for 1 MiB, 0.54 s for an 8 MiB range). Default 0.2.
         window: Recent reads remembered per size class. Default 512.
         max_read_size: Reads (ranges, objects) longer than this are never
             hedged (a hedge holds a second buffer of the read's size).
