@@ -14,7 +14,7 @@ Contenders (``benchmarks/dataloading.py``'s scripts):
   keeps a batch as the list of its samples: the same list for ``bytes``);
 - ``iter_default``: ``BucketIterableDataset.from_prefix(uri)``, the same;
 - ``tb_best``: torchbucket's best explicit configuration for the size
-  (:func:`best_spec`: the iterable dataset; compose below 256 KiB;
+  (:func:`best_spec`: the iterable dataset; compose where the library does;
   ``FetchConfig(output="tensor", reuse_shared_memory=True)`` from 64 KiB);
 - ``df_best``: ``gcs-torch-dataflux`` 1.4.0 map-style, compose on, 8
   threads per worker (its best in dataloading.py's runs), in ``.venv-bench``;
@@ -147,11 +147,14 @@ STYLE = {  # figure: colour, line style
 def best_spec(size: int) -> dict[str, Any]:
     """torchbucket's best explicit configuration at ``size`` (dataloading.py's best contenders).
 
-    The iterable dataset; compose below 256 KiB (groups of up to 31 objects
-    within the 4 MiB cap); tensor output in reused shared memory from 64 KiB
-    (below, ``bytes`` cost less CPU than a view of a segment each).
+    The iterable dataset; compose where the library composes by default
+    (``datasets._units.COMPOSE_BELOW``: groups of up to 31 objects within the
+    4 MiB cap); tensor output in reused shared memory from 64 KiB (below,
+    ``bytes`` cost less CPU than a view of a segment each).
     """
-    spec: dict[str, Any] = {"kind": "iterable", "compose": size < 256 * KIB}
+    from torchbucket.datasets._units import COMPOSE_BELOW  # the library's own cut
+
+    spec: dict[str, Any] = {"kind": "iterable", "compose": size < COMPOSE_BELOW}
     if size >= 64 * KIB:
         spec.update(output="tensor", reuse_shm=True)
     return spec

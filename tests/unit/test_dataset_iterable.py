@@ -164,6 +164,20 @@ def test_by_default_the_window_holds_at_most_64_mib_reading_directly() -> None:
     assert 32 * mib <= SlowStore.peak_bytes <= 64 * mib
 
 
+def test_by_default_the_window_holds_128_mib_of_objects_read_with_ranges() -> None:
+    mib = 1 << 20
+    objects = ((f"big/{i:03d}", bytes([i]) * (2 * mib)) for i in range(90))
+    with memory_bucket("ranged", objects) as name:
+        infos = runtime.run(MemoryStore(name).list_page("big/")).objects
+        catalog = Catalog([SlowStore(name)], [0] * len(infos), infos)
+        SlowStore.peak = SlowStore.peak_bytes = 0
+        fetch = FetchConfig(large_object_size=2 * mib, range_size=mib)
+        ds = BucketIterableDataset(catalog, fetch=fetch, compose=ComposeConfig(enabled=False))
+        assert [s[:1] for s in ds] == [bytes([i]) for i in range(90)]
+    # SlowStore counts each range as its object's size: at most 128 MiB of objects.
+    assert 2 * 64 * mib < SlowStore.peak_bytes <= 2 * 128 * mib
+
+
 def test_abandoned_iterator_stops_its_producer(bucket: str) -> None:
     ds = _slow_dataset(bucket, FetchConfig(reads_in_flight=4))
     loop = runtime.get_loop()

@@ -70,7 +70,8 @@ class BucketMapDataset(Dataset[Any]):
     handed over), as :class:`BucketIterableDataset` does. Memory: per worker
     (or in the main process without workers), what :class:`FetchConfig`
     bounds, ahead of what was handed over, in flight or arrived: at most
-    ``fetch.prefetch_size`` (64 MiB reading directly, 96 MiB composing), and ``4 x fetch.reads_in_flight`` objects
+    ``fetch.prefetch_size`` (64 MiB reading directly, 128 MiB with ranged
+    reads, 96 MiB composing), and ``4 x fetch.reads_in_flight`` objects
     reading directly (512: 51 MiB of 100 KiB objects) or, composing, up to
     four times the objects of the groups in flight within 96 MiB (1,024: 100
     MiB of 100 KiB objects; 4,096: 40 MiB of 10 KiB objects); plus a
@@ -103,7 +104,7 @@ class BucketMapDataset(Dataset[Any]):
         fetch: Bounds of the read-ahead with a ``BucketBatchSampler``, the
             output (``bytes`` or a tensor handed over without a copy) and
             parallel ranged reads of large objects; default ``FetchConfig()``
-            (128 requests in flight, 64 or 96 MiB, bytes, ranges from 8 MiB).
+            (128 requests in flight, 64-128 MiB by read path, bytes, ranges from 8 MiB).
     """
 
     def __init__(

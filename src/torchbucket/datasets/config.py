@@ -41,16 +41,18 @@ class FetchConfig:
         prefetch_size: Bytes in the window (in flight, or arrived and not yet
             taken), per iterator; a unit larger than this is still fetched,
             alone. Default ``None``: by the read path, 64 MiB reading
-            objects directly and 96 MiB composing (a composite's compose
-            and GET take about four times one GET's latency, so the same
-            time ahead holds more bytes). Measured with ``benchmarks/sizes.py``
-            (2 workers, the emulator's same-region model): at 1 MiB samples
-            (direct) 128 MiB read 0.92-0.93x the samples/s of 64 MiB and 256
-            MiB 0.83-0.92x, with the first batch up to 2x later, and under
-            the latency tail 64, 128 and 256 MiB read the same, 32 MiB a
-            third less; at 256 KiB (composed) under the tail 64 MiB read
-            0.83-0.85x the samples/s of a deeper window, at 64 KiB 0.88-0.92x
-            without it.
+            objects directly, 128 MiB where they are read with ranged GETs
+            (``large_object_size`` and more on average: 64 MiB holds only
+            1-4 of them), and 96 MiB composing (a composite's compose and GET
+            take about four times one GET's latency, so the same time ahead
+            holds more bytes). Measured with ``benchmarks/sizes.py`` (2
+            workers, the emulator's same-region model): at 1 MiB samples
+            128 MiB read 0.92-0.93x the samples/s of 64 MiB and 256 MiB
+            0.83-0.92x, with the first batch up to 2x later, and under the
+            latency tail 64, 128 and 256 MiB read the same, 32 MiB a third
+            less; at 16 and 64 MiB under the tail 128 MiB read 1.15-1.18x
+            64 MiB; at 256 KiB (composed) under the tail 64 MiB read
+            0.83-0.85x a deeper window, at 64 KiB 0.88-0.92x without it.
         output: What ``data_format_fn`` receives, and a sample is without one.
             ``"bytes"``: a ``bytes`` object (the default, as ``data_format_fn``
             always received). ``"tensor"``: a 1-D ``torch.uint8`` tensor that
