@@ -452,7 +452,14 @@ def measure_loader(
     if "batch_sampler" in kwargs:
         del kwargs["batch_size"]
     pids = WorkerPids(spec.get("pid_file"))
-    batch_times = BatchTimes(f"{spec['pid_file']}.batches" if spec.get("pid_file") else None)
+    # spec "collate": "torch" is a user's plain DataLoader: nothing between
+    # torch's fetcher and the dataset, so no __getitems__ timer either (a
+    # dataset wrapped by anything keeps its raw samples' bytes in the worker:
+    # datasets/_handover.py).
+    plain = spec.get("collate") == "torch"
+    batch_times = BatchTimes(
+        f"{spec['pid_file']}.batches" if spec.get("pid_file") and not plain else None
+    )
     batch_times.wrap(dataset)
     with Phase(spec["endpoint"]) as phase:
         loader = DataLoader(
@@ -460,7 +467,7 @@ def measure_loader(
             num_workers=spec["num_workers"],
             # spec "collate": "torch": the DataLoader's own (default_collate),
             # what a user who passes none gets; else the batch as its list.
-            collate_fn=None if spec.get("collate") == "torch" else identity_collate,
+            collate_fn=None if plain else identity_collate,
             worker_init_fn=pids,
             **kwargs,
         )

@@ -33,7 +33,7 @@ from torchbucket.datasets import (
 from torchbucket.datasets._handover import (
     SHARED_BYTES_FROM,
     HandedBytes,
-    collate_passes_bytes_through,
+    goes_straight_to_torchs_collate,
     hand_over,
 )
 from torchbucket.emulator import Emulator
@@ -155,36 +155,60 @@ def test_a_segment_is_not_reused_before_its_samples_cross(emulator: Emulator, ki
     _check_all([s for batch in loader for s in batch], objects)
 
 
-class _RecordingMap(Dataset[Any]):
-    """A map-style dataset's batches as they are, each sample's type and length written down."""
+class _Recorder:
+    """worker_init_fn: the length of each HandedBytes the worker makes, to a file.
 
-    def __init__(self, inner: BucketMapDataset, log: Path) -> None:
-        self.inner, self.log = inner, log
+    It wraps the class's ``__new__`` (in that worker only), which adds no
+    frame between torch's fetcher and the dataset.
+    """
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+
+    def __call__(self, worker_id: int) -> None:
+        log = self.log
+
+        def recording_new(cls: type[HandedBytes], *args: Any) -> HandedBytes:
+            made = bytes.__new__(cls, *args)
+            with log.open("a") as f:
+                f.write(f"{cls.__name__}:{len(made)}\n")
+            return made
+
+        HandedBytes.__new__ = recording_new  # type: ignore[assignment,method-assign]
+
+
+class _Reading(Dataset[Any]):
+    """A user's dataset around a map-style one: each sample's length and first bytes."""
+
+    def __init__(self, inner: BucketMapDataset) -> None:
+        self.inner = inner
 
     def __len__(self) -> int:
         return len(self.inner)
 
-    def __getitem__(self, index: int) -> Any:
-        raise AssertionError("the DataLoader asks for batches (__getitems__)")
-
-    def __getitems__(self, indices: list[int]) -> list[Any]:
-        batch = self.inner.__getitems__(indices)
-        with self.log.open("a") as f:
-            f.writelines(f"{type(s).__name__}:{len(s)}\n" for s in batch)
-        return batch
+    def __getitem__(self, index: int) -> tuple[int, bytes]:
+        sample = self.inner[index]
+        return len(sample), bytes(sample[:12])
 
 
-class _RecordingIterable(IterableDataset[Any]):
-    """An iterable dataset's samples as they are, each one's type and length written down."""
+class _ReadingIterable(IterableDataset[Any]):
+    """A user's dataset around an iterable one: each sample's length and first bytes."""
 
-    def __init__(self, inner: BucketIterableDataset, log: Path) -> None:
-        self.inner, self.log = inner, log
+    def __init__(self, inner: BucketIterableDataset) -> None:
+        self.inner = inner
 
     def __iter__(self) -> Any:
         for sample in self.inner:
-            with self.log.open("a") as f:
-                f.write(f"{type(sample).__name__}:{len(sample)}\n")
-            yield sample
+            yield len(sample), bytes(sample[:12])
+
+
+def _loader(uri: str, gcs: GCSConfig, kind: str, **kwargs: Any) -> DataLoader[Any]:
+    if kind == "map_fast":
+        ds = BucketMapDataset.from_prefix(uri, gcs=gcs)
+        sampler = BucketBatchSampler(ds, batch_size=16, seed=5)
+        return DataLoader(ds, batch_sampler=sampler, num_workers=2, **kwargs)
+    stream = BucketIterableDataset.from_prefix(uri, gcs=gcs)
+    return DataLoader(stream, batch_size=16, num_workers=2, **kwargs)
 
 
 @pytest.mark.parametrize("kind", ["map_fast", "iterable"])
@@ -202,27 +226,39 @@ def test_with_torchs_own_collate_a_worker_copies_nothing_and_every_byte_arrives(
         [600 + 7 * i for i in range(64)] if read == "direct" else [40 + i % 50 for i in range(480)]
     )
     objects = _seed(emulator, bucket, [k * KIB for k in kib])
-    uri = f"gs://{bucket}/s/"
     gcs = GCSConfig(endpoint=emulator.endpoint, anonymous=True, retry=RETRY)
     log = tmp_path / "worker-samples.txt"
-    loader: DataLoader[Any]
-    if kind == "map_fast":
-        inner = BucketMapDataset.from_prefix(uri, gcs=gcs)
-        sampler = BucketBatchSampler(inner, batch_size=16, seed=5)
-        loader = DataLoader(_RecordingMap(inner, log), batch_sampler=sampler, num_workers=2)
-    else:
-        stream = BucketIterableDataset.from_prefix(uri, gcs=gcs)
-        loader = DataLoader(_RecordingIterable(stream, log), batch_size=16, num_workers=2)
+    loader = _loader(f"gs://{bucket}/s/", gcs, kind, worker_init_fn=_Recorder(log))
     samples = [s for batch in loader for s in batch]
     _check_all(samples, objects)
     assert log.read_text().splitlines() == ["HandedBytes:0"] * len(objects)
     if read == "composed" and bucket_kind == "regional":  # a zonal bucket refuses compose
-        stats = loader.dataset.inner.last_epoch_stats  # type: ignore[attr-defined]
+        stats = loader.dataset.last_epoch_stats  # type: ignore[attr-defined]
         assert stats.by_op.get("compose", 0) > 0
 
 
-def test_outside_a_dataloader_worker_no_collate_fn_is_assumed() -> None:
-    assert collate_passes_bytes_through() is False
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+def test_a_users_dataset_around_ours_reads_every_byte_with_torchs_collate(
+    emulator: Emulator, kind: str
+) -> None:
+    # torch's own collate_fn, but the user's dataset reads each sample first:
+    # it must get the contents, not an empty HandedBytes.
+    bucket = f"wrapped-{kind}"
+    objects = _seed(emulator, bucket, [(600 + 7 * i) * KIB for i in range(24)])
+    uri = f"gs://{bucket}/s/"
+    gcs = GCSConfig(endpoint=emulator.endpoint, anonymous=True, retry=RETRY)
+    wrapped: Any
+    if kind == "map":
+        wrapped = _Reading(BucketMapDataset.from_prefix(uri, gcs=gcs))
+    else:
+        wrapped = _ReadingIterable(BucketIterableDataset.from_prefix(uri, gcs=gcs))
+    loader = DataLoader(wrapped, batch_size=8, num_workers=2, collate_fn=list)
+    got = sorted(pair for batch in loader for pair in batch)
+    assert got == sorted((len(b), b[:12]) for b in objects.values())
+
+
+def test_outside_a_dataloader_nothing_goes_straight_to_torchs_collate() -> None:
+    assert goes_straight_to_torchs_collate() is False
 
 
 def test_small_objects_keep_the_plain_path(emulator: Emulator) -> None:

@@ -16,9 +16,10 @@ Where nothing in the worker needs the sample as anything but the raw bytes
 into shared segments it reuses (``_shm``), and hands each sample out as a
 :class:`HandedBytes`, a ``bytes`` (a subclass, so a ``collate_fn`` in the
 worker sees ``bytes`` with the object's contents) that pickles as a handle
-to the segment. Where that ``collate_fn`` is torch's own, which returns the
-samples as they are, the :class:`HandedBytes` is empty: its bytes stay in
-the segment, and the worker copies nothing (that copy into fresh pages
+to the segment. Where the dataset's samples go straight to torch's own
+``collate_fn`` (called by torch's fetcher, with nothing of the user's in
+between), which returns them as they are, the :class:`HandedBytes` is
+empty: its bytes stay in the segment, and the worker copies nothing (that copy into fresh pages
 cost about as much as receiving the object: both workers' CPU 0.86-1.18
 against 1.41-1.69 ms per MiB at 1 MiB on this project's VM). Unpickling
 it in the main process makes a plain ``bytes`` from the segment: one copy, and the batch's message on the pipe is a few
@@ -57,7 +58,7 @@ __all__ = [
     "SHARED_BYTES_FROM",
     "HandedBytes",
     "Reading",
-    "collate_passes_bytes_through",
+    "goes_straight_to_torchs_collate",
     "hand_over",
     "reading_config",
 ]
@@ -77,10 +78,10 @@ class HandedBytes(bytes):
     The worker's pickler (``ForkingPickler``) sends the segment's storage
     (by handle: the segment pool's, or torch's) with the piece's offset and
     length, and the storage once per batch however many pieces of it the
-    batch holds; any other pickler sends the bytes. Where the worker's
-    ``collate_fn`` is torch's own (:func:`collate_passes_bytes_through`), it
-    is empty in the worker: nothing there reads it, and its contents are the
-    segment's.
+    batch holds; any other pickler sends the bytes. Where it goes straight
+    to torch's own ``collate_fn`` (:func:`goes_straight_to_torchs_collate`),
+    it is empty in the worker: nothing there reads it, and its contents are
+    the segment's.
     """
 
     _tensor: torch.Tensor
@@ -102,35 +103,35 @@ ForkingPickler.register(HandedBytes, _reduce_handed)
 #: torch's collate functions that return ``bytes`` samples as they are, the
 #: batch a list of them (``default_collate``; ``default_convert`` without batching).
 _PASSING_THROUGH = (default_collate, default_convert)
-_collate_decided: tuple[int, bool] = (0, False)  # (pid, passes through)
-_WORKER_MODULE = "torch.utils.data._utils.worker"
+#: The module of torch's dataset fetchers (``_MapDatasetFetcher``,
+#: ``_IterableDatasetFetcher``), whose ``fetch`` calls the dataset and then
+#: its ``collate_fn`` on what it returned.
+_FETCH_MODULE = "torch.utils.data._utils.fetch"
 
 
-def _worker_collate_fn() -> Any:
-    """The ``collate_fn`` torch's ``_worker_loop`` runs in this process, or ``None`` if not found."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "_worker_loop" and frame.f_globals.get("__name__") == _WORKER_MODULE:
-            return frame.f_locals.get("collate_fn")
-        frame = frame.f_back  # type: ignore[assignment]
-    return None
+def goes_straight_to_torchs_collate() -> bool:
+    """Whether the sample being made goes from this dataset straight to torch's own ``collate_fn``.
 
-
-def collate_passes_bytes_through() -> bool:
-    """Whether this DataLoader worker's ``collate_fn`` is torch's own, which never reads a sample.
-
-    Read once per process from the frame of torch's ``_worker_loop`` (called
-    from inside it: a ``__getitems__`` or an iterator's ``__next__``); where
-    that frame or its ``collate_fn`` is not found (another torch, a sampler
-    that calls the dataset elsewhere), ``False``, and samples keep their bytes.
+    So when nothing in the worker will read it. Called inside the dataset
+    (its ``__getitems__``, ``__getitem__`` or iterator's ``__next__``): true
+    where the first caller outside torchbucket is torch's fetcher and its
+    ``collate_fn`` is ``default_collate`` or ``default_convert``. Anything
+    between the two (a dataset of the user's around this one, a
+    ``Subset``, a wrapper that times the calls) or a ``collate_fn`` of the
+    user's: false, and the sample keeps its bytes. So is any torch whose
+    fetcher is not where this looks.
     """
-    global _collate_decided
-    pid = os.getpid()
-    if _collate_decided[0] != pid:
-        collate_fn = _worker_collate_fn()
-        _collate_decided = (pid, any(collate_fn is f for f in _PASSING_THROUGH))
-    return _collate_decided[1]
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("torchbucket."):
+        frame = frame.f_back  # type: ignore[assignment]
+    if (
+        frame is None
+        or frame.f_code.co_name != "fetch"
+        or frame.f_globals.get("__name__") != _FETCH_MODULE
+    ):
+        return False
+    collate_fn = getattr(frame.f_locals.get("self"), "collate_fn", None)
+    return any(collate_fn is f for f in _PASSING_THROUGH)
 
 
 def hand_over(sample: Any) -> Any:
@@ -141,7 +142,8 @@ def hand_over(sample: Any) -> Any:
     """
     if not isinstance(sample, torch.Tensor):
         return sample
-    handed = HandedBytes() if collate_passes_bytes_through() else HandedBytes(sample.numpy().data)
+    empty = goes_straight_to_torchs_collate()
+    handed = HandedBytes() if empty else HandedBytes(sample.numpy().data)
     # The tensor, not its storage's Python object: that object is one per
     # storage, shared with the segment pool's own, so only a tensor counts in
     # the storage's use count, which tells the pool the segment is still held
