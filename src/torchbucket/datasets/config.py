@@ -68,10 +68,10 @@ class FetchConfig:
             blocks): a ``bytes`` sample is copied into a new ``bytes`` in
             the main process (through shared memory from 32 KiB, see
             ``shared_bytes``; pickled through the worker's pipe below), and
-            at 1-64 MiB ``"tensor"`` read 1.4-2.2x the samples/s at 1.5-2.3
-            against 3.2-4.0 ms of client CPU per MiB (``benchmarks/sizes.py``);
-            below 1 MiB the two were within the noise, and at ~10 KiB
-            ``"bytes"`` is faster.
+            at 1-64 MiB ``"tensor"`` (with ``reuse_shared_memory``) read
+            1.2-1.6x the samples/s at 0.8-1.1 against 1.2-1.5 ms of client
+            CPU per MiB (``benchmarks/sizes.py``); at 256 KiB 1.07x, and at
+            ~10 KiB ``"bytes"`` is faster.
             A ``data_format_fn`` that decodes already hands over only what
             it returns. See the guide's "Which settings matter at which size".
         reuse_shared_memory: With ``output="tensor"``, a DataLoader worker
