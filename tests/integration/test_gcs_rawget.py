@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from torchbucket import runtime
-from torchbucket.config import RetryConfig
+from torchbucket.config import HedgeConfig, RetryConfig
 from torchbucket.errors import DeadlineExceededError, IntegrityError, NotFoundError
 from torchbucket.storage.gcs import GCSConfig, GCSStore
 from torchbucket.storage.gcs import _rawget as _gcs_rawget
@@ -91,8 +91,13 @@ def test_a_404_on_a_large_read_is_not_found(emulator: Any, gcs_bucket_factory: A
 def test_a_silent_server_is_cut_short_by_the_read_timeout(
     emulator: Any, gcs_bucket_factory: Any
 ) -> None:
+    # No hedge: a new process's hedger would send a second GET after 0.28 s
+    # (0.2 s plus 2 MiB at 25 MB/s) and rescue the read; the timeout is the point.
     store = gcs_bucket_factory(
-        emulator, prefix="raw", retry=RetryConfig(max_attempts=1, read_timeout=0.3)
+        emulator,
+        prefix="raw",
+        retry=RetryConfig(max_attempts=1, read_timeout=0.3),
+        hedge=HedgeConfig(enabled=False),
     )
     runtime.run(store.put("big", DATA))
     emulator.add_fault("get", "stall", stall_seconds=5.0)

@@ -19,7 +19,7 @@ from aiohttp import web
 from http_helper import local_server
 
 from torchbucket import runtime
-from torchbucket.config import RetryConfig
+from torchbucket.config import HedgeConfig, RetryConfig
 from torchbucket.errors import (
     DeadlineExceededError,
     IntegrityError,
@@ -88,7 +88,10 @@ def server() -> Iterator[tuple[Scripted, GCSStore]]:
         initial_backoff=0.0, max_backoff=0.01, deadline=10.0, max_attempts=4, read_timeout=0.3
     )
     with local_server(scripted.handle) as endpoint:
-        store = GCSStore("bkt", config=GCSConfig(endpoint=endpoint, retry=retry))
+        # No hedges: each test scripts every request the server answers, and a
+        # new hedger may send a second GET for a read still running after 0.2 s.
+        config = GCSConfig(endpoint=endpoint, retry=retry, hedge=HedgeConfig(enabled=False))
+        store = GCSStore("bkt", config=config)
         yield scripted, store
         runtime.run(store.close())
 
