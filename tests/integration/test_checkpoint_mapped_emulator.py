@@ -51,6 +51,16 @@ def state(seed: int) -> dict[str, Any]:
     return {"w": torch.randn(256, 256, generator=torch.Generator().manual_seed(seed))}
 
 
+def saved(
+    checkpoint: BucketCheckpoint, bucket: str, kind: str, sd: dict[str, Any]
+) -> tuple[str, str]:
+    """Save ``sd`` under a fresh name starting with ``kind``; return (name, uri)."""
+    name = f"{kind}-{uuid.uuid4().hex[:8]}.pt"
+    uri = f"gs://{bucket}/{name}"
+    checkpoint.save(sd, uri)
+    return name, uri
+
+
 def load_through(way: str, checkpoint: BucketCheckpoint, uri: str) -> Any:
     """A load by one of the APIs that end in ``BucketCheckpoint.load``."""
     if way == "aliased":  # weights_only=True: torch's loader over the download
@@ -73,9 +83,7 @@ def test_a_checkpoint_corrupt_in_the_bucket_fails_the_load_naming_it(
     emulator: Emulator, store: Any, way: str
 ) -> None:
     checkpoint = BucketCheckpoint(config=CONFIG, gcs=store.config)
-    name = f"rot-{uuid.uuid4().hex[:8]}.pt"
-    uri = f"gs://{store.bucket}/{name}"
-    checkpoint.save(state(1), uri)
+    name, uri = saved(checkpoint, store.bucket, "rot", state(1))
     ranges = -(-runtime.run(store.head(name)).size // PART)
     emulator.add_fault("get", "corrupt", nth=1, count=None, match=name)
     gets_before = emulator.stats()["by_op"].get("get", 0)
@@ -98,15 +106,13 @@ def test_a_pickle_damaged_on_the_way_is_read_again_and_loads(
     # the CRC32C pass; what torch says of the damaged bytes is dropped with
     # them, the bytes read again, and the load returns the checkpoint.
     checkpoint = BucketCheckpoint(config=CONFIG, gcs=store.config)
-    name = f"flip-{uuid.uuid4().hex[:8]}.pt"
-    uri = f"gs://{store.bucket}/{name}"
-    saved = {**state(4), "meta": "x" * 100_000}
-    checkpoint.save(saved, uri)
+    original = {**state(4), "meta": "x" * 100_000}
+    name, uri = saved(checkpoint, store.bucket, "flip", original)
     emulator.add_fault("get", "corrupt", nth=1, count=1, match=name)
     loaded = load_through(way, checkpoint, uri)
     assert [rule["fired"] for rule in emulator.faults()] == [1]
-    assert loaded["meta"] == saved["meta"]
-    assert torch.equal(loaded["w"], saved["w"])
+    assert loaded["meta"] == original["meta"]
+    assert torch.equal(loaded["w"], original["w"])
 
 
 @pytest.mark.parametrize("way", ["aliased", "mapped"])
@@ -121,9 +127,7 @@ def test_a_checkpoint_rewritten_during_the_load_fails_it(
         retry=dataclasses.replace(store.config.retry, read_timeout=30.0, attempt_timeout=30.0),
     )
     checkpoint = BucketCheckpoint(config=CONFIG, gcs=gcs)
-    name = f"moving-{uuid.uuid4().hex[:8]}.pt"
-    uri = f"gs://{store.bucket}/{name}"
-    checkpoint.save(state(1), uri)
+    name, uri = saved(checkpoint, store.bucket, "moving", state(1))
     # The second range is held (then its connection reset, or its stream
     # broken); while it is held another writer saves a new checkpoint there,
     # and the range read again finds its generation gone (on a zonal bucket,
