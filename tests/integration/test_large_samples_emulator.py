@@ -161,8 +161,15 @@ def test_tensor_output_of_composed_objects_is_views_of_one_composite(
 
 
 @pytest.mark.parametrize("kind", ["map", "map_fast", "iterable"])
+@pytest.mark.parametrize(
+    ("size", "count", "per_batch", "segments_most"),
+    # Up to 2 MiB objects are carved: the window's segments are 4 MiB, so 3 of
+    # 1 MiB + a few bytes share one and a batch of 8 crosses in at most 4.
+    [(8 * KIB, 48, 16, 2), (MIB, 16, 8, 4)],
+    ids=["8kib", "1mib"],
+)
 def test_tensor_output_of_objects_read_one_by_one_shares_a_few_segments(
-    emulator: Emulator, kind: str
+    emulator: Emulator, kind: str, size: int, count: int, per_batch: int, segments_most: int
 ) -> None:
     # Compose off: every object is its own GET. Each one used to get its own
     # shared-memory segment, so a batch of 16 crossed from the worker as 16
@@ -170,12 +177,12 @@ def test_tensor_output_of_objects_read_one_by_one_shares_a_few_segments(
     # now carved in order out of a few segments, at 64-byte aligned offsets.
     name = f"tslab-{uuid.uuid4().hex[:12]}"
     emulator.create_bucket(name)
-    objects = {f"s/{i:04d}": payload(i, 8 * KIB + 3 * i) for i in range(48)}
+    objects = {f"s/{i:04d}": payload(i, size + 3 * i) for i in range(count)}
     emulator.seed(name, objects)
     uri = f"gs://{name}/s/"
     fetch = FetchConfig(output="tensor")
     compose = ComposeConfig(enabled=False)
-    loader_kwargs: dict[str, Any] = {"batch_size": 16}
+    loader_kwargs: dict[str, Any] = {"batch_size": per_batch}
     ds: Any
     if kind == "iterable":
         ds = BucketIterableDataset.from_prefix(
@@ -186,7 +193,7 @@ def test_tensor_output_of_objects_read_one_by_one_shares_a_few_segments(
             uri, gcs=_gcs(emulator), data_format_fn=shared_or_fail, fetch=fetch, compose=compose
         )
         if kind == "map_fast":
-            loader_kwargs = {"batch_sampler": BucketBatchSampler(ds, batch_size=16, seed=1)}
+            loader_kwargs = {"batch_sampler": BucketBatchSampler(ds, batch_size=per_batch, seed=1)}
     loader = DataLoader(ds, num_workers=2, collate_fn=collate_list, **loader_kwargs)
     seen: dict[str, bytes] = {}
     for batch in loader:
@@ -195,9 +202,9 @@ def test_tensor_output_of_objects_read_one_by_one_shares_a_few_segments(
             assert sample.storage_offset() % 64 == 0
             key = next(k for k, v in objects.items() if len(v) == sample.numel())
             seen[key] = bytes(sample.numpy())
-        # One segment for a batch read at once; a window's segment of 64
-        # objects may end inside a batch.
-        assert len({s.untyped_storage().data_ptr() for s in batch}) <= 2
+        # One segment for a batch read at once; a window's segment (64
+        # objects, at most 4 MiB) may end inside a batch.
+        assert len({s.untyped_storage().data_ptr() for s in batch}) <= segments_most
     assert seen == objects
     assert ds.last_epoch_stats.by_op.get("compose", 0) == 0
 

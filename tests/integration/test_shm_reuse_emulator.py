@@ -286,7 +286,7 @@ iterator = iter(loader)
 first = next(iterator)  # this process maps the first batch's segments
 pid = iterator._workers[0].pid
 deadline = time.monotonic() + 30
-while len(mapped(pid)) < 8 and time.monotonic() < deadline:
+while len(mapped(pid)) < 4 and time.monotonic() < deadline:
     time.sleep(0.05)
 segments = mapped(pid)
 named = [
@@ -333,7 +333,8 @@ def test_a_killed_worker_leaves_nothing_but_what_the_main_process_holds(
         emulator.clear_faults()
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.splitlines()[0])
-    assert len(report["segments"]) >= 8, report
+    # The 12 served objects, 3 to a slab of 4 MiB, and the slabs of reads in flight.
+    assert len(report["segments"]) >= 4, report
     assert report["named"] == [], report
     assert report["held"] != [] and report["ok"], report
     assert report["after"] == [], report
