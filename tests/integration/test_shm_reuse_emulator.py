@@ -112,8 +112,9 @@ def test_workers_reuse_segments_and_never_write_over_a_tensor_still_held(
     bucket_kind: str,
 ) -> None:
     name, objects = bucket
-    # A short window (8 composites ahead of 24 per worker), so segments come round.
-    fetch = FetchConfig(output="tensor", reads_in_flight=16, reuse_shared_memory=True)
+    # A short window (4 composites in flight, 16 ahead of 24 per worker), so
+    # segments come round.
+    fetch = FetchConfig(output="tensor", reads_in_flight=8, reuse_shared_memory=True)
     ds, loader = _loader(emulator, name, kind, fetch, context)
     held: list[torch.Tensor] = []  # every fourth batch, kept to the end
     opened_before = set(_shm._opened)  # keys: entries of earlier tests may go meanwhile

@@ -106,13 +106,14 @@ def _drain(window: PrefetchWindow) -> list[object]:
 
 
 def test_small_objects_get_more_groups_in_flight_and_a_deeper_window(bucket: str) -> None:
-    # prefetch 16: the first 16 objects are read directly, then groups of 32.
-    # Small groups: prefetch // 4 = 4 in flight (was prefetch // 8 = 2), and
-    # the window runs 4 rounds of them ahead, 512 objects (was 2 rounds, 128):
-    # the groups ending by position 512 are composed while the first waits.
-    window, started = _held_window(bucket, prefetch=16, expect=(512 - 16) // 32)
+    # prefetch 8: the first 8 objects are read directly, then groups of 32.
+    # Small groups: prefetch // 2 = 4 in flight (was prefetch // 8 = 1, at
+    # least 2), and the window runs 4 rounds of them ahead, 512 objects (was
+    # 2 rounds, 128): the groups ending by position 512 are composed while
+    # the first waits.
+    window, started = _held_window(bucket, prefetch=8, expect=(512 - 8) // 32)
     assert HeldCompose.peak == 4
-    assert started == (512 - 16) // 32
+    assert started == (512 - 8) // 32
     assert _drain(window) == [payload(i) for i in range(N)]
 
 

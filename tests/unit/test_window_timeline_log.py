@@ -41,8 +41,8 @@ def test_at_debug_the_window_logs_its_timeline(
     caplog.set_level(logging.DEBUG, logger="torchbucket")
     assert _epoch(bucket) == [f"t-{i:05d}".encode() for i in range(N)]
     window = [r.getMessage() for r in caplog.records if r.name == "torchbucket.datasets._fetch"]
-    # Small objects: prefetch // 4 groups in flight (FetchConfig's 128).
-    assert window[0] == f"window start: {N} objects from position 0, 32 groups in flight at most"
+    # Small objects: prefetch // 2 groups in flight (FetchConfig's 128).
+    assert window[0] == f"window start: {N} objects from position 0, 64 groups in flight at most"
     units = [re.match(r"window unit at position (\d+): (\d+) objects in \S+ s", m) for m in window]
     fetched = sorted((int(u.group(1)), int(u.group(2))) for u in units if u)
     # Every position once: a unit's objects follow on from the one before.

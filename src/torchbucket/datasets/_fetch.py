@@ -57,7 +57,7 @@ _HANDOVER_CHUNK = 32
 _AHEAD_PER_FETCHER = 4
 
 # With compose on, a window of ``reads_in_flight`` has ``reads_in_flight // 8`` to
-# ``reads_in_flight // 4`` groups in flight (16 to 32 by default, of up to 32 objects):
+# ``reads_in_flight // 2`` groups in flight (16 to 64 by default, of up to 32 objects):
 # as many as fit in _GROUP_BYTES_IN_FLIGHT, and it runs ahead _AHEAD_PER_FETCHER
 # times the objects of those groups, as far as _GROUP_BYTES_AHEAD allows. Small
 # objects get the deep window: a group's compose path is a write plus a GET
@@ -69,9 +69,14 @@ _AHEAD_PER_FETCHER = 4
 # 6,348 / 6,760; 32, 2: 7,447 / 8,276; 32, 4: 8,497 / 8,830 (the constant
 # preset: ~9,200-9,400). At 100 KiB the same 32 x 4 cost RSS (499 against 329
 # MiB per worker) and CPU (0.39 against 0.29 ms/object) for no gain, so the
-# byte bounds keep 100 KiB groups at 16 in flight and ~2 rounds ahead.
+# byte bounds keep 100 KiB groups at 16 in flight and ~2 rounds ahead. With
+# the defaults at ~20,000 samples/s (512 B, epochs of 32,000 objects:
+# benchmarks/sizes.py), 32 groups no longer kept up: 64 took both defaults
+# from 20,700-21,100 to 22,600-25,800 samples/s under the constant preset
+# and from 16,900-17,100 to 20,100-21,800 under the tail (A/B, 2 runs each).
+# From 64 KiB the byte bound (48 MiB) keeps it at 24 or fewer.
 _GROUPS_PER_PREFETCH = 8
-_GROUPS_PER_PREFETCH_MOST = 4
+_GROUPS_PER_PREFETCH_MOST = 2
 _GROUP_BYTES_IN_FLIGHT = 48 << 20
 _GROUP_BYTES_AHEAD = 96 << 20
 
@@ -94,7 +99,7 @@ class PrefetchWindow:
 
     ``reads_in_flight`` fetcher coroutines on the runtime loop take the shard's units
     (one object, or a group to compose) in order and keep up to ``reads_in_flight``
-    requests in flight, of which ``reads_in_flight // 8`` to ``reads_in_flight // 4`` (at
+    requests in flight, of which ``reads_in_flight // 8`` to ``reads_in_flight // 2`` (at
     least 2; see ``_GROUP_BYTES_IN_FLIGHT``) composed groups. A unit is
     admitted while the window, from the first position not yet taken to the
     unit's end, spans at most ``_AHEAD_PER_FETCHER`` times as many objects as

@@ -25,7 +25,7 @@ class FetchConfig:
     Attributes:
         reads_in_flight: Requests in flight per iterator (so per DataLoader
             worker); with compose on, ``reads_in_flight // 8`` to
-            ``reads_in_flight // 4`` of them
+            ``reads_in_flight // 2`` of them
             (at least 2; as many as hold at most 48 MiB) are composed groups of
             up to 32 objects (the first
             ``min(64, reads_in_flight)`` objects of a window, at most a quarter of
