@@ -40,9 +40,10 @@ Opt-in by ``--only`` (an A/B in one run): ``map_default_pipe`` and
 Latency (``--latency``): ``same-region`` (constant) and ``same-region-tail``,
 alternated repeat by repeat; under the tail only the two defaults and the bare
 loop run (the tail goal is theirs). ``--quick``: the counts below (an epoch
-of about 1-1.5 s at the limit below 256 KiB, 1.5-3 s from 256 KiB, where the
+of about 2 s of the defaults below 256 KiB, 1.5-3 s from 256 KiB, where the
 DataLoader's start, about 0.25 s to the first batch, would otherwise weigh
-on the figure more than in any real epoch), 2 runs of the defaults and the bare loop per
+on the figure more than in any real epoch; dataflux and gcsfs, 3-14 times
+slower there, read the first :data:`PEER_OBJECTS` of them), 2 runs of the defaults and the bare loop per
 preset, 1 of the others (``tb_best``, ``aiohttp_dl``, dataflux, gcsfs); the
 full run doubles the counts and runs everything 3 times. ``--smoke``: three
 sizes, tiny counts, one run. ``--sizes`` picks sizes (``512b,1mib``...),
@@ -91,10 +92,10 @@ MIB = 1 << 20
 KIB = 1 << 10
 #: (key, bytes, objects in --quick). Log-spaced, 1 MiB included.
 SIZES = [
-    ("512b", 512, 8000),
-    ("4kib", 4 * KIB, 8000),
-    ("16kib", 16 * KIB, 8000),
-    ("64kib", 64 * KIB, 5000),
+    ("512b", 512, 32000),
+    ("4kib", 4 * KIB, 28000),
+    ("16kib", 16 * KIB, 24000),
+    ("64kib", 64 * KIB, 16000),
     ("256kib", 256 * KIB, 6000),
     ("1mib", MIB, 2000),
     ("4mib", 4 * MIB, 512),
@@ -105,6 +106,11 @@ SMOKE = [("512b", 512, 512), ("64kib", 64 * KIB, 256), ("4mib", 4 * MIB, 16)]
 #: A batch holds at most this many bytes (and at most 64 samples).
 BATCH_BYTES = 64 * MIB
 DEFAULTS = ("map_default", "iter_default")
+#: dataflux and gcsfs read at most the first this many objects of a size (a
+#: power of ten: dataflux lists them by prefix): 2.5-13 s at their rates
+#: below 256 KiB, where the others need 16,000-32,000 for an epoch of 2 s.
+PEER_OBJECTS = 10_000
+PEERS = ("df_best", "gcsfs_cat")
 TAIL_KEYS = (*DEFAULTS, "aiohttp")
 
 CONTENDERS = [
@@ -209,6 +215,13 @@ def datasets_for(args: argparse.Namespace) -> list[dl.DataSet]:
     return sets
 
 
+def peer_prefix() -> str:
+    """The prefix of the first :data:`PEER_OBJECTS` seeded names (8-digit indices)."""
+    digits = len(str(PEER_OBJECTS)) - 1
+    assert 10**digits == PEER_OBJECTS, "PEER_OBJECTS must be a power of ten"
+    return dl.PREFIX + "0" * (8 - digits)
+
+
 def contenders_for(ds: dl.DataSet, selected: list[dl.Contender]) -> list[dl.Contender]:
     """The contenders at ``ds``'s size: its batch size, ``tb_best``'s config."""
     out = []
@@ -216,6 +229,8 @@ def contenders_for(ds: dl.DataSet, selected: list[dl.Contender]) -> list[dl.Cont
         spec = {**c.spec, "batch_size": batch_size(ds.size)}
         if c.key == "tb_best":
             spec.update(best_spec(ds.size))
+        if c.key in PEERS and ds.count > PEER_OBJECTS:
+            spec.update(count=PEER_OBJECTS, list_prefix=peer_prefix())
         out.append(dataclasses.replace(c, spec=spec))
     return out
 

@@ -8,9 +8,10 @@ connections are shared across a fork. Listing (dataflux's parallel lister) is
 setup, outside the phase.
 
 Spec: ``endpoint``, ``bucket``, ``prefix``, ``count``, ``size``, ``seed``,
-``kind`` (``"map"`` or ``"iterable"``), ``compose`` (bool), ``threads``
-(map-style ``threads_per_process``), ``batch_size``, ``num_workers``,
-``pid_file``.
+``list_prefix`` (optional: the prefix dataflux lists, narrower than
+``prefix`` where it reads only the first ``count`` objects there), ``kind``
+(``"map"`` or ``"iterable"``), ``compose`` (bool), ``threads`` (map-style
+``threads_per_process``), ``batch_size``, ``num_workers``, ``pid_file``.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from dataflux_pytorch import dataflux_iterable_dataset, dataflux_mapstyle_datase
 def main() -> None:
     spec = load_spec()
     os.environ["STORAGE_EMULATOR_HOST"] = spec["endpoint"]
+    prefix = spec.get("list_prefix", spec["prefix"])
     if spec["kind"] == "map":
         config = dataflux_mapstyle_dataset.Config(
-            prefix=spec["prefix"],
+            prefix=prefix,
             threads_per_process=int(spec.get("threads", 1)),
             disable_compose=not spec["compose"],
         )
@@ -40,7 +42,7 @@ def main() -> None:
         )
     else:
         config = dataflux_iterable_dataset.Config(
-            prefix=spec["prefix"], disable_compose=not spec["compose"]
+            prefix=prefix, disable_compose=not spec["compose"]
         )
         dataset = dataflux_iterable_dataset.DataFluxIterableDataset(
             project_name="test", bucket_name=spec["bucket"], config=config
