@@ -92,10 +92,10 @@ MIB = 1 << 20
 KIB = 1 << 10
 #: (key, bytes, objects in --quick). Log-spaced, 1 MiB included.
 SIZES = [
-    ("512b", 512, 32000),
-    ("4kib", 4 * KIB, 28000),
-    ("16kib", 16 * KIB, 24000),
-    ("64kib", 64 * KIB, 16000),
+    ("512b", 512, 48000),
+    ("4kib", 4 * KIB, 40000),
+    ("16kib", 16 * KIB, 32000),
+    ("64kib", 64 * KIB, 18000),
     ("256kib", 256 * KIB, 6000),
     ("1mib", MIB, 2000),
     ("4mib", 4 * MIB, 512),
@@ -107,8 +107,8 @@ SMOKE = [("512b", 512, 512), ("64kib", 64 * KIB, 256), ("4mib", 4 * MIB, 16)]
 BATCH_BYTES = 64 * MIB
 DEFAULTS = ("map_default", "iter_default")
 #: dataflux and gcsfs read at most the first this many objects of a size (a
-#: power of ten: dataflux lists them by prefix): 2.5-13 s at their rates
-#: below 256 KiB, where the others need 16,000-32,000 for an epoch of 2 s.
+#: power of ten: dataflux lists them by prefix): 3-10 s at their rates
+#: below 256 KiB, where the defaults need 18,000-48,000 for an epoch of 2 s.
 PEER_OBJECTS = 10_000
 PEERS = ("df_best", "gcsfs_cat")
 TAIL_KEYS = (*DEFAULTS, "aiohttp")
