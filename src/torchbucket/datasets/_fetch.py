@@ -73,7 +73,8 @@ _AHEAD_PER_FETCHER = 4
 # the defaults at ~20,000 samples/s (512 B, epochs of 32,000 objects:
 # benchmarks/sizes.py), 32 groups no longer kept up: 64 took both defaults
 # from 20,700-21,100 to 22,600-25,800 samples/s under the constant preset
-# and from 16,900-17,100 to 20,100-21,800 under the tail (A/B, 2 runs each).
+# and from 16,500-17,100 to 19,600-21,800 under the tail (2 runs of 32, 4 of
+# 64 in two A/Bs).
 # From 64 KiB the byte bound (48 MiB) keeps it at 24 or fewer.
 _GROUPS_PER_PREFETCH = 8
 _GROUPS_PER_PREFETCH_MOST = 2
