@@ -40,11 +40,11 @@ Opt-in by ``--only`` (an A/B in one run): ``map_default_pipe`` and
 Latency (``--latency``): ``same-region`` (constant) and ``same-region-tail``,
 alternated repeat by repeat; under the tail only the two defaults and the bare
 loop run (the tail goal is theirs). ``--quick``: the counts below (an epoch
-of about 2 s of the defaults below 256 KiB, 1.5-3 s from 256 KiB, where the
-DataLoader's start, about 0.25 s to the first batch, would otherwise weigh
-on the figure more than in any real epoch; dataflux and gcsfs, 3-14 times
-slower there, read the first :data:`PEER_OBJECTS` of them), 2 runs of the defaults and the bare loop per
-preset, 1 of the others (``tb_best``, ``aiohttp_dl``, dataflux, gcsfs); the
+of about 2 s of the defaults at every size, where the DataLoader's start,
+about 0.25 s to the first batch, would otherwise weigh on the figure more
+than in any real epoch; dataflux and gcsfs, 3-25 times slower below 256
+KiB, read the first :data:`PEER_OBJECTS` of them there), 2 runs of the
+defaults and the bare loop per preset, 1 of the others (``tb_best``, ``aiohttp_dl``, dataflux, gcsfs); the
 full run doubles the counts and runs everything 3 times. ``--smoke``: three
 sizes, tiny counts, one run. ``--sizes`` picks sizes (``512b,1mib``...),
 ``--only`` contenders; a run with either leaves ``docs/img/sizes.png`` alone.
