@@ -11,8 +11,11 @@ new bytes under an old listing).
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
+import math
+import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -180,6 +183,36 @@ def _read_around_after(store: ObjectStore) -> float | None:
     return _recent.straggling_after(store.uri(), TUNING.read_around_after, TUNING.read_around_floor)
 
 
+# Before any compose path on a bucket has finished in this process, a window's
+# first groups (started together) share what slows them: a worker's start, a
+# loaded client or server. Reading all of them around at once doubled that load
+# when it was highest: on the 2-core VM (benchmarks/sizes.py, 256 KiB,
+# map-style defaults, an epoch's first contender) every one of a worker's
+# first 16 groups was read around 0.7 s after the window began (512 of 6,000
+# objects read twice, the consumer's first wait for a group 1.1-1.7 s, the
+# epoch 1,100-1,500 samples/s against 2,100-2,500 when none was). While
+# others run beside it, a group does not count as straggling until one of
+# them has finished (the median to compare with), or this long has passed.
+# A group alone has no peer to compare with: the unmeasured bound applies.
+_FIRST_FINISH_MOST = 2.0
+# How often a group waiting for the first to finish looks again.
+_FIRST_FINISH_POLL = 0.05
+# Compose paths running per bucket URI (in this process's loop).
+_running: collections.Counter[str] = collections.Counter()
+os.register_at_fork(after_in_child=_running.clear)  # the parent's paths are not the child's
+
+
+def _run_counted(key: str, attempt: asyncio.Future[Any]) -> None:
+    _running[key] += 1
+
+    def done(_: asyncio.Future[Any]) -> None:
+        _running[key] -= 1
+        if _running[key] <= 0:
+            del _running[key]
+
+    attempt.add_done_callback(done)
+
+
 def _read_around_needed_after(store: ObjectStore) -> float | None:
     """The same bound for a group its consumer is already waiting for, or ``None``."""
     if TUNING.read_around_needed_after <= 0:
@@ -229,6 +262,41 @@ async def _composed(
     if data is not None:
         _recent.add(store.uri(), time.monotonic() - t0)
     return data
+
+
+async def _straggling(
+    store: ObjectStore, attempt: asyncio.Future[Any], needed: asyncio.Event | None
+) -> bool:
+    """Whether the compose path ``attempt`` straggles: still running past its bound.
+
+    The bound (``read_around_after``, or ``read_around_needed_after`` once
+    ``needed`` is set) counts from now. While nothing is measured on the
+    bucket and other compose paths run beside this one, it does not count as
+    straggling, for :data:`_FIRST_FINISH_MOST` at most; then the bound holds.
+    """
+    key = store.uri()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while not _recent.measured(key) and loop.time() - started < _FIRST_FINISH_MOST:
+        if _running[key] <= 1:
+            bound = _read_around_after(store) or math.inf
+            if needed is not None and needed.is_set():
+                bound = min(bound, _read_around_needed_after(store) or math.inf)
+            if loop.time() - started >= bound:
+                return True  # alone: the unmeasured bound holds
+        await asyncio.wait({attempt}, timeout=_FIRST_FINISH_POLL)
+        if attempt.done():
+            return False
+    waited = loop.time() - started
+    after = _read_around_after(store)
+    assert after is not None
+    sooner = _read_around_needed_after(store) if needed is not None else None
+    return await straggles(
+        attempt,
+        max(0.0, after - waited),
+        needed,
+        None if sooner is None else max(0.0, sooner - waited),
+    )
 
 
 async def fetch_group(
@@ -284,11 +352,10 @@ async def fetch_group(
     attempt = asyncio.ensure_future(
         _composed(store, name, infos, config, receive_into, sent, anchor)
     )
-    after = _read_around_after(store)
-    if after is not None:
-        sooner = _read_around_needed_after(store) if needed is not None else None
+    _run_counted(store.uri(), attempt)
+    if _read_around_after(store) is not None:
         try:
-            straggling = await straggles(attempt, after, needed, sooner)
+            straggling = await _straggling(store, attempt, needed)
         except asyncio.CancelledError:
             attempt.cancel()  # its own clean-up deletes what it may have made
             raise

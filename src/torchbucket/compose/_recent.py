@@ -37,6 +37,10 @@ class RecentTimes:
             times = self._times[key] = collections.deque(maxlen=self._keep)
         times.append(seconds)
 
+    def measured(self, key: str) -> bool:
+        """Whether a duration on bucket ``key`` is known."""
+        return bool(self._times.get(key))
+
     def straggling_after(self, key: str, factor: float, floor: float) -> float:
         """Seconds after which work on ``key`` counts as straggling.
 
