@@ -261,17 +261,30 @@ def test_a_group_its_consumer_waits_for_is_read_around_sooner(
     assert emulator.stats()["by_op"].get("compose", 0) - before.get("compose", 0) == 2
 
 
-def _groups_together(
-    emulator: Emulator, groups: int, hold: int, seconds: float
-) -> tuple[list[list[object]], int, GCSStore, str]:
-    """``groups`` groups of N composed at once, the first ``hold`` composes held ``seconds``.
-
-    Held before the store applies them, then answered as usual. Returns what
-    each group read, the objects counted as read around, the store and its bucket.
-    """
+@pytest.mark.parametrize(
+    ("hold", "seconds", "read_around", "gets"),
+    [
+        # All four composes take 1 s, past the bound that applies while nothing
+        # is measured (0.5 s): none is slower than its peers, so none is read
+        # around (each was, doubling the reads at an epoch's start). 4 GETs:
+        # the composites alone.
+        (4, 1.0, 0, 4),
+        # One held 3 s: once its peers have finished, the bound follows their
+        # median (at least read_around_floor, 0.2 s here), and the held group
+        # is read around before its compose is answered: 3 composites and its
+        # N objects when the call returns.
+        (1, 3.0, N, 3 + N),
+    ],
+)
+def test_groups_started_together_are_read_around_only_when_slower_than_their_peers(
+    emulator: Emulator, hold: int, seconds: float, read_around: int, gets: int
+) -> None:
+    # A window's first groups start at once, with nothing measured on the
+    # bucket yet: four groups of N, the first ``hold`` composes held
+    # ``seconds`` before the store applies them, then answered as usual.
     name = f"together-{uuid.uuid4().hex[:12]}"
     emulator.create_bucket(name)
-    emulator.seed(name, {f"g/{i:03d}": payload(i) for i in range(groups * N)})
+    emulator.seed(name, {f"g/{i:03d}": payload(i) for i in range(4 * N)})
     gcs = GCSConfig(
         endpoint=emulator.endpoint, anonymous=True, retry=RETRY, hedge=HedgeConfig(enabled=False)
     )
@@ -280,45 +293,19 @@ def _groups_together(
     emulator.add_fault("compose", "stall_apply", count=hold, stall_seconds=seconds)
 
     async def fetch_all() -> list[list[object]]:
-        config = ComposeConfig()
-        cut = [infos[g * N : (g + 1) * N] for g in range(groups)]
-        got = await asyncio.gather(*(compose_fetch.fetch_group(store, c, config) for c in cut))
+        groups = [infos[g * N : (g + 1) * N] for g in range(4)]
+        got = await asyncio.gather(
+            *(compose_fetch.fetch_group(store, g, ComposeConfig()) for g in groups)
+        )
         return [list(g) for g in got]
 
+    before = emulator.stats()["by_op"]
     counted = accounting.snapshot()
     got = runtime.run(fetch_all())
-    return got, (accounting.snapshot() - counted).read_around, store, name
-
-
-def test_groups_started_together_and_slow_together_are_not_read_around(
-    emulator: Emulator,
-) -> None:
-    # A window's first groups start at once, with nothing measured on the
-    # bucket yet. All of their composes take 1 s, past the bound that applies
-    # while nothing is measured (0.5 s): none is slower than its peers, so none
-    # is read around (each was, doubling the reads at an epoch's start).
-    before = emulator.stats()["by_op"]
-    got, read_around, store, name = _groups_together(emulator, groups=4, hold=4, seconds=1.0)
-    gets = emulator.stats()["by_op"].get("get", 0) - before.get("get", 0)
+    counted = accounting.snapshot() - counted
     assert got == [[payload(g * N + i) for i in range(N)] for g in range(4)]
-    assert read_around == 0
-    assert gets == 4  # the composites alone
-    assert _settle(emulator, name, store) == []
-
-
-def test_a_group_slower_than_the_peers_it_started_with_is_read_around(
-    emulator: Emulator,
-) -> None:
-    # The same start, one compose held 3 s: once its peers have finished, the
-    # bound follows their median (at least read_around_floor, 0.2 s here), and
-    # the held group is read around before its compose is answered.
-    before = emulator.stats()["by_op"]
-    got, read_around, store, name = _groups_together(emulator, groups=4, hold=1, seconds=3.0)
-    gets = emulator.stats()["by_op"].get("get", 0) - before.get("get", 0)
-    assert got == [[payload(g * N + i) for i in range(N)] for g in range(4)]
-    assert read_around == N
-    # Three composites, and the held group's objects, before its compose path read its composite.
-    assert gets == 3 + N
+    assert counted.read_around == read_around
+    assert emulator.stats()["by_op"].get("get", 0) - before.get("get", 0) == gets
     assert _settle(emulator, name, store) == []
 
 
