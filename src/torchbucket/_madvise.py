@@ -2,7 +2,8 @@
 
 Checkpoint loads hand back pages they have consumed (``MADV_DONTNEED``) and
 dataset workers map in the pages of a receive buffer at once
-(``MADV_POPULATE_WRITE``). Python's ``mmap.madvise`` works only on an ``mmap``
+(``MADV_POPULATE_WRITE``), and the main process asks for huge pages under a
+large sample it copies out of shared memory (``MADV_HUGEPAGE``). Python's ``mmap.madvise`` works only on an ``mmap``
 object, and these buffers are numpy arrays and torch tensors, so the call goes
 through ctypes on an address.
 """
@@ -13,10 +14,12 @@ import ctypes
 import sys
 from collections.abc import Callable
 
-__all__ = ["MADV_DONTNEED", "MADV_POPULATE_WRITE", "madvise"]
+__all__ = ["MADV_DONTNEED", "MADV_HUGEPAGE", "MADV_POPULATE_WRITE", "madvise"]
 
 #: Drop a private anonymous range's pages (they read as zeros afterwards).
 MADV_DONTNEED = 4
+#: Back a range with transparent huge pages where the kernel can (a hint).
+MADV_HUGEPAGE = 14
 #: Map a range's pages in, writable (Linux >= 5.14).
 MADV_POPULATE_WRITE = 23
 

@@ -41,7 +41,6 @@ turns it off.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import os
 import sys
@@ -51,6 +50,7 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate, default_convert, get_worker_info
 
+from torchbucket.datasets import _heap
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig
 
@@ -68,8 +68,13 @@ SHARED_BYTES_FROM = 32 << 10
 
 
 def _to_bytes(storage: torch.UntypedStorage, offset: int, size: int) -> bytes:
-    """The main process's side of a :class:`HandedBytes`: a plain ``bytes`` copy of its piece."""
-    return ctypes.string_at(storage.data_ptr() + offset, size)
+    """The main process's side of a :class:`HandedBytes`: a plain ``bytes`` copy of its piece.
+
+    The first in a process lets its allocator keep the pages these copies
+    land in (:func:`torchbucket.datasets._heap.settle`).
+    """
+    _heap.settle()
+    return _heap.new_bytes(storage.data_ptr() + offset, size)
 
 
 class HandedBytes(bytes):
