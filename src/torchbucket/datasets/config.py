@@ -69,8 +69,8 @@ class FetchConfig:
             the main process (through shared memory from 32 KiB, see
             ``shared_bytes``; pickled through the worker's pipe below), and
             at 1-64 MiB ``"tensor"`` (with ``reuse_shared_memory``) read
-            1.2-1.6x the samples/s at 0.8-1.1 against 1.2-1.5 ms of client
-            CPU per MiB (``benchmarks/sizes.py``); at 256 KiB 1.07x, and at
+            1.05-1.6x the samples/s at 0.8-1.2 against 1.2-1.5 ms of client
+            CPU per MiB (``benchmarks/sizes.py``, two VMs); at 256 KiB 1.07x, and at
             ~10 KiB ``"bytes"`` is faster.
             A ``data_format_fn`` that decodes already hands over only what
             it returns. See the guide's "Which settings matter at which size".
@@ -108,8 +108,10 @@ class FetchConfig:
             ``bytes`` again, instead of pickling it through the worker's
             pipe (in the worker, a ``collate_fn`` sees a ``bytes``
             subclass). It needs what ``reuse_shared_memory`` needs, and
-            falls back the same way. See the guide's "Which settings matter
-            at which size". Default True.
+            falls back the same way. The main process then keeps the pages
+            those ``bytes`` land in (glibc's malloc thresholds, unless the
+            environment tunes malloc). See the guide's "Which settings
+            matter at which size". Default True.
     """
 
     reads_in_flight: int = in_flight(128)
