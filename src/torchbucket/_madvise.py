@@ -3,9 +3,10 @@
 Checkpoint loads hand back pages they have consumed (``MADV_DONTNEED``) and
 dataset workers map in the pages of a receive buffer at once
 (``MADV_POPULATE_WRITE``), and the main process asks for huge pages under a
-large sample it copies out of shared memory (``MADV_HUGEPAGE``). Python's ``mmap.madvise`` works only on an ``mmap``
-object, and these buffers are numpy arrays and torch tensors, so the call goes
-through ctypes on an address.
+large sample it copies out of shared memory (``MADV_HUGEPAGE``). Python's
+``mmap.madvise`` works only on an ``mmap`` object, and these buffers are
+numpy arrays, torch tensors and ``bytes``, so the call goes through ctypes
+on an address.
 """
 
 from __future__ import annotations

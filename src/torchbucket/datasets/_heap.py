@@ -28,7 +28,10 @@ A process that sets ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``,
 ``MALLOC_TOP_PAD_`` or a ``glibc.malloc`` tunable (``GLIBC_TUNABLES``), or
 preloads another allocator (``LD_PRELOAD`` naming one: jemalloc, tcmalloc,
 mimalloc), keeps its own. ``FetchConfig(shared_bytes=False)`` turns the
-hand-over off and this with it.
+hand-over off and this with it. A process forked after (the DataLoader
+workers of later epochs) inherits the settings with the rest of its
+parent's allocator; its shared segments are not on its heap, so little of
+it is ever freed at the top.
 
 A sample over 32 MiB still gets a mapping of its own (glibc's ceiling): its
 ``bytes`` is made uninitialised (``PyBytes_FromStringAndSize(NULL, n)``, as
