@@ -51,7 +51,7 @@ def _faults_per_mib(mode: str, **env: str) -> float:
     return float(json.loads(out.stdout.splitlines()[-1])["faults_per_mib"])
 
 
-@pytest.mark.skipif(not os.confstr("CS_GNU_LIBC_VERSION"), reason="glibc's allocator only")
+@pytest.mark.skipif(not _heap._glibc(), reason="glibc's allocator only")
 def test_a_settled_process_keeps_the_pages_of_freed_batches() -> None:
     settled = _faults_per_mib("settle")
     unsettled = _faults_per_mib("leave")
@@ -115,7 +115,8 @@ def test_new_bytes_is_an_exact_copy(size: int) -> None:
     assert made == source[:]
     start = ctypes.cast(ctypes.c_char_p(made), ctypes.c_void_p).value
     assert start is not None
-    inside = -(-start // (2 << 20)) * (2 << 20)  # the first 2 MiB boundary in it
+    boundary = -(-start // (2 << 20)) * (2 << 20)  # the first 2 MiB boundary
+    inside = boundary if boundary < start + size else start
     advised = "hg" in _vm_flags(inside)
     # Over MMAP_FROM the inside is advised MADV_HUGEPAGE (whether the kernel
     # finds huge pages for it is its own affair); a smaller sample is not.
@@ -124,3 +125,11 @@ def test_new_bytes_is_an_exact_copy(size: int) -> None:
     else:
         assert not advised
     del made
+
+
+def test_a_c_library_without_glibcs_name_is_not_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unknown(name: str) -> str:
+        raise ValueError(f"unrecognized configuration name {name!r}")  # musl's Python
+
+    monkeypatch.setattr(os, "confstr", unknown)
+    assert _heap._glibc() is False

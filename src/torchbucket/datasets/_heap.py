@@ -47,6 +47,7 @@ import ctypes
 import logging
 import os
 import sys
+from collections.abc import Mapping
 
 from torchbucket._madvise import MADV_HUGEPAGE, madvise
 
@@ -70,7 +71,15 @@ _HUGE_PAGE = 2 << 20
 _settled = False
 
 
-def _users_own(environ: dict[str, str]) -> str | None:
+def _glibc() -> bool:
+    """Whether this process runs glibc (a C library without the name, musl, has no such value)."""
+    try:
+        return bool(os.confstr("CS_GNU_LIBC_VERSION"))
+    except (ValueError, OSError):
+        return False
+
+
+def _users_own(environ: Mapping[str, str]) -> str | None:
     """What in ``environ`` says the process's allocator is the user's to tune, if anything."""
     for name in _USER_SETTINGS:
         if name in environ:
@@ -89,9 +98,9 @@ def settle() -> None:
     if _settled:
         return
     _settled = True
-    if not sys.platform.startswith("linux") or not os.confstr("CS_GNU_LIBC_VERSION"):
+    if not sys.platform.startswith("linux") or not _glibc():
         return
-    own = _users_own(dict(os.environ))
+    own = _users_own(os.environ)
     if own is not None:
         logger.debug("torchbucket leaves malloc as %s sets it", own)
         return
