@@ -59,6 +59,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from _zygote import Zygote, Zygotes
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = ROOT / "benchmarks"
 CONTENDERS_DIR = BENCH_DIR / "_contenders"
@@ -198,9 +200,11 @@ class ContenderRun:
         name: The contender's label.
         data: What the contender printed on its ``CONTENDER {json}`` line
             (its measured phase: ``wall_s``, ``cpu_s``, ``server``...).
-        process_wall_s: Wall time of the whole process, start-up included.
-        process_cpu_s: CPU of the whole process tree (user + system, imports
-            and start-up included), from ``RUSAGE_CHILDREN``.
+        process_wall_s: Wall time of the whole process, start-up included
+            (the imports too, unless forked from a zygote: ``_zygote.py``).
+        process_cpu_s: CPU of the whole process tree (user + system, start-up
+            included; the imports too, unless forked from a zygote), from
+            ``RUSAGE_CHILDREN`` (a zygote's ``wait4``).
         peak_rss_main_mb: Peak RSS of the contender's main process, MiB
             (sampled every ``sample_interval``).
         peak_rss_worker_mb: Highest peak RSS among its workers, MiB: the pids
@@ -300,6 +304,58 @@ def _children_cpu() -> tuple[float, float]:
     return r.ru_utime + r.ru_stime, float(r.ru_maxrss)
 
 
+def _run_fresh(
+    name: str, cmd: list[str], env: Mapping[str, str], log_path: Path, timeout: float,
+    sample_interval: float,
+) -> tuple[bytes, int, float, float, _RssSampler]:  # fmt: skip
+    """``cmd`` in a new session: its stdout, status, CPU (``RUSAGE_CHILDREN`` delta), maxrss."""
+    cpu0, _ = _children_cpu()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True
+        )
+        sampler = _RssSampler(proc.pid, sample_interval)
+        sampler.start()
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise ContenderError(f"{name}: timed out after {timeout} s; log {log_path}") from exc
+        finally:
+            sampler.stop()
+    cpu1, maxrss_kb = _children_cpu()
+    with contextlib.suppress(ProcessLookupError):  # workers it left behind
+        os.killpg(proc.pid, signal.SIGKILL)
+    return out, proc.returncode, cpu1 - cpu0, maxrss_kb, sampler
+
+
+def _run_forked(
+    zygote: Zygote, name: str, path: Path, arg: str, env: Mapping[str, str], log_path: Path,
+    timeout: float, sample_interval: float,
+) -> tuple[bytes, int, float, float, _RssSampler]:  # fmt: skip
+    """The same, forked from ``zygote``: CPU and maxrss from the zygote's ``wait4``."""
+    out_path = log_path.with_suffix(".out")
+    pid = zygote.start(path, [arg], env, out_path, log_path)
+    sampler = _RssSampler(pid, sample_interval)
+    sampler.start()
+    try:
+        done = zygote.wait(timeout)
+        if done is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            zygote.wait(None)
+            raise ContenderError(f"{name}: timed out after {timeout} s; log {log_path}")
+    finally:
+        sampler.stop()
+    with contextlib.suppress(ProcessLookupError):  # workers it left behind
+        os.killpg(pid, signal.SIGKILL)
+    out = out_path.read_bytes()
+    out_path.unlink()
+    return out, done.status, done.cpu_s, done.maxrss_kb, sampler
+
+
 def run_contender(
     name: str,
     script: str | os.PathLike[str],
@@ -309,8 +365,9 @@ def run_contender(
     env: Mapping[str, str] | None = None,
     timeout: float = 900.0,
     sample_interval: float = 0.05,
+    zygotes: Zygotes | None = None,
 ) -> ContenderRun:
-    """Run one contender script in a fresh process and collect its figures.
+    """Run one contender script in a process of its own and collect its figures.
 
     The script (``script`` relative to ``benchmarks/_contenders/`` unless it is
     absolute) gets ``json.dumps(spec)`` as its only argument and must print
@@ -326,6 +383,10 @@ def run_contender(
         env: Extra environment variables (``STORAGE_EMULATOR_HOST``...).
         timeout: Seconds before the process group is killed.
         sample_interval: Seconds between two RSS samples.
+        zygotes: Fork the process from an interpreter that has done its
+            imports (``_zygote.py``) where one serves this interpreter and
+            environment, instead of starting a fresh one; the figures are the
+            same, the seconds of ``import torch`` are paid once.
 
     Returns:
         The run's figures.
@@ -347,38 +408,27 @@ def run_contender(
         spec_path = LOG_DIR / f"{safe}.spec.json"
         spec_path.write_text(arg)
         arg = f"@{spec_path}"
-    cmd = [python or sys.executable, str(path), arg]
-    cpu0, _ = _children_cpu()
+    zygote = zygotes.get(python, full_env) if zygotes is not None else None
     t0 = time.perf_counter()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=log, env=full_env, start_new_session=True
+    if zygote is not None:
+        out, returncode, cpu, maxrss_kb, sampler = _run_forked(
+            zygote, name, path, arg, full_env, log_path, timeout, sample_interval
         )
-        sampler = _RssSampler(proc.pid, sample_interval)
-        sampler.start()
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired as exc:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            sampler.stop()
-            raise ContenderError(f"{name}: timed out after {timeout} s; log {log_path}") from exc
-        finally:
-            sampler.stop()
+    else:
+        out, returncode, cpu, maxrss_kb, sampler = _run_fresh(
+            name, [python or sys.executable, str(path), arg], full_env, log_path, timeout,
+            sample_interval,
+        )  # fmt: skip
     wall = time.perf_counter() - t0
-    cpu1, maxrss_kb = _children_cpu()
-    with contextlib.suppress(ProcessLookupError):  # workers it left behind
-        os.killpg(proc.pid, signal.SIGKILL)
     lines = out.decode("utf-8", "replace").splitlines()
     result_lines = [ln for ln in lines if ln.startswith("CONTENDER ")]
-    if proc.returncode != 0 or not result_lines:
+    if returncode != 0 or not result_lines:
         try:
             tail = log_path.read_text("utf-8", "replace")[-3000:]
         except OSError as exc:  # someone removed bench-output/ meanwhile
             tail = f"(log unreadable: {exc})"
         raise ContenderError(
-            f"{name}: exit status {proc.returncode}, "
+            f"{name}: exit status {returncode}, "
             f"{'no' if not result_lines else 'a'} result line; log {log_path}:\n{tail}"
         )
     data = json.loads(result_lines[-1][len("CONTENDER ") :])
@@ -391,7 +441,7 @@ def run_contender(
         name=name,
         data=data,
         process_wall_s=wall,
-        process_cpu_s=cpu1 - cpu0,
+        process_cpu_s=cpu,
         peak_rss_main_mb=sampler.main_peak / mib,
         peak_rss_worker_mb=max(child_peaks.values(), default=0.0),
         peak_rss_workers_mb=child_peaks,

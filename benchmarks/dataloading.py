@@ -350,8 +350,13 @@ def run_one(
     timeout: float,
     hedge: bool = True,
     hedge_tuning: dict[str, float | None] | None = None,
+    zygotes: h.Zygotes | None = None,
 ) -> dict[str, Any]:
-    """Run one contender once on one dataset; return its figures."""
+    """Run one contender once on one dataset; return its figures.
+
+    ``zygotes``: fork the contender from an interpreter that has done its
+    imports, where one serves it (``_zygote.py``).
+    """
     spec: dict[str, Any] = {
         "endpoint": emu.endpoint,
         **zc.spec_for(emu, ds.bucket, c.spec.get("zonal", False)),
@@ -386,6 +391,9 @@ def run_one(
         python=python,
         env=env,
         timeout=timeout,
+        # The bare loop imports no torch: it starts in half a second on its
+        # own, and a zygote's torch would count in its RSS.
+        zygotes=zygotes if c.family != "limit" else None,
     )
     left = len(emu.object_names(spec["bucket"], COMPOSITES)) - before
     d = run.data

@@ -43,10 +43,14 @@ loop run (the tail goal is theirs). ``--quick``: the counts below (an epoch
 of about 2 s of the defaults at every size, where the DataLoader's start,
 about 0.25 s to the first batch, would otherwise weigh on the figure more
 than in any real epoch; dataflux and gcsfs, 3-25 times slower below 256
-KiB, read the first :data:`PEER_OBJECTS` of them there), 2 runs of the
-defaults and the bare loop per preset, 1 of the others (``tb_best``, ``aiohttp_dl``, dataflux, gcsfs); the
-full run doubles the counts and runs everything 3 times. ``--smoke``: three
-sizes, tiny counts, one run. ``--sizes`` picks sizes (``512b,1mib``...),
+KiB, read the first :data:`PEER_OBJECTS` of them there, and so does
+``aiohttp_dl``), 2 runs of the defaults and the bare loop per preset, 1 of
+the others (``tb_best``, ``aiohttp_dl``, dataflux, gcsfs); the full run
+doubles the counts and runs everything 3 times. Every contender but the
+bare loop is forked from an interpreter of its environment that has
+imported torch once (``_zygote.py``: the same measured phase, 2-3 s less
+per run); ``--fresh-processes`` starts each in a fresh one. ``--smoke``:
+three sizes, tiny counts, one run. ``--sizes`` picks sizes (``512b,1mib``...),
 ``--only`` contenders; a run with either leaves ``docs/img/sizes.png`` alone.
 ``--decode``: the sweep with a JPEG decode in ``data_format_fn`` instead
 (``_sizes_decode.py``: four sizes in ``--quick``, its own RESULT keys).
@@ -74,6 +78,7 @@ written to ``bench-output/sizes.png`` and, outside ``--smoke``, copied to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import shutil
@@ -106,11 +111,13 @@ SMOKE = [("512b", 512, 512), ("64kib", 64 * KIB, 256), ("4mib", 4 * MIB, 16)]
 #: A batch holds at most this many bytes (and at most 64 samples).
 BATCH_BYTES = 64 * MIB
 DEFAULTS = ("map_default", "iter_default")
-#: dataflux and gcsfs read at most the first this many objects of a size (a
-#: power of ten: dataflux lists them by prefix): 3-10 s at their rates
-#: below 256 KiB, where the defaults need 18,000-48,000 for an epoch of 2 s.
+#: dataflux, gcsfs and the bare loop in DataLoader workers (``aiohttp_dl``, a
+#: reference) read at most the first this many objects of a size (a power of
+#: ten: dataflux lists them by prefix): 2-10 s at their rates below 256 KiB,
+#: where the defaults need 18,000-48,000 for an epoch of 2 s.
 PEER_OBJECTS = 10_000
 PEERS = ("df_best", "gcsfs_cat")
+CAPPED = (*PEERS, "aiohttp_dl")
 TAIL_KEYS = (*DEFAULTS, "aiohttp")
 
 CONTENDERS = [
@@ -194,6 +201,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="the decode sweep instead (JPEGs decoded in data_format_fn; _sizes_decode.py)",
     )
+    p.add_argument(
+        "--fresh-processes",
+        action="store_true",
+        help="start every contender in a fresh interpreter, none forked from a zygote "
+        "(_zygote.py; the figures are the same, the sweep slower)",
+    )
     h.add_latency_option(p)
     args = p.parse_args(argv)
     args.presets = h.latency_presets(p, args)
@@ -229,14 +242,18 @@ def contenders_for(ds: dl.DataSet, selected: list[dl.Contender]) -> list[dl.Cont
         spec = {**c.spec, "batch_size": batch_size(ds.size)}
         if c.key == "tb_best":
             spec.update(best_spec(ds.size))
-        if c.key in PEERS and ds.count > PEER_OBJECTS:
+        if c.key in CAPPED and ds.count > PEER_OBJECTS:
             spec.update(count=PEER_OBJECTS, list_prefix=peer_prefix())
         out.append(dataclasses.replace(c, spec=spec))
     return out
 
 
 def sweep_one(
-    ds: dl.DataSet, contenders: list[dl.Contender], args: argparse.Namespace, bench_py: str | None
+    ds: dl.DataSet,
+    contenders: list[dl.Contender],
+    args: argparse.Namespace,
+    bench_py: str | None,
+    zygotes: h.Zygotes | None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Every run at one size, presets alternated; preset -> contender -> medians."""
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {p: {} for p in args.presets}
@@ -259,7 +276,7 @@ def sweep_one(
                         flush=True,
                     )
                     try:
-                        r = dl.run_one(emu, ds, c, rep, bench_py, args.timeout)
+                        r = dl.run_one(emu, ds, c, rep, bench_py, args.timeout, zygotes=zygotes)
                     except h.ContenderError as exc:  # reported, the sweep goes on
                         print(f" failed: {str(exc)[:300]}", file=sys.stderr, flush=True)
                         continue
@@ -475,9 +492,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     by_size: dict[str, Any] = {}
     result: dict[str, Any] = {}
-    for ds in sets:
-        by_size[ds.key] = sweep_one(ds, contenders_for(ds, selected), args, bench_py)
-        result.update(size_figures(ds, by_size[ds.key], args.presets))
+    # Contenders forked from interpreters that have imported torch once (all
+    # but the bare loop, which needs none): the same measured phases, 2-3 s
+    # less per run. gcsfs reads its variables at its own import, in the child.
+    per_run = ("STORAGE_EMULATOR_HOST", *dl.FSSPEC_ENV)
+    zygotes = None if args.fresh_processes else h.Zygotes(per_run=per_run)
+    with zygotes or contextlib.nullcontext():
+        for ds in sets:
+            by_size[ds.key] = sweep_one(ds, contenders_for(ds, selected), args, bench_py, zygotes)
+            result.update(size_figures(ds, by_size[ds.key], args.presets))
     goals(result, sets, tail=len(args.presets) > 1)
     print_tables(sets, by_size, args.presets)
     for d in sets:

@@ -69,21 +69,22 @@ def test_listing_idle_floor_is_the_wait_until_a_second_round_answers() -> None:
     assert listing.idle_floor([], 10.0, 1.0) == 0.0
 
 
-def test_sizes_peers_read_the_first_objects_by_a_prefix_that_lists_exactly_them() -> None:
+def test_sizes_peers_and_the_reference_read_the_first_objects_by_a_prefix_that_lists_them() -> None:
     import dataloading as dl
     import sizes
     from torchbucket.emulator import generated_names
 
     ds = dl.DataSet("512b", 48_000, 512, 0)
     specs = {c.key: c.spec for c in sizes.contenders_for(ds, sizes.CONTENDERS)}
-    for key in sizes.PEERS:
+    assert set(sizes.CAPPED) == {*sizes.PEERS, "aiohttp_dl"}
+    for key in sizes.CAPPED:
         assert specs[key]["count"] == sizes.PEER_OBJECTS
         prefix = specs[key]["list_prefix"]
         names = generated_names(dl.PREFIX, ds.count)
         # dataflux lists by prefix: exactly the first PEER_OBJECTS names.
         assert [n for n in names if n.startswith(prefix)] == names[: sizes.PEER_OBJECTS]
     # The others read every object; a size with fewer objects, the peers too.
-    assert all("list_prefix" not in specs[k] for k in specs if k not in sizes.PEERS)
+    assert all("list_prefix" not in specs[k] for k in specs if k not in sizes.CAPPED)
     small = {
         c.key: c.spec
         for c in sizes.contenders_for(dl.DataSet("1mib", 2000, 1 << 20, 0), sizes.CONTENDERS)
