@@ -41,6 +41,7 @@ API (kept stable; other benchmarks import it):
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import datetime as _dt
 import json
@@ -48,10 +49,12 @@ import math
 import os
 import platform
 import resource
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -59,6 +62,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from _contenders._common import CRC_CACHE_ENV
 from _zygote import Zygote, Zygotes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -304,6 +308,16 @@ def _children_cpu() -> tuple[float, float]:
     return r.ru_utime + r.ru_stime, float(r.ru_maxrss)
 
 
+def _ensure_crc_cache() -> None:
+    """The contenders' cache of expected CRC32Cs (``_contenders/_common.py``'s
+    ``expected_crcs``): one directory per benchmark process, named in its
+    environment (so every contender and zygote it starts inherits it), removed
+    at its exit."""
+    if not os.environ.get(CRC_CACHE_ENV):
+        os.environ[CRC_CACHE_ENV] = path = tempfile.mkdtemp(prefix="tb-bench-crc-")
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+
+
 def _run_fresh(
     name: str, cmd: list[str], env: Mapping[str, str], log_path: Path, timeout: float,
     sample_interval: float,
@@ -400,6 +414,7 @@ def run_contender(
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
     log_path = LOG_DIR / f"{safe}.log"
+    _ensure_crc_cache()
     full_env = dict(os.environ)
     full_env.update(env or {})
     full_env.setdefault("PYTHONUNBUFFERED", "1")

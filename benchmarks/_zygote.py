@@ -51,6 +51,11 @@ from typing import Any, BinaryIO
 PRELOAD = ("torch", "torch.utils.data", "numpy")
 
 
+#: What a contender reads at run time, set by the harness per run: the
+#: emulator's address.
+PER_RUN = ("STORAGE_EMULATOR_HOST",)
+
+
 @dataclass
 class Exit:
     """A reaped child: exit status (negative: killed by that signal), CPU, peak RSS."""
@@ -85,7 +90,7 @@ class Zygote:
         self,
         python: str,
         preload: Sequence[str] = PRELOAD,
-        per_run: Iterable[str] = ("STORAGE_EMULATOR_HOST",),
+        per_run: Iterable[str] = PER_RUN,
     ) -> None:
         self.python = python
         self.per_run = frozenset(per_run)
@@ -169,7 +174,7 @@ class Zygotes:
     def __init__(
         self,
         preload: Sequence[str] = PRELOAD,
-        per_run: Iterable[str] = ("STORAGE_EMULATOR_HOST",),
+        per_run: Iterable[str] = PER_RUN,
     ) -> None:
         self.preload = preload
         self.per_run = frozenset(per_run)

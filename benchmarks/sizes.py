@@ -90,6 +90,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
+import _zygote as zg
 import dataloading as dl
 
 NAME = "sizes"
@@ -253,7 +254,7 @@ def sweep_one(
     contenders: list[dl.Contender],
     args: argparse.Namespace,
     bench_py: str | None,
-    zygotes: h.Zygotes | None,
+    zygotes: zg.Zygotes | None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Every run at one size, presets alternated; preset -> contender -> medians."""
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {p: {} for p in args.presets}
@@ -495,8 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     # Contenders forked from interpreters that have imported torch once (all
     # but the bare loop, which needs none): the same measured phases, 2-3 s
     # less per run. gcsfs reads its variables at its own import, in the child.
-    per_run = ("STORAGE_EMULATOR_HOST", *dl.FSSPEC_ENV)
-    zygotes = None if args.fresh_processes else h.Zygotes(per_run=per_run)
+    per_run = (*zg.PER_RUN, *dl.FSSPEC_ENV)
+    zygotes = None if args.fresh_processes else zg.Zygotes(per_run=per_run)
     with zygotes or contextlib.nullcontext():
         for ds in sets:
             by_size[ds.key] = sweep_one(ds, contenders_for(ds, selected), args, bench_py, zygotes)

@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import _harness as h
@@ -90,3 +92,31 @@ def test_sizes_peers_and_the_reference_read_the_first_objects_by_a_prefix_that_l
         for c in sizes.contenders_for(dl.DataSet("1mib", 2000, 1 << 20, 0), sizes.CONTENDERS)
     }
     assert all("list_prefix" not in spec and "count" not in spec for spec in small.values())
+
+
+def test_the_expected_crcs_are_computed_once_per_dataset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from _contenders import _common
+
+    monkeypatch.setenv(_common.CRC_CACHE_ENV, str(tmp_path))
+    names = _common.generated_names("sizes/", 5)
+    first = _common.expected_crcs(names, 4096, seed=0)
+    assert first == [_common.crc32c(_common.expected_bytes(n, 4096, 0)) for n in names]
+    assert len(list(tmp_path.iterdir())) == 1
+
+    def unread(*args: object) -> bytes:
+        raise AssertionError("recomputed")
+
+    # The next run of the same dataset reads the table; another size computes its own.
+    monkeypatch.setattr(_common, "expected_bytes", unread)
+    assert _common.expected_crcs(names, 4096, seed=0) == first
+    with pytest.raises(AssertionError, match="recomputed"):
+        _common.expected_crcs(names, 8192, seed=0)
+    # A Verifier built from the table still tells a right body from a wrong one.
+    verifier = _common.Verifier(names, 4096, seed=0)
+    monkeypatch.undo()
+    body = _common.expected_bytes(names[1], 4096, 0)
+    assert verifier.check(body) == names[1]
+    with pytest.raises(_common.VerifyError, match="corrupted"):
+        verifier.check(body[:-1] + b"x")
