@@ -26,10 +26,12 @@ API (kept stable; other benchmarks import it):
 - ``emulator(latency=..., **kwargs)``: a started ``Emulator`` (model store).
 - ``seed(emu, bucket, *, count, size, prefix, seed=0)``: server-generated
   objects (``generated_bytes``), returns their names.
-- ``run_contender(name, script, spec, *, python=None, env=None, timeout=...)``:
-  runs ``_contenders/<script>`` (or any path) with ``spec`` as its JSON argument
-  and returns a :class:`ContenderRun`; see ``_contenders/_common.py`` for the
-  contender side (``Phase``, ``Verifier``, ``emit``).
+- ``run_contender(name, script, spec, *, python=None, env=None, timeout=...,
+  zygotes=None)``: runs ``_contenders/<script>`` (or any path) with ``spec`` as
+  its JSON argument, in a fresh process or forked from a zygote
+  (``_zygote.py``), and returns a :class:`ContenderRun`; see
+  ``_contenders/_common.py`` for the contender side (``Phase``, ``Verifier``,
+  ``emit``).
 - ``repeat(n, fn)``, ``median(values)``, ``medians(runs)``, ``median_figures(runs)``,
   ``ratio(a, b)``.
 - ``add_latency_option(parser)`` / ``latency_presets(parser, args)``: the
