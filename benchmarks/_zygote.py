@@ -105,7 +105,7 @@ class Zygote:
         )
         os.close(req_r)
         os.close(rep_w)
-        self._replies = os.fdopen(self._rep, "rb")
+        self._buffer = b""
         self._pending: int | None = None
         ready = self._reply(timeout=300.0)
         if ready is None or "ready" not in ready:
@@ -144,17 +144,31 @@ class Zygote:
         return Exit(int(reply["status"]), float(reply["cpu_s"]), float(reply["maxrss_kb"]))
 
     def _reply(self, timeout: float | None) -> dict[str, Any] | None:
-        ready, _, _ = select.select([self._replies], [], [], timeout)
-        if not ready:
-            return None
-        line = self._replies.readline()
-        return json.loads(line) if line else {"eof": self._proc.poll()}
+        """The next reply line, or ``None`` after ``timeout`` s without one.
+
+        Read from the descriptor into a buffer of its own: a buffered file
+        could hold a second reply (a child that ended at once) where
+        ``select`` no longer sees it.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([self._rep], [], [], left)
+            if not ready:
+                return None
+            chunk = os.read(self._rep, 1 << 16)
+            if not chunk:
+                return {"eof": self._proc.poll()}
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
 
     def close(self) -> None:
         """Stop the zygote (a child still running is the caller's to kill)."""
-        with contextlib.suppress(OSError):
-            os.close(self._req)
-        self._replies.close()
+        for fd in (self._req, self._rep):
+            with contextlib.suppress(OSError):
+                os.close(fd)
         try:
             self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

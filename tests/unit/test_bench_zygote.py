@@ -123,3 +123,20 @@ def test_a_run_that_sets_what_is_read_at_start_gets_a_fresh_process(contender: P
         assert not zygote.serves(None, {**zg.start_env(), "PYTHONHASHSEED": "1"})
         assert not zygote.serves("/another/python", zg.start_env())
         assert zygote.serves(None, {**zg.start_env(), "STORAGE_EMULATOR_HOST": "elsewhere:1"})
+
+
+def test_replies_that_arrive_together_are_each_read() -> None:
+    # A child that ends at once: its pid and its exit reach the pipe in one
+    # read. A buffered reader would hold the second where select() no longer
+    # sees it, and the run would wait out its timeout.
+    zygote = zg.Zygote.__new__(zg.Zygote)
+    read_end, write_end = os.pipe()
+    zygote._rep, zygote._buffer = read_end, b""
+    try:
+        os.write(write_end, b'{"pid": 7}\n{"status": 3, "cpu_s": 0.5, "maxrss_kb": 9}\n')
+        assert zygote._reply(1.0) == {"pid": 7}
+        assert zygote._reply(1.0) == {"status": 3, "cpu_s": 0.5, "maxrss_kb": 9}
+        assert zygote._reply(0.05) is None
+    finally:
+        os.close(read_end)
+        os.close(write_end)
