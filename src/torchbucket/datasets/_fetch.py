@@ -81,11 +81,10 @@ _GROUPS_PER_PREFETCH_MOST = 2
 _GROUP_BYTES_IN_FLIGHT = 48 << 20
 _GROUP_BYTES_AHEAD = 96 << 20
 
-# The window's bytes with ``FetchConfig(prefetch_size=None)``, reading directly;
-# reading objects of ``large_object_size`` and more (on average) with ranged
-# GETs; composing, _GROUP_BYTES_AHEAD (see FetchConfig.prefetch_size for why).
-_DIRECT_BYTES_AHEAD = 64 << 20
-_RANGED_BYTES_AHEAD = 128 << 20
+# The window's bytes with ``FetchConfig(prefetch_size=None)``, reading objects
+# one by one (whole, or with ranged GETs from ``large_object_size``); composing,
+# _GROUP_BYTES_AHEAD (see FetchConfig.prefetch_size for why).
+_DIRECT_BYTES_AHEAD = 128 << 20
 
 # With tensor output in a DataLoader worker, a window's objects read one by
 # one are carved out of shared segments of about this many objects, within
@@ -180,11 +179,7 @@ class PrefetchWindow:
             self._slab = SharedSlab(
                 int(min(_SLAB_BYTES_MOST, max(64 << 10, _SLAB_OBJECTS * per_object)))
             )
-        default_bytes = _DIRECT_BYTES_AHEAD
-        if self._groups:
-            default_bytes = _GROUP_BYTES_AHEAD
-        elif mean >= fetch.large_object_size:
-            default_bytes = _RANGED_BYTES_AHEAD
+        default_bytes = _GROUP_BYTES_AHEAD if self._groups else _DIRECT_BYTES_AHEAD
         self._limit_bytes: int = (
             default_bytes if fetch.prefetch_size is None else fetch.prefetch_size
         )

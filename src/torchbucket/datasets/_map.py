@@ -70,8 +70,8 @@ class BucketMapDataset(Dataset[Any]):
     handed over), as :class:`BucketIterableDataset` does. Memory: per worker
     (or in the main process without workers), what :class:`FetchConfig`
     bounds, ahead of what was handed over, in flight or arrived: at most
-    ``fetch.prefetch_size`` (64 MiB reading directly, 128 MiB with ranged
-    reads, 96 MiB composing), and ``4 x fetch.reads_in_flight`` objects
+    ``fetch.prefetch_size`` (128 MiB reading objects one by one, 96 MiB
+    composing), and ``4 x fetch.reads_in_flight`` objects
     reading directly (512: 51 MiB of 100 KiB objects) or, composing, up to
     four times the objects of the groups in flight within 96 MiB (1,024: 100
     MiB of 100 KiB objects; 4,096: 40 MiB of 10 KiB objects); plus a

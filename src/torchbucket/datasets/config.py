@@ -40,19 +40,22 @@ class FetchConfig:
             the bandwidth or CPU is the limit.
         prefetch_size: Bytes in the window (in flight, or arrived and not yet
             taken), per iterator; a unit larger than this is still fetched,
-            alone. Default ``None``: by the read path, 64 MiB reading
-            objects directly, 128 MiB where they are read with ranged GETs
-            (``large_object_size`` and more on average: 64 MiB holds only
-            1-4 of them), and 96 MiB composing (a composite's compose and GET
-            take about four times one GET's latency, so the same time ahead
-            holds more bytes). Measured with ``benchmarks/sizes.py`` (2
-            workers, the emulator's same-region model): at 1 MiB samples
-            128 MiB read 0.92-0.93x the samples/s of 64 MiB and 256 MiB
-            0.83-0.92x, with the first batch up to 2x later, and under the
-            latency tail 64, 128 and 256 MiB read the same, 32 MiB a third
-            less; at 16 and 64 MiB under the tail 128 MiB read 1.15-1.18x
-            64 MiB; at 256 KiB (composed) under the tail 64 MiB read
-            0.83-0.85x a deeper window, at 64 KiB 0.88-0.92x without it.
+            alone. Default ``None``: by the read path, 128 MiB reading
+            objects one by one (whole, or with ranged GETs), and 96 MiB
+            composing (a composite's compose and GET take about four times
+            one GET's latency, so the same time ahead holds more bytes).
+            Measured with ``benchmarks/sizes.py`` (2 workers, the emulator's
+            same-region model, three rounds alternated): at 1 and 4 MiB
+            under the latency tail 128 MiB read 1.03-1.19x the samples/s of
+            64 MiB, every round, its slowdown against the constant preset
+            0.98-1.14 where 64 MiB's was 1.02-1.28 (a worker's window held
+            one batch of 64 samples, so each batch waited for its slowest
+            GET); under the constant preset 0.89-1.14x, for about 90 MB
+            more RSS per worker at 1 MiB and 150 MB at 4 MiB, 5-15% more
+            client CPU and a first batch about 0.15 s later; at 16 and 64
+            MiB under the tail 1.15-1.18x; at 256
+            KiB (composed) under the tail 64 MiB read 0.83-0.85x a deeper
+            window, at 64 KiB 0.88-0.92x without it.
         output: What ``data_format_fn`` receives, and a sample is without one.
             ``"bytes"``: a ``bytes`` object (the default, as ``data_format_fn``
             always received). ``"tensor"``: a 1-D ``torch.uint8`` tensor that
