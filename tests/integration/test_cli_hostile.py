@@ -289,6 +289,10 @@ def test_a_special_file_named_alone_is_refused(
     one_line_error(done.stderr, str(awkward / "zero"), "a character device")
 
 
+def _sigint_at_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_an_upload_with_exit_130(
     emulator: Emulator, bucket: str, awkward: Path
 ) -> None:
@@ -299,6 +303,11 @@ def test_ctrl_c_stops_an_upload_with_exit_130(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As a terminal's foreground job has it: a suite started in the
+        # background by a shell without job control (`make test &`, nohup)
+        # hands its children SIGINT ignored, and Python keeps an ignored
+        # SIGINT ignored, so the child would sit out the stall.
+        preexec_fn=_sigint_at_default,
     )
     try:
         for _ in range(600):  # until the upload is held by the emulator
