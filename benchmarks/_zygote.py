@@ -97,14 +97,20 @@ class Zygote:
         self.env = start_env()
         req_r, self._req = os.pipe()
         self._rep, rep_w = os.pipe()
-        self._proc = subprocess.Popen(
-            [python, __file__, str(req_r), str(rep_w), *preload],
-            env=self.env,
-            pass_fds=(req_r, rep_w),
-            stdin=subprocess.DEVNULL,
-        )
-        os.close(req_r)
-        os.close(rep_w)
+        try:
+            self._proc = subprocess.Popen(
+                [python, __file__, str(req_r), str(rep_w), *preload],
+                env=self.env,
+                pass_fds=(req_r, rep_w),
+                stdin=subprocess.DEVNULL,
+            )
+        except BaseException:
+            for fd in (self._req, self._rep):
+                os.close(fd)
+            raise
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
         self._buffer = b""
         self._pending: int | None = None
         ready = self._reply(timeout=300.0)
@@ -283,13 +289,11 @@ def _serve(requests: BinaryIO, replies: BinaryIO, preload: Sequence[str]) -> Non
         if pid == 0:
             _run_child(request, (requests.fileno(), replies.fileno()), added)
         reply({"pid": pid})
-        t0 = time.monotonic()
         _, status, usage = os.wait4(pid, 0)
         reply({
             "status": os.waitstatus_to_exitcode(status),
             "cpu_s": usage.ru_utime + usage.ru_stime,
             "maxrss_kb": usage.ru_maxrss,
-            "wall_s": time.monotonic() - t0,
         })  # fmt: skip
 
 
