@@ -53,9 +53,9 @@ class FetchConfig:
             GET); under the constant preset 0.89-1.14x, for about 90 MB
             more RSS per worker at 1 MiB and 150 MB at 4 MiB, 5-15% more
             client CPU and a first batch about 0.15 s later; at 16 and 64
-            MiB under the tail 1.15-1.18x; at 256
-            KiB (composed) under the tail 64 MiB read 0.83-0.85x a deeper
-            window, at 64 KiB 0.88-0.92x without it.
+            MiB under the tail 1.15-1.18x. At 256 KiB (composed) under the
+            tail 64 MiB read 0.83-0.85x a deeper window, at 64 KiB
+            0.88-0.92x without it.
         output: What ``data_format_fn`` receives, and a sample is without one.
             ``"bytes"``: a ``bytes`` object (the default, as ``data_format_fn``
             always received). ``"tensor"``: a 1-D ``torch.uint8`` tensor that
