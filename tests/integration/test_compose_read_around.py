@@ -117,6 +117,44 @@ def test_a_stalled_compose_is_read_around_and_its_composite_still_deleted(
     assert left == []
 
 
+@pytest.mark.parametrize("needed", [False, True])
+def test_a_held_composite_read_is_not_read_around(
+    emulator: Emulator, bucket: str, needed: bool, tune: Callable[..., None]
+) -> None:
+    # The compose answers at once; the composite's GET is held 1.5 s (then
+    # its connection closed, and the read retried), far past both bounds.
+    # Only a compose is read around: the group waits for its composite's
+    # read (hedged like any read where hedging is on; off in this test, so
+    # the count of GETs is exact), even when its consumer waits for it.
+    tune(read_around_needed_floor=0.2)
+    emulator.add_fault("get", "stall", count=1, stall_seconds=1.5, match=COMPOSITE_PREFIX)
+    gcs = GCSConfig(
+        endpoint=emulator.endpoint, anonymous=True, retry=RETRY, hedge=HedgeConfig(enabled=False)
+    )
+    store = GCSStore(bucket, config=gcs)
+    infos = runtime.run(store.list_page("g/")).objects
+    before = emulator.stats()["by_op"]
+
+    async def fetch() -> list[object]:
+        waited_for = asyncio.Event()
+        if needed:
+            waited_for.set()
+        return list(
+            await compose_fetch.fetch_group(store, infos, ComposeConfig(), needed=waited_for)
+        )
+
+    counted = accounting.snapshot()
+    got = runtime.run(fetch())
+    counted = accounting.snapshot() - counted
+    assert got == [payload(i) for i in range(N)]
+    after = emulator.stats()["by_op"]
+    # The composite's GET, held, and its retry: no object read directly.
+    assert after.get("get", 0) - before.get("get", 0) == 2
+    assert counted.read_around == 0
+    assert after.get("compose", 0) - before.get("compose", 0) == 1
+    assert _settle(emulator, bucket, store) == []
+
+
 def test_with_read_around_off_the_group_waits_for_its_compose(
     emulator: Emulator, bucket: str, tune: Callable[..., None]
 ) -> None:

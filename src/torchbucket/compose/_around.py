@@ -1,8 +1,8 @@
 """Reading around a straggling compose path, and ending one left running.
 
 A group whose compose path (compose, read the composite, cut it) takes much
-longer than recent ones is read directly as well; the first to finish wins
-(:func:`read_around`). The compose path is never cancelled in flight (a
+longer than recent ones, its compose still unanswered, is read directly as
+well; the first to finish wins (:func:`read_around`). The compose path is never cancelled in flight (a
 compose cancelled in flight may still create its composite): it runs to its
 end and deletes its composite, unless an epoch's drain can end it sooner
 (:func:`_settle_early`).

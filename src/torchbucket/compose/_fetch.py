@@ -93,7 +93,7 @@ async def _compose_and_read(
 
     The compose's requests (each try of its retries) are counted in ``sent``;
     ``sent["anchored"]`` is 1 when the compose named ``anchor`` as its first
-    source.
+    source, ``sent["answered"]`` once the composite is known to exist.
 
     Returns:
         The group's objects' bytes, or ``None`` to read the group directly;
@@ -146,6 +146,9 @@ async def _compose_and_read(
     except StorageError as exc:
         logger.debug("compose %s failed (%s); reading its sources directly", store.uri(name), exc)
         return None, True, None
+    # Answered: what is left is the composite's read, which is hedged like any
+    # read (GCSConfig.hedge), so the group is no longer read around.
+    sent["answered"] = 1
     expected = sum(i.size for i in infos)
     if composite.size != expected:
         logger.debug(
@@ -360,7 +363,10 @@ async def fetch_group(
         except asyncio.CancelledError:
             attempt.cancel()  # its own clean-up deletes what it may have made
             raise
-        if straggling:
+        # Only a compose is read around (a write, never sent twice). Once it
+        # has answered, reading the group object by object as well only races
+        # the composite's read, which is hedged like any read (docs/reliability.md).
+        if straggling and not sent.get("answered"):
             return await read_around(
                 store, infos, attempt, name, sent, anchor, delete_failed=_delete_failed
             )
