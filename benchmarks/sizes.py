@@ -38,8 +38,9 @@ Opt-in by ``--only`` (an A/B in one run): ``map_default_pipe`` and
 ``datasets/_handover.py``); ``<map|iter>_shared_over_pipe_<size>`` in the RESULT.
 
 Latency (``--latency``): ``same-region`` (constant) and ``same-region-tail``,
-alternated repeat by repeat; under the tail only the two defaults and the bare
-loop run (the tail goal is theirs). ``--quick``: the counts below (an epoch
+alternated repeat by repeat, the contenders' order reversed every other
+repeat; under the tail only the two defaults and the bare loop run (the
+tail goal is theirs). ``--quick``: the counts below (an epoch
 of about 2 s of the defaults at every size, where the DataLoader's start,
 about 0.25 s to the first batch, would otherwise weigh on the figure more
 than in any real epoch; dataflux and gcsfs, 3-25 times slower below 256
@@ -263,7 +264,11 @@ def sweep_one(
         for rep in range(max(args.repeats, args.slow_repeats)):
             for preset in args.presets if rep % 2 == 0 else list(reversed(args.presets)):
                 model = h.reseeded(preset, rep)
-                for c in contenders:
+                # The order reversed every other repeat: a run's place after
+                # another moved its rate (64 MiB: the iterable default, always
+                # after the map-style one, slowed 1.13-1.27x under the tail in
+                # four sweeps, and 1.05x run alone).
+                for c in contenders if rep % 2 == 0 else list(reversed(contenders)):
                     # The goals' contenders (the defaults, the limit) run more often.
                     if rep >= (args.repeats if c.key in TAIL_KEYS else args.slow_repeats):
                         continue
@@ -486,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"sizes ({mode}): one epoch, DataLoader(num_workers={dl.NUM_WORKERS}, batch_size=64 or "
         f"{BATCH_BYTES // MIB} MiB), latency {' and '.join(args.presets)} (alternated repeat by "
-        f"repeat; the tail runs {', '.join(TAIL_KEYS)} only), every byte checked; "
+        f"repeat, the contenders' order reversed every other one; the tail runs {', '.join(TAIL_KEYS)} only), every byte checked; "
         f"{args.repeats} run(s) of the defaults and the bare loop, {args.slow_repeats} of the "
         f"others, medians; bare loop with {dl.limit_concurrency()} in flight\n"
         f"  sizes: {', '.join(f'{label(d.size)} x {d.count:,}' for d in sets)}"
