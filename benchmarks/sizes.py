@@ -491,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"sizes ({mode}): one epoch, DataLoader(num_workers={dl.NUM_WORKERS}, batch_size=64 or "
         f"{BATCH_BYTES // MIB} MiB), latency {' and '.join(args.presets)} (alternated repeat by "
-        f"repeat, the contenders' order reversed every other one; the tail runs {', '.join(TAIL_KEYS)} only), every byte checked; "
+        f"repeat, the contenders' order reversed every other one; the tail runs "
+        f"{', '.join(TAIL_KEYS)} only), every byte checked; "
         f"{args.repeats} run(s) of the defaults and the bare loop, {args.slow_repeats} of the "
         f"others, medians; bare loop with {dl.limit_concurrency()} in flight\n"
         f"  sizes: {', '.join(f'{label(d.size)} x {d.count:,}' for d in sets)}"

@@ -2,10 +2,10 @@
 
 A group whose compose path (compose, read the composite, cut it) takes much
 longer than recent ones, its compose still unanswered, is read directly as
-well; the first to finish wins (:func:`read_around`). The compose path is never cancelled in flight (a
-compose cancelled in flight may still create its composite): it runs to its
-end and deletes its composite, unless an epoch's drain can end it sooner
-(:func:`_settle_early`).
+well; the first to finish wins (:func:`read_around`). The compose path is
+never cancelled in flight (a compose cancelled in flight may still create
+its composite): it runs to its end and deletes its composite, unless an
+epoch's drain can end it sooner (:func:`_settle_early`).
 """
 
 from __future__ import annotations

@@ -37,8 +37,9 @@ class Tuning:
             least ``read_around_floor``) is also read object by object, and
             whichever finishes first is used, unless its compose has answered
             (what is left, the composite's read, is hedged like any read);
-            the compose goes on and its composite is deleted as usual. A compose is a write, never sent
-            twice; this bounds what a straggling compose costs the window. The
+            the compose goes on and its composite is deleted as usual. A
+            compose is a write, never sent twice; this bounds what a
+            straggling compose costs the window. The
             same bound sends a composite's delete again when it has taken this
             many times the median of recent deletes (at least
             ``read_around_floor``): the delete is pinned to the composite's
