@@ -66,7 +66,9 @@ lower default over ``df_best`` / ``gcsfs_cat``), ``client_cpu_ms_per_mib_<size>`
 (the lower default over ``aiohttp_dl``) and ``dataloader_loop_fraction_of_limit_<size>``
 (``aiohttp_dl`` over the limit), ``tail_slowdown_map_<size>`` and
 ``_iterable_<size>`` (the median samples/s under the constant preset over
-the median under the tail), and ``samples_per_s_<key>_<size>``.
+the median under the tail), ``tail_pairs_<map|iterable>_<size>`` (each
+repeat's constant run over its tail run, the two back to back, sorted: the
+spread behind that ratio), and ``samples_per_s_<key>_<size>``.
 Goals (constant preset): defaults >= 0.8 of the bare loop, >= 3x dataflux's
 best and >= 2x gcsfs's batched cat at every size; under the tail every
 size's slowdown <= 1.15 for both defaults; client CPU <= 2 ms per MiB from
@@ -273,6 +275,7 @@ def sweep_one(
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Every run at one size, a default's presets back to back; preset -> contender -> medians."""
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {p: {} for p in args.presets}
+    rates: dict[str, dict[str, dict[int, float]]] = {p: {} for p in args.presets}
     with h.emulator(latency=args.presets[0]) as emu:
         h.seed(emu, ds.bucket, count=ds.count, size=ds.size, prefix=dl.PREFIX)
         for rep in range(max(args.repeats, args.limit_repeats, args.slow_repeats)):
@@ -302,8 +305,13 @@ def sweep_one(
                         print(f" failed: {str(exc)[:300]}", file=sys.stderr, flush=True)
                         continue
                     runs[preset].setdefault(c.key, []).append(r)
+                    rates[preset].setdefault(c.key, {})[rep] = r["samples_per_s"]
                     print(f" {r['samples_per_s']:,.1f} samples/s", file=sys.stderr, flush=True)
-    return {p: {k: dl.summarize(v) for k, v in by.items()} for p, by in runs.items()}
+    out = {p: {k: dl.summarize(v) for k, v in by.items()} for p, by in runs.items()}
+    for p, by_key in rates.items():
+        for k, per_rep in by_key.items():  # each run's rate by its repeat, for the pairs
+            out[p][k]["runs_samples_per_s"] = {rep: round(x, 1) for rep, x in per_rep.items()}
+    return out
 
 
 def rate(summary: dict[str, dict[str, Any]], key: str) -> float:
@@ -353,6 +361,12 @@ def size_figures(
         t = by_preset[presets[-1]]
         for key, name in (("map_default", "map"), ("iter_default", "iterable")):
             out[f"tail_slowdown_{name}_{k}"] = round(h.ratio(rate(s, key), rate(t, key)), 3)
+            # Each repeat's two runs back to back, constant over tail: the spread.
+            c_runs = (s.get(key) or {}).get("runs_samples_per_s", {})
+            t_runs = (t.get(key) or {}).get("runs_samples_per_s", {})
+            out[f"tail_pairs_{name}_{k}"] = sorted(
+                round(c_runs[rep] / t_runs[rep], 3) for rep in c_runs if t_runs.get(rep)
+            )
     return out
 
 

@@ -274,6 +274,10 @@ def test_sizes_smoke_reports_every_size_key(tmp_path: Path) -> None:
         assert result[f"client_cpu_ms_per_mib_{size}"] > 0
         assert result[f"tail_slowdown_map_{size}"] > 0
         assert result[f"tail_slowdown_iterable_{size}"] > 0
+        # One repeat in --smoke: one pair of back-to-back runs per default.
+        for name in ("map", "iterable"):
+            pairs = result[f"tail_pairs_{name}_{size}"]
+            assert len(pairs) == result["repeats"] == 1 and pairs[0] > 0
         for key in ("default_speedup_vs_dataflux", "default_speedup_vs_gcsfs"):
             assert f"{key}_{size}" in result  # null when those contenders were not run
     assert set(result["goals"]) == set(result["goals_failing"])
