@@ -41,13 +41,14 @@ Latency (``--latency``): ``same-region`` (constant) and ``same-region-tail``;
 under the tail only the two defaults run (the tail goal is theirs), each
 default's two runs of a repeat back to back, the presets' order and the
 contenders' reversed every other repeat. ``--quick``: the counts below (an
-epoch of about 2 s of the defaults at every size, where the DataLoader's
-start, about 0.25 s to the first batch, would otherwise weigh on the figure
-more than in any real epoch; dataflux and gcsfs, 3-25 times slower below 256
-KiB, read the first :data:`PEER_OBJECTS` of them there, and so does
-``aiohttp_dl``), 3 runs of the defaults per preset, 2 of the bare loop, 1 of
-the others (``tb_best``, ``aiohttp_dl``, dataflux, gcsfs); the full run
-doubles the counts and runs the defaults 5 times, everything else 3. Every contender but the
+epoch of 2-4 s of the defaults at every size, where the DataLoader's start,
+about 0.25 s to the first batch, would otherwise weigh on the figure more
+than in any real epoch; dataflux and gcsfs, 3-25 times slower below 256
+KiB, read the first :data:`PEER_OBJECTS` of them there, and so do
+``aiohttp_dl`` and the bare loop, 1.7-5 times slower), 3 runs of the
+defaults per preset, 2 of the bare loop, 1 of the others (``tb_best``,
+``aiohttp_dl``, dataflux, gcsfs); the full run doubles the counts and runs
+the defaults 5 times, everything else 3. Every contender but the
 bare loop is forked from an interpreter of its environment that has
 imported torch once (``_zygote.py``: the same measured phase, 2-3 s less
 per run); ``--fresh-processes`` starts each in a fresh one. ``--smoke``:
@@ -115,13 +116,15 @@ SMOKE = [("512b", 512, 512), ("64kib", 64 * KIB, 256), ("4mib", 4 * MIB, 16)]
 #: A batch holds at most this many bytes (and at most 64 samples).
 BATCH_BYTES = 64 * MIB
 DEFAULTS = ("map_default", "iter_default")
-#: dataflux, gcsfs and the bare loop in DataLoader workers (``aiohttp_dl``, a
-#: reference) read at most the first this many objects of a size (a power of
-#: ten: dataflux lists them by prefix): 2-10 s at their rates below 256 KiB,
-#: where the defaults need 18,000-48,000 for an epoch of 2 s.
+#: dataflux, gcsfs, the bare loop and the same loop in DataLoader workers
+#: (``aiohttp_dl``, a reference) read at most the first this many objects of
+#: a size (a power of ten: dataflux lists them by prefix): 2-11 s at their
+#: rates below 256 KiB, where the defaults need 18,000-48,000 for an epoch of
+#: 2-4 s. The bare loop read all of them before, 11-14 s a run at 512 B and 4
+#: KiB (its epoch, unlike the others', then carried its start less).
 PEER_OBJECTS = 10_000
 PEERS = ("df_best", "gcsfs_cat")
-CAPPED = (*PEERS, "aiohttp_dl")
+CAPPED = (*PEERS, "aiohttp", "aiohttp_dl")
 #: Under the tail only the defaults run: the goal is theirs, and the bare
 #: loop's two runs there (for reference) cost as much time as a third run of
 #: both defaults under both presets, which a ratio of medians needs more (one
