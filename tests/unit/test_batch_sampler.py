@@ -260,13 +260,19 @@ def test_read_ahead_stays_within_its_bounds(bucket: str) -> None:
     ds.__getitems__(sampler_batches[0])
     assert store.seen.wait(timeout=30)
     # However long it runs, the window spans at most 4 x prefetch objects
-    # from the first one not taken; and it does run that far ahead (a slow read
-    # at its head is waited out while the reads behind it go on).
+    # from the first one not taken; and it does run that far ahead, less at
+    # most the quarter its fetchers wait to be free before they are woken
+    # (PrefetchWindow._admit): a fetcher blocked at position 15 while the
+    # batch's fourth object was not yet taken waits for 7 taken, so the
+    # window rests at 15 reads; blocked at 12 before any was taken, at 16.
+    # Which one the race between the fetchers and this thread gives varies
+    # (15 was seen under a loaded CI run); neither is ever past 16.
+    ahead = 4 * 3
     deadline = time.monotonic() + 30
-    while len(store.read) < 4 + 4 * 3 and time.monotonic() < deadline:
+    while len(store.read) < 4 + ahead - ahead // 4 and time.monotonic() < deadline:
         threading.Event().wait(0.01)
     threading.Event().wait(0.5)
-    assert len(store.read) == 4 + 4 * 3
+    assert 4 + ahead - ahead // 4 <= len(store.read) <= 4 + ahead
 
 
 def test_without_its_sampler_the_dataset_reads_only_what_is_asked(bucket: str) -> None:

@@ -71,14 +71,15 @@ def test_listing_idle_floor_is_the_wait_until_a_second_round_answers() -> None:
     assert listing.idle_floor([], 10.0, 1.0) == 0.0
 
 
-def test_sizes_peers_and_the_reference_read_the_first_objects_by_a_prefix_that_lists_them() -> None:
+def test_sizes_slower_contenders_read_the_first_objects_by_a_prefix_that_lists_them() -> None:
     import dataloading as dl
     import sizes
     from torchbucket.emulator import generated_names
 
     ds = dl.DataSet("512b", 48_000, 512, 0)
     specs = {c.key: c.spec for c in sizes.contenders_for(ds, sizes.CONTENDERS)}
-    assert set(sizes.CAPPED) == {*sizes.PEERS, "aiohttp_dl"}
+    # The peers, the bare loop and its DataLoader reference: slower than the defaults there.
+    assert set(sizes.CAPPED) == {*sizes.PEERS, "aiohttp", "aiohttp_dl"}
     for key in sizes.CAPPED:
         assert specs[key]["count"] == sizes.PEER_OBJECTS
         prefix = specs[key]["list_prefix"]
