@@ -199,7 +199,7 @@ def batch_size(size: int) -> int:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="nine sizes, 2 runs of the defaults")
+    mode.add_argument("--quick", action="store_true", help="nine sizes, 3 runs a preset")
     mode.add_argument("--smoke", action="store_true", help="three tiny sizes (a code-path check)")
     p.add_argument("--repeats", type=int, default=None, help="runs of the defaults per preset")
     p.add_argument("--limit-repeats", type=int, default=None, help="runs of the bare loop")
