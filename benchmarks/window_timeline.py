@@ -24,7 +24,8 @@ the window's first composed group arrived:
 
 ``--quick``: 6,000 x 10 KiB, 6 repeats (about a minute on the 2-core VM);
 the full run: 20,000 objects, 8 repeats. ``--smoke``: 512 objects, one
-repeat (a code-path check). No goal of its own: issue 19's goal
+repeat (a code-path check). ``--size-kib`` and ``--count`` trace another
+dataset (``sizes.py``'s composed sizes: ``--size-kib 64 --count 18000``). No goal of its own: issue 19's goal
 is ``dataloading.py``'s ``tail_slowdown_10kib``; this says what it is made of.
 
 Ends with ``RESULT {json}``: per path (``iterable``, ``map``) and preset
@@ -62,7 +63,7 @@ sys.path.insert(0, str(h.CONTENDERS_DIR))
 from _common import Verifier  # the contenders' byte check
 
 NAME = "window_timeline"
-SIZE = 10 << 10
+SIZE_KIB = 10  # the default object size
 BUCKET = "timeline"
 PREFIX = "img/"
 BATCH_SIZE = 64
@@ -83,12 +84,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--quick", action="store_true", help="6,000 x 10 KiB, 6 repeats")
     mode.add_argument("--smoke", action="store_true", help="512 objects, 1 repeat")
     p.add_argument("--count", type=int, default=None, help="objects in the dataset")
+    p.add_argument(
+        "--size-kib", type=int, default=SIZE_KIB, help=f"object size, KiB (default {SIZE_KIB})"
+    )
     p.add_argument("--repeats", type=int, default=None, help="runs per path and preset")
     h.add_latency_option(p)
     args = p.parse_args(argv)
     args.presets = h.latency_presets(p, args)
     if len(args.presets) != 2:
         p.error("--latency takes two presets: the constant one, then the tail")
+    if args.size_kib <= 0:
+        p.error(f"--size-kib must be > 0, got {args.size_kib}")
+    args.size = args.size_kib << 10
     if args.count is None:
         args.count = 512 if args.smoke else 6_000 if args.quick else 20_000
     if args.repeats is None:
@@ -141,7 +148,9 @@ def worker_timeline(text: str, epoch_start: float) -> dict[str, Any]:
     }
 
 
-def run_epoch(emu: Any, path: str, seed: int, names: list[str], log_dir: str) -> dict[str, Any]:
+def run_epoch(
+    emu: Any, path: str, seed: int, names: list[str], size: int, log_dir: str
+) -> dict[str, Any]:
     """One epoch of ``path`` with every worker's window timeline logged; its figures.
 
     Every sample is checked against ``names``' generated contents (CRC32C, each
@@ -178,7 +187,7 @@ def run_epoch(emu: Any, path: str, seed: int, names: list[str], log_dir: str) ->
         worker_init_fn=functools.partial(_log_to, log_dir),
         **kwargs,
     )
-    verifier = Verifier(names, SIZE)
+    verifier = Verifier(names, size)
     emu.reset_stats()
     samples = 0
     epoch_start = time.time()  # the workers' log times are wall-clock times too
@@ -228,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     base, tail = args.presets
     print(
-        f"window_timeline ({mode}): one epoch of {args.count:,} x 10 KiB, "
+        f"window_timeline ({mode}): one epoch of {args.count:,} x {args.size_kib} KiB, "
         f"DataLoader(num_workers={NUM_WORKERS}, batch_size={BATCH_SIZE}), compose on, bytes "
         f"samples, every byte checked; {base} and {tail} alternated repeat by repeat, a fresh seeded sampler per "
         f"run; {args.repeats} run(s) per path and preset, medians. Each worker logs its "
@@ -237,14 +246,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     with h.emulator(latency=base) as emu, tempfile.TemporaryDirectory() as tmp:
-        names = h.seed(emu, BUCKET, count=args.count, size=SIZE, prefix=PREFIX)
+        names = h.seed(emu, BUCKET, count=args.count, size=args.size, prefix=PREFIX)
         for n, (rep, preset, path) in enumerate(
             h.alternating_runs(emu, args.presets, args.repeats, list(PATHS))
         ):
             log_dir = os.path.join(tmp, str(n))
             os.mkdir(log_dir)
             print(f"  {preset} {path} run {rep + 1} ...", end="", file=sys.stderr)
-            r = run_epoch(emu, path, rep, names, log_dir)
+            r = run_epoch(emu, path, rep, names, args.size, log_dir)
             runs.setdefault((path, preset), []).append(r)
             print(
                 f" {r['samples_per_s']:,.0f} samples/s, waits {r['startup_wait_s']:.3f} s "
@@ -295,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             result[f"tail_{k}_{path}"] = round((t[k] or 0.0) - (b[k] or 0.0), 4)
     result.update(
         count=args.count,
-        object_size=SIZE,
+        object_size=args.size,
         repeats=args.repeats,
         mode=mode,
         latency_presets=[base, tail],
@@ -304,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     h.print_table(
-        f"{args.count:,} x 10 KiB (medians; waits per worker, summed over its epoch):",
+        f"{args.count:,} x {args.size_kib} KiB (medians; waits per worker, summed over its epoch):",
         rows,
         [
             ("path", "path", ""),
@@ -344,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             h.Panel("Drain per worker", labels, [r["drain_s"] for r in rows], "s"),
             h.Panel("Epoch", labels, [r["epoch_s"] for r in rows], "s"),
         ],
-        suptitle=f"window_timeline ({mode}): {args.count:,} x 10 KiB, {base} vs {tail}",
+        suptitle=f"window_timeline ({mode}): {args.count:,} x {args.size_kib} KiB, {base} vs {tail}",
     )
     path = h.write_json(
         NAME,

@@ -176,7 +176,7 @@ def test_tail_epochs_smoke_splits_the_tails_cost(tmp_path: Path) -> None:
 
 def test_window_timeline_smoke_splits_the_waits(tmp_path: Path) -> None:
     result = run_benchmark("window_timeline", tmp_path)
-    assert result["count"] == 512
+    assert (result["count"], result["object_size"]) == (512, 10 << 10)
     assert result["composites_left"] == 0
     for path in ("iterable", "map"):
         assert result[f"tail_slowdown_{path}"] > 0

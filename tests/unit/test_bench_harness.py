@@ -121,3 +121,13 @@ def test_the_expected_crcs_are_computed_once_per_dataset(
     assert verifier.check(body) == names[1]
     with pytest.raises(_common.VerifyError, match="corrupted"):
         verifier.check(body[:-1] + b"x")
+
+
+def test_window_timeline_traces_another_object_size() -> None:
+    import window_timeline
+
+    assert window_timeline.parse_args(["--quick"]).size == 10 << 10
+    args = window_timeline.parse_args(["--size-kib", "64", "--count", "18000"])
+    assert (args.size, args.count, args.repeats) == (64 << 10, 18_000, 8)
+    with pytest.raises(SystemExit):
+        window_timeline.parse_args(["--size-kib", "0"])
