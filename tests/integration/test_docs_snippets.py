@@ -215,3 +215,21 @@ def test_user_docs_carry_no_commit_hashes_or_run_letters() -> None:
         text = page.read_text()
         assert not hashes.search(text), (page.name, hashes.search(text))
         assert not runs.search(text), (page.name, runs.search(text))
+
+
+def _table_rows(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith("| ")]
+
+
+def test_the_figures_users_see_come_from_the_one_hand_kept_summary() -> None:
+    # benchmarks/summary.md opens docs/benchmarks.md (run_all.py writes it
+    # there); the README's results repeat its rows, never figures of their own.
+    summary = (ROOT / "benchmarks" / "summary.md").read_text()
+    rows = _table_rows(summary)
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    page_summary = page.split("## Summary", 1)[1].split("\n## ", 1)[0]
+    assert _table_rows(page_summary) == rows
+    results = (ROOT / "README.md").read_text().split("## Results", 1)[1].split("\n## ", 1)[0]
+    readme_rows = _table_rows(results)
+    assert len(readme_rows) >= 5
+    assert not set(readme_rows) - set(rows), set(readme_rows) - set(rows)
