@@ -25,8 +25,9 @@ the window's first composed group arrived:
 ``--quick``: 6,000 x 10 KiB, 6 repeats (about a minute on the 2-core VM);
 the full run: 20,000 objects, 8 repeats. ``--smoke``: 512 objects, one
 repeat (a code-path check). ``--size-kib`` and ``--count`` trace another
-dataset (``sizes.py``'s composed sizes: ``--size-kib 64 --count 18000``). No goal of its own: issue 19's goal
-is ``dataloading.py``'s ``tail_slowdown_10kib``; this says what it is made of.
+dataset (``sizes.py``'s composed sizes: ``--size-kib 64 --count 18000``).
+No goal of its own: issue 19's goal is ``dataloading.py``'s
+``tail_slowdown_10kib``; this says what it is made of.
 
 Ends with ``RESULT {json}``: per path (``iterable``, ``map``) and preset
 (``same_region``, ``same_region_tail``), medians over the runs of
