@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 from urllib.parse import quote, unquote
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from multidict import CIMultiDict
@@ -135,6 +136,33 @@ def test_crc32c_combine_of_large_lengths() -> None:
     a, b = bytes(range(256)) * 7, bytes(range(251)) * 25_000  # b spans many length bits
     value = google_crc32c.value
     assert combine(value(a), value(b), len(b)) == value(a + b)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_crc32c_combine_on_both_sides_of_the_zero_run_limit(native: bool) -> None:
+    # Up to _ZEROS_UP_TO the native library runs A's CRC over zeros; beyond
+    # it (and without the library) the power of x is multiplied in Python.
+    import random
+
+    import google_crc32c
+
+    from torchbucket.storage import crc32c as _crc32c
+
+    limit = _crc32c._ZEROS_UP_TO
+    rng = random.Random(7)
+    saved = _crc32c._native
+    if not native:
+        _crc32c._native = None
+    try:
+        for len_b in (0, 1, 7, 512, limit - 1, limit, limit + 1):
+            a, b = rng.randbytes(rng.randrange(0, 300)), rng.randbytes(len_b)
+            value = google_crc32c.value
+            assert _crc32c.combine(value(a), value(b), len_b) == value(a + b), len_b
+            crc_a = rng.getrandbits(32)
+            by_power = _crc32c._multiply(_crc32c._shift(len_b), crc_a) ^ 0x1234
+            assert _crc32c.combine(crc_a, 0x1234, len_b) == by_power, len_b
+    finally:
+        _crc32c._native = saved
 
 
 def test_crc32c_combine_of_a_composite_of_equal_sources() -> None:

