@@ -104,7 +104,7 @@ class BucketMapDataset(Dataset[Any]):
         fetch: Bounds of the read-ahead with a ``BucketBatchSampler``, the
             output (``bytes`` or a tensor handed over without a copy) and
             parallel ranged reads of large objects; default ``FetchConfig()``
-            (128 requests in flight, 64-128 MiB by read path, bytes, ranges from 8 MiB).
+            (128 requests in flight, 96-128 MiB by read path, bytes, ranges from 8 MiB).
     """
 
     def __init__(
