@@ -43,7 +43,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -68,6 +68,22 @@ def generated_names(prefix: str, count: int) -> list[str]:
     """The names ``seed_generated`` gives (``"sequential"``): prefix + padded index."""
     width = max(8, len(str(max(count - 1, 0))))
     return [f"{prefix}{i:0{width}d}" for i in range(count)]
+
+
+def spec_objects(spec: Mapping[str, Any]) -> tuple[list[str], Verifier]:
+    """The objects a spec names, and the verifier of their bytes.
+
+    ``sizes`` (name -> size, objects of many sizes: ``benchmarks/varied_sizes.py``)
+    where the spec has it; otherwise ``count`` generated names under ``prefix``,
+    all of ``size`` bytes.
+    """
+    seed = int(spec.get("seed", 0))
+    sizes: Mapping[str, int] | None = spec.get("sizes")
+    if sizes:
+        names = list(sizes)
+        return names, Verifier(names, 0, seed, sizes=sizes)
+    names = generated_names(spec["prefix"], spec["count"])
+    return names, Verifier(names, spec["size"], seed)
 
 
 def emit(payload: dict[str, Any]) -> None:
@@ -114,8 +130,15 @@ def crc32c(data: Any) -> int:
 CRC_CACHE_ENV = "TORCHBUCKET_BENCH_CRC_CACHE"
 
 
-def expected_crcs(names: list[str], size: int, seed: int = 0) -> list[int]:
-    """The CRC32C of each generated object's contents, from the cache when it has them."""
+def expected_crcs(
+    names: list[str], size: int, seed: int = 0, sizes: Mapping[str, int] | None = None
+) -> list[int]:
+    """The CRC32C of each generated object's contents, from the cache when it has them.
+
+    ``sizes``: each name's size, where they differ (``size`` is then unused).
+    """
+    if sizes is not None:
+        return [crc32c(expected_bytes(n, sizes[n], seed)) for n in names]
     directory = os.environ.get(CRC_CACHE_ENV)
     path = None
     if directory:
@@ -151,12 +174,21 @@ class Verifier:
         names: The objects expected.
         size: Their size in bytes.
         seed: The generator seed.
+        sizes: Each name's size, where they differ (``size`` is then unused).
     """
 
-    def __init__(self, names: Iterable[str], size: int, seed: int = 0) -> None:
+    def __init__(
+        self,
+        names: Iterable[str],
+        size: int,
+        seed: int = 0,
+        *,
+        sizes: Mapping[str, int] | None = None,
+    ) -> None:
         self.size = size
         names = list(names)
-        crcs = expected_crcs(names, size, seed)
+        self._sizes = sizes
+        crcs = expected_crcs(names, size, seed, sizes)
         self._by_digest: dict[bytes, tuple[str, int]] = {
             digest_of(n, seed): (n, crc) for n, crc in zip(names, crcs, strict=True)
         }
@@ -174,17 +206,20 @@ class Verifier:
         Raises:
             VerifyError: Wrong size, unknown or duplicate object, wrong bytes.
         """
-        if len(data) != self.size:
+        if self._sizes is None and len(data) != self.size:
             raise VerifyError(f"{name or '?'}: {len(data)} bytes, expected {self.size}")
         found, crc = self._by_digest.get(bytes(data[:32]), (None, 0))
         if found is None or (name is not None and found != name):
             raise VerifyError(f"{name or '?'}: contents of another or no object ({found})")
+        size = self.size if self._sizes is None else self._sizes[found]
+        if len(data) != size:
+            raise VerifyError(f"{found}: {len(data)} bytes, expected {size}")
         if crc32c(data) != crc:
             raise VerifyError(f"{found}: corrupted bytes (CRC32C differs)")
         if found in self._seen:
             raise VerifyError(f"{found}: delivered twice")
         self._seen.add(found)
-        self.bytes += self.size
+        self.bytes += size
         return found
 
     def finish(self) -> int:

@@ -9,7 +9,8 @@ are then set up, as in a long-running job). The phase covers every fetch and
 ``verify: "after"`` bodies are kept and checked after the phase. Without
 warm-up the session's creation is inside the phase.
 
-Spec: ``endpoint``, ``bucket``, ``prefix``, ``count``, ``size``, ``seed``,
+Spec: ``endpoint``, ``bucket``, ``prefix``, ``count``, ``size``, ``seed``
+(or ``sizes``: name -> size, the objects to read, of many sizes),
 ``concurrency``, ``verify`` (``"inline"`` or ``"after"``), ``warmup`` (0).
 """
 
@@ -19,7 +20,7 @@ import asyncio
 from collections.abc import Iterator
 
 import aiohttp
-from _common import Phase, Verifier, emit, generated_names, load_spec, object_url
+from _common import Phase, Verifier, emit, load_spec, object_url, spec_objects
 
 
 async def fetch(
@@ -47,8 +48,7 @@ async def fetch(
 
 def main() -> None:
     spec = load_spec()
-    names = generated_names(spec["prefix"], spec["count"])
-    verifier = Verifier(names, spec["size"], spec.get("seed", 0))
+    names, verifier = spec_objects(spec)
     concurrency = int(spec["concurrency"])
     inline = spec.get("verify", "inline") == "inline"
     warmup = min(int(spec.get("warmup", 0)), len(names))

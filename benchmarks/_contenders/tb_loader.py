@@ -5,6 +5,8 @@ does once; the phase covers the ``DataLoader`` (its workers forked, run and
 joined) and the consumer's check of every byte.
 
 Spec: ``endpoint``, ``grpc_endpoint`` (optional: a zonal bucket), ``bucket``, ``prefix``, ``count``, ``size``, ``seed``,
+``sizes`` (optional: name -> size, the objects under ``prefix`` being of many sizes),
+``shuffle`` (the iterable dataset's, default False),
 ``kind`` (``"map"``, ``"map_fast"``: map-style with a shuffling
 ``BucketBatchSampler``, or ``"iterable"``), ``compose`` (bool), ``batch_size``,
 ``num_workers``, ``pid_file``, ``output`` (``"bytes"``, the default, or
@@ -19,12 +21,7 @@ with no ``output`` nor ``fetch_config``: the library's own defaults for both.
 
 from __future__ import annotations
 
-from _common import (
-    Verifier,
-    generated_names,
-    load_spec,
-    measure_loader,
-)
+from _common import load_spec, measure_loader, spec_objects
 
 from torchbucket.compose import ComposeConfig
 from torchbucket.compose._tuning import TUNING
@@ -78,10 +75,11 @@ def main() -> None:
         loader_kwargs["batch_sampler"] = sampler
         concurrency = FetchConfig().reads_in_flight
     else:
-        dataset = BucketIterableDataset.from_prefix(uri, gcs=gcs, compose=compose, fetch=fetch)
+        dataset = BucketIterableDataset.from_prefix(
+            uri, gcs=gcs, compose=compose, fetch=fetch, shuffle=spec.get("shuffle", False)
+        )
         concurrency = FetchConfig().reads_in_flight
-    names = generated_names(spec["prefix"], spec["count"])
-    verifier = Verifier(names, spec["size"], spec.get("seed", 0))
+    _, verifier = spec_objects(spec)
     measure_loader(
         spec, dataset, verifier, loader_kwargs=loader_kwargs, in_flight_per_worker=concurrency
     )

@@ -191,6 +191,19 @@ def test_window_timeline_smoke_splits_the_waits(tmp_path: Path) -> None:
     assert result["server_cpu_fraction_max"] > 0
 
 
+def test_varied_sizes_smoke_reads_objects_of_many_sizes(tmp_path: Path) -> None:
+    result = run_benchmark("varied_sizes", tmp_path)
+    assert result["composites_left"] == 0
+    for key, distinct in (("2-30kib", 300), ("512kib-2mib", 48)):
+        assert result[f"distinct_sizes_{key}"] == distinct
+        assert result[f"default_fraction_of_limit_{key}"] > 0
+        assert result[f"client_cpu_ms_per_mib_{key}"] > 0
+        for contender in ("map_default", "iter_default", "aiohttp"):
+            assert result[f"samples_per_s_{contender}_{key}"] > 0
+    assert result["mean_object_kib_2-30kib"] == 16.0
+    assert result["server_cpu_fraction_max"] > 0
+
+
 # The longest: torch's FsspecReader reads the smoke's 32 MiB in 1,667 requests
 # (21-28 s a load), besides gcsfs and both DCP savers (each DCP run starts two
 # ranks: ~27 s). Under the constant preset only, which halves it (221 -> ~110 s

@@ -131,3 +131,41 @@ def test_window_timeline_traces_another_object_size() -> None:
     assert (args.size, args.count, args.repeats) == (64 << 10, 18_000, 8)
     with pytest.raises(SystemExit):
         window_timeline.parse_args(["--size-kib", "0"])
+
+
+def test_a_verifier_of_objects_of_many_sizes_checks_each_ones_own() -> None:
+    from _contenders import _common
+
+    sizes = {"v/00002048/00000000": 2048, "v/00003000/00000000": 3000}
+    names, verifier = _common.spec_objects({"sizes": sizes, "seed": 0})
+    assert names == list(sizes)
+    small, large = (_common.expected_bytes(n, s, 0) for n, s in sizes.items())
+    assert verifier.check(large) == names[1]
+    # A body cut to another object's length is refused, naming the object.
+    with pytest.raises(_common.VerifyError, match="2047 bytes, expected 2048"):
+        verifier.check(small[:-1])
+    assert verifier.check(small) == names[0]
+    assert verifier.finish() == 2 and verifier.bytes == 5048
+    with pytest.raises(_common.VerifyError, match="delivered twice"):
+        verifier.check(small)
+
+
+def test_varied_sizes_spreads_its_sizes_and_names_them_as_the_emulator_does() -> None:
+    import varied_sizes as vs
+    from torchbucket.emulator import generated_names
+
+    r = vs.Range("t", 2048, 30720, 600, 300)
+    sizes = r.sizes()
+    assert (len(set(sizes)), sizes[0], sizes[-1]) == (300, 2048, 30720)
+    objects = r.objects()
+    assert len(objects) == 600 and set(objects.values()) == set(sizes)
+    assert generated_names(f"{vs.PREFIX}{sizes[5]:08d}/", 2) == [
+        n for n, s in objects.items() if s == sizes[5]
+    ]
+    many = vs.Range("m", 2048, 30720, 30_000, 3_000).objects()
+    loop = vs.limit_objects(many)
+    assert len(loop) == vs.LIMIT_OBJECTS and loop == vs.limit_objects(many)
+    assert loop != dict(list(many.items())[: vs.LIMIT_OBJECTS])  # shuffled, not the first
+    assert vs.parse_args(["--quick"]).repeats == 3
+    with pytest.raises(SystemExit):
+        vs.parse_args(["--repeats", "0"])
