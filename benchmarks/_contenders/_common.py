@@ -137,12 +137,12 @@ def expected_crcs(
 
     ``sizes``: each name's size, where they differ (``size`` is then unused).
     """
-    if sizes is not None:
-        return [crc32c(expected_bytes(n, sizes[n], seed)) for n in names]
+    lengths = [size] * len(names) if sizes is None else [sizes[n] for n in names]
     directory = os.environ.get(CRC_CACHE_ENV)
     path = None
     if directory:
-        key = hashlib.blake2b(json.dumps([size, seed, names]).encode(), digest_size=16)
+        dataset = [size, seed, names] if sizes is None else [lengths, seed, names]
+        key = hashlib.blake2b(json.dumps(dataset).encode(), digest_size=16)
         path = os.path.join(directory, f"{key.hexdigest()}.json")
         try:
             with open(path) as f:
@@ -151,7 +151,7 @@ def expected_crcs(
                 return [int(c) for c in cached]
         except (OSError, ValueError):
             pass  # not there yet (or unreadable): computed below
-    crcs = [crc32c(expected_bytes(n, size, seed)) for n in names]
+    crcs = [crc32c(expected_bytes(n, length, seed)) for n, length in zip(names, lengths)]
     if path is not None:
         partial = f"{path}.{os.getpid()}.tmp"
         with open(partial, "w") as f:
@@ -187,10 +187,11 @@ class Verifier:
     ) -> None:
         self.size = size
         names = list(names)
-        self._sizes = sizes
         crcs = expected_crcs(names, size, seed, sizes)
-        self._by_digest: dict[bytes, tuple[str, int]] = {
-            digest_of(n, seed): (n, crc) for n, crc in zip(names, crcs, strict=True)
+        # Each object's name, CRC32C and size, by the digest its contents repeat.
+        self._by_digest: dict[bytes, tuple[str, int, int]] = {
+            digest_of(n, seed): (n, crc, size if sizes is None else sizes[n])
+            for n, crc in zip(names, crcs, strict=True)
         }
         self._seen: set[str] = set()
         self.bytes = 0
@@ -206,12 +207,9 @@ class Verifier:
         Raises:
             VerifyError: Wrong size, unknown or duplicate object, wrong bytes.
         """
-        if self._sizes is None and len(data) != self.size:
-            raise VerifyError(f"{name or '?'}: {len(data)} bytes, expected {self.size}")
-        found, crc = self._by_digest.get(bytes(data[:32]), (None, 0))
+        found, crc, size = self._by_digest.get(bytes(data[:32]), (None, 0, 0))
         if found is None or (name is not None and found != name):
             raise VerifyError(f"{name or '?'}: contents of another or no object ({found})")
-        size = self.size if self._sizes is None else self._sizes[found]
         if len(data) != size:
             raise VerifyError(f"{found}: {len(data)} bytes, expected {size}")
         if crc32c(data) != crc:

@@ -114,6 +114,17 @@ def test_the_expected_crcs_are_computed_once_per_dataset(
     assert _common.expected_crcs(names, 4096, seed=0) == first
     with pytest.raises(AssertionError, match="recomputed"):
         _common.expected_crcs(names, 8192, seed=0)
+    # Objects of many sizes are a dataset of their own, kept the same way.
+    sizes = {n: 1000 + i for i, n in enumerate(names)}
+    with pytest.raises(AssertionError, match="recomputed"):
+        _common.expected_crcs(names, 0, seed=0, sizes=sizes)
+    monkeypatch.undo()
+    monkeypatch.setenv(_common.CRC_CACHE_ENV, str(tmp_path))
+    varied = _common.expected_crcs(names, 0, seed=0, sizes=sizes)
+    assert varied == [_common.crc32c(_common.expected_bytes(n, sizes[n], 0)) for n in names]
+    assert len(list(tmp_path.iterdir())) == 2
+    monkeypatch.setattr(_common, "expected_bytes", unread)
+    assert _common.expected_crcs(names, 0, seed=0, sizes=sizes) == varied
     # A Verifier built from the table still tells a right body from a wrong one.
     verifier = _common.Verifier(names, 4096, seed=0)
     monkeypatch.undo()
