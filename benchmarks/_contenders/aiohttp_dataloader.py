@@ -22,11 +22,10 @@ from typing import Any
 
 import aiohttp
 from _common import (
-    Verifier,
-    generated_names,
     load_spec,
     measure_loader,
     object_url,
+    spec_objects,
 )
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -85,8 +84,7 @@ class PrototypeDataset(IterableDataset[tuple[str, bytes]]):
 
 def main() -> None:
     spec = load_spec()
-    names = generated_names(spec["prefix"], spec["count"])
-    verifier = Verifier(names, spec["size"], spec.get("seed", 0))
+    names, verifier = spec_objects(spec)
     dataset = PrototypeDataset(spec["endpoint"], spec["bucket"], names, int(spec["prefetch"]))
     measure_loader(spec, dataset, verifier, names_known=True)
 

@@ -19,10 +19,9 @@ from __future__ import annotations
 import os
 
 from _common import (
-    Verifier,
-    generated_names,
     load_spec,
     measure_loader,
+    spec_objects,
 )
 from dataflux_pytorch import dataflux_iterable_dataset, dataflux_mapstyle_dataset
 
@@ -50,8 +49,7 @@ def main() -> None:
     listed = len(dataset.objects)
     if listed != spec["count"]:
         raise SystemExit(f"dataflux listed {listed} objects, expected {spec['count']}")
-    names = generated_names(spec["prefix"], spec["count"])
-    verifier = Verifier(names, spec["size"], spec.get("seed", 0))
+    _, verifier = spec_objects(spec)
     measure_loader(spec, dataset, verifier)
 
 

@@ -17,7 +17,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from _common import Phase, Verifier, emit, generated_names, load_spec
+from _common import Phase, emit, load_spec, spec_objects
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 from requests.adapters import HTTPAdapter
@@ -36,8 +36,7 @@ def make_client(endpoint: str, pool: int) -> storage.Client:
 def main() -> None:
     spec = load_spec()
     concurrency = int(spec["concurrency"])
-    names = generated_names(spec["prefix"], spec["count"])
-    verifier = Verifier(names, spec["size"], spec.get("seed", 0))
+    names, verifier = spec_objects(spec)
     client = make_client(spec["endpoint"], concurrency)
     bucket = client.bucket(spec["bucket"])
     inline = spec.get("verify", "inline") == "inline"

@@ -27,7 +27,7 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 from collections.abc import Sequence
 from typing import Any
 
-from _common import Verifier, generated_names, load_spec, measure_loader
+from _common import load_spec, measure_loader, spec_objects
 from _gcsfs_zonal import filesystem, zonal_of
 from torch.utils.data import Dataset
 
@@ -63,8 +63,7 @@ class GcsfsCatDataset(Dataset[tuple[str, bytes]]):
 def main() -> None:
     spec = load_spec()
     os.environ["STORAGE_EMULATOR_HOST"] = spec["endpoint"]
-    names = generated_names(spec["prefix"], spec["count"])
-    verifier = Verifier(names, spec["size"], spec.get("seed", 0))
+    names, verifier = spec_objects(spec)
     dataset = GcsfsCatDataset(spec["bucket"], names, zonal_of(spec))
     measure_loader(
         spec,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
-from _common import Phase, Verifier, emit, generated_names, load_spec
+from _common import Phase, Verifier, emit, load_spec, spec_objects
 
 from torchbucket import runtime
 from torchbucket.config import ConcurrencyConfig
@@ -62,8 +62,7 @@ def main() -> None:
     spec = load_spec()
     if not spec.get("accounting", True):
         _no_accounting()
-    names = generated_names(spec["prefix"], spec["count"])
-    verifier = Verifier(names, spec["size"], spec.get("seed", 0))
+    names, verifier = spec_objects(spec)
     concurrency = int(spec["concurrency"])
     inline = spec.get("verify", "inline") == "inline"
     warmup = min(int(spec.get("warmup", 0)), len(names))
