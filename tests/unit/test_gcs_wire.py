@@ -165,6 +165,22 @@ def test_crc32c_combine_on_both_sides_of_the_zero_run_limit(native: bool) -> Non
         _crc32c._native = saved
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_crc32c_combine_refuses_a_negative_length(native: bool) -> None:
+    # A size read from a listing is not to be trusted: -1 must not reach the
+    # native library (a read of 2^64 - 1 bytes) nor the multiplication (no end).
+    from torchbucket.storage import crc32c as _crc32c
+
+    saved = _crc32c._native
+    if not native:
+        _crc32c._native = None
+    try:
+        with pytest.raises(ValueError, match="length >= 0, got -1"):
+            _crc32c.combine(1, 2, -1)
+    finally:
+        _crc32c._native = saved
+
+
 def test_crc32c_combine_of_a_composite_of_equal_sources() -> None:
     # A composite's sources mostly share one length: every combine after the
     # first takes the cached shift, and the chain still equals the whole's CRC.
