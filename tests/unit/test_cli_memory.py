@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from memory_helper import memory_bucket
 
@@ -312,9 +312,18 @@ def test_parse_size_and_duration_reject_nonsense() -> None:
 
 
 @given(st.integers(min_value=0, max_value=1 << 60))
+@example(1048051712)  # 999.5 MiB: "%.3g" wrote "1e+03 MiB"
+@example((1 << 20) - 1)
 def test_human_bytes_is_short_and_in_range(size: int) -> None:
     text = human_bytes(size)
     number, unit = text.split()
     assert len(number) <= 4
     factor = 1024 ** ["B", "KiB", "MiB", "GiB", "TiB", "PiB"].index(unit)
     assert abs(float(number) * factor - size) <= max(0.01 * size, 1)
+
+
+def test_human_bytes_writes_what_rounds_to_a_thousand_whole() -> None:
+    assert human_bytes(1048051712) == "1000 MiB"
+    assert human_bytes(999 * 1024) == "999 KiB"
+    assert human_bytes(1536) == "1.5 KiB"
+    assert human_bytes(1023) == "1023 B"

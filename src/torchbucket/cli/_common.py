@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
+from torchbucket._human import human_bytes, plural
 from torchbucket._uri import ObjectURI, parse_uri
 from torchbucket.config import RetryConfig
 from torchbucket.errors import (
@@ -185,26 +186,6 @@ def open_target(uri: str, endpoint: str | None = None) -> Target:
         options["config"] = gcs_config(endpoint)
     store, key = store_for(parsed, **options)
     return Target(parsed, store, key)
-
-
-def plural(count: int, noun: str) -> str:
-    """``plural(1, "object")`` -> ``"1 object"``; ``plural(2, "object")`` -> ``"2 objects"``."""
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
-
-
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-
-
-def human_bytes(size: float) -> str:
-    """``1536`` -> ``"1.5 KiB"``: binary units, three significant figures."""
-    value = float(size)
-    for unit in _UNITS:
-        if abs(value) < 1024 or unit == _UNITS[-1]:
-            if unit == "B":
-                return f"{int(value)} B"
-            return f"{value:.3g} {unit}" if value < 1000 else f"{value:.0f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from torchbucket import runtime
+from torchbucket._human import human_bytes, plural
 from torchbucket.errors import BucketNotFoundError, StorageError
 from torchbucket.listing import alist_objects
 from torchbucket.runtime.tasks import gather_or_cancel
@@ -113,20 +114,3 @@ def find_leftovers(uri: str, gcs: GCSConfig) -> tuple[list[ObjectInfo], list[Mul
             await store.close()
 
     return runtime.run(find())
-
-
-def plural(count: int, noun: str) -> str:
-    """``plural(1, "object")`` -> ``"1 object"``; ``plural(2, "object")`` -> ``"2 objects"``."""
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
-
-
-def human_bytes(size: float) -> str:
-    """``1536`` -> ``"1.5 KiB"``: binary units, three significant figures."""
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            if unit == "B":
-                return f"{int(value)} B"
-            return f"{value:.3g} {unit}" if value < 1000 else f"{value:.0f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
