@@ -119,10 +119,10 @@ def test_small_objects_get_more_groups_in_flight_and_a_deeper_window(bucket: str
 
 def test_large_groups_keep_the_shallow_window(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # Groups of 32 x 8 bytes = 256 bytes; bounds of 512 bytes in flight and
-    # 1,024 bytes ahead stand in for 48 and 96 MiB against 100 KiB objects:
+    # 1,024 bytes ahead stand in for 96 and 128 MiB against 256 KiB objects:
     # 2 groups in flight, and the window 2 rounds of them (128 objects) ahead.
     monkeypatch.setattr(fetch_module, "_GROUP_BYTES_IN_FLIGHT", 512)
-    monkeypatch.setattr(fetch_module, "_GROUP_BYTES_AHEAD", 1024)
+    monkeypatch.setattr(fetch_module, "_BYTES_AHEAD", 1024)
     window, started = _held_window(bucket, prefetch=16, expect=(128 - 16) // 32)
     assert HeldCompose.peak == 2
     assert started == (128 - 16) // 32

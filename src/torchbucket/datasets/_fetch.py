@@ -59,7 +59,7 @@ _AHEAD_PER_FETCHER = 4
 # With compose on, a window of ``reads_in_flight`` has ``reads_in_flight // 8`` to
 # ``reads_in_flight // 2`` groups in flight (16 to 64 by default, of up to 32 objects):
 # as many as fit in _GROUP_BYTES_IN_FLIGHT, and it runs ahead _AHEAD_PER_FETCHER
-# times the objects of those groups, as far as _GROUP_BYTES_AHEAD allows. Small
+# times the objects of those groups, as far as _BYTES_AHEAD allows. Small
 # objects get the deep window: a group's compose path is a write plus a GET
 # (~60 ms at the median, several times that in the tail), and at 10 KiB a
 # worker consumes ~190 groups/s, so a straggling group at the head of a shallow
@@ -67,24 +67,33 @@ _AHEAD_PER_FETCHER = 4
 # --datasets 10kib, same-region-tail, 2 workers, BucketBatchSampler / iterable,
 # medians of 3): 16 groups, 2 rounds ahead: 5,143 / 6,204 samples/s; 16, 4:
 # 6,348 / 6,760; 32, 2: 7,447 / 8,276; 32, 4: 8,497 / 8,830 (the constant
-# preset: ~9,200-9,400). At 100 KiB the same 32 x 4 cost RSS (499 against 329
-# MiB per worker) and CPU (0.39 against 0.29 ms/object) for no gain, so the
-# byte bounds keep 100 KiB groups at 16 in flight and ~2 rounds ahead. With
-# the defaults at ~20,000 samples/s (512 B, epochs of 32,000 objects:
-# benchmarks/sizes.py), 32 groups no longer kept up: 64 took both defaults
-# from 20,700-21,100 to 22,600-25,800 samples/s under the constant preset
-# and from 16,500-17,100 to 19,600-21,800 under the tail (2 runs of 32, 4 of
-# 64 in two A/Bs).
-# From 64 KiB the byte bound (48 MiB) keeps it at 24 or fewer.
+# preset: ~9,200-9,400). With the defaults at ~20,000 samples/s (512 B,
+# epochs of 32,000 objects: benchmarks/sizes.py), 32 groups no longer kept
+# up: 64 took both defaults from 20,700-21,100 to 22,600-25,800 samples/s
+# under the constant preset and from 16,500-17,100 to 19,600-21,800 under
+# the tail (2 runs of 32, 4 of 64 in two A/Bs).
+# From 64 KiB the byte bound keeps it under 64: 49 groups at 64 KiB, 24 from
+# 128 KiB. It was 48 MiB (24 groups at 64 KiB, 16 from 128 KiB, each about
+# 4 MiB), and on a VM where the defaults read 3,200-3,500 samples/s of 256
+# KiB (~430 MB/s a worker) a group's path took 0.13-0.14 s at the median,
+# its nominal 0.08 s plus the wait for a busy CPU: 16 groups were just what
+# that rate needs, so the tail's longer paths starved the window (the
+# consumer waited about half of each epoch). 96 MiB, measured against 48
+# (benchmarks/sizes.py --quick --sizes 64kib,256kib --only
+# map_default,iter_default --repeats 3, alternated, medians of 6 runs,
+# map-style / iterable samples/s): 256 KiB tail 2,708 / 2,780 -> 2,850-3,066
+# / 2,809-3,103, constant 3,230 / 3,452 -> 3,064-3,501 / 3,257-3,690; 64 KiB
+# tail 7,908 / 8,279 -> 8,104-9,020 / 8,511-8,969; 60-160 KiB objects
+# (varied_sizes.py) 4,849 / 5,505 -> 5,356 / 5,760; 25-40 MiB more RSS a
+# worker. 128 MiB in flight (192 ahead) read no more, for 50 MiB more RSS.
 _GROUPS_PER_PREFETCH = 8
 _GROUPS_PER_PREFETCH_MOST = 2
-_GROUP_BYTES_IN_FLIGHT = 48 << 20
-_GROUP_BYTES_AHEAD = 96 << 20
+_GROUP_BYTES_IN_FLIGHT = 96 << 20
 
-# The window's bytes with ``FetchConfig(prefetch_size=None)``, reading objects
-# one by one (whole, or with ranged GETs from ``large_object_size``); composing,
-# _GROUP_BYTES_AHEAD (see FetchConfig.prefetch_size for why).
-_DIRECT_BYTES_AHEAD = 128 << 20
+# The window's bytes with ``FetchConfig(prefetch_size=None)``, whatever the
+# read path (objects one by one, whole or with ranged GETs from
+# ``large_object_size``, or composed groups; see FetchConfig.prefetch_size).
+_BYTES_AHEAD = 128 << 20
 
 # With tensor output in a DataLoader worker, a window's objects read one by
 # one are carved out of shared segments of about this many objects, within
@@ -103,7 +112,7 @@ class PrefetchWindow:
     least 2; see ``_GROUP_BYTES_IN_FLIGHT``) composed groups. A unit is
     admitted while the window, from the first position not yet taken to the
     unit's end, spans at most ``_AHEAD_PER_FETCHER`` times as many objects as
-    can be in flight (composing, see ``_GROUP_BYTES_AHEAD``) and at most
+    can be in flight (composing, see ``_GROUP_BYTES_IN_FLIGHT``) and at most
     ``prefetch_size`` (a unit alone in the window is always admitted). Results that have arrived but are not yet
     taken count against the window, so memory stays bounded, but a slow
     consumer never drains the requests in flight below ``reads_in_flight`` until the
@@ -171,7 +180,7 @@ class PrefetchWindow:
             self._ahead = max(
                 self._ahead,
                 2 * self._groups * compose.max_sources,
-                min(rounds, int(_GROUP_BYTES_AHEAD // mean)),
+                min(rounds, int(_BYTES_AHEAD // mean)),
             )
         self._slab: SharedSlab | None = None
         if fetch.output == "tensor":
@@ -179,9 +188,8 @@ class PrefetchWindow:
             self._slab = SharedSlab(
                 int(min(_SLAB_BYTES_MOST, max(64 << 10, _SLAB_OBJECTS * per_object)))
             )
-        default_bytes = _GROUP_BYTES_AHEAD if self._groups else _DIRECT_BYTES_AHEAD
         self._limit_bytes: int = (
-            default_bytes if fetch.prefetch_size is None else fetch.prefetch_size
+            _BYTES_AHEAD if fetch.prefetch_size is None else fetch.prefetch_size
         )
         self._chunk = max(1, min(_HANDOVER_CHUNK, fetch.reads_in_flight // 4))
         self._cond = threading.Condition(threading.Lock())

@@ -70,11 +70,10 @@ class BucketMapDataset(Dataset[Any]):
     handed over), as :class:`BucketIterableDataset` does. Memory: per worker
     (or in the main process without workers), what :class:`FetchConfig`
     bounds, ahead of what was handed over, in flight or arrived: at most
-    ``fetch.prefetch_size`` (128 MiB reading objects one by one, 96 MiB
-    composing), and ``4 x fetch.reads_in_flight`` objects
+    ``fetch.prefetch_size`` (128 MiB), and ``4 x fetch.reads_in_flight`` objects
     reading directly (512: 51 MiB of 100 KiB objects) or, composing, up to
-    four times the objects of the groups in flight within 96 MiB (1,024: 100
-    MiB of 100 KiB objects; 4,096: 40 MiB of 10 KiB objects); plus a
+    four times the objects of the groups in flight (7,936: 78 MiB of 10 KiB
+    objects; of 100 KiB objects, what 128 MiB holds); plus a
     hand-over chunk of up to 32 objects. With any
     other sampler, or a batch out of the expected turn, a batch is fetched
     when asked for, as before.
@@ -104,7 +103,7 @@ class BucketMapDataset(Dataset[Any]):
         fetch: Bounds of the read-ahead with a ``BucketBatchSampler``, the
             output (``bytes`` or a tensor handed over without a copy) and
             parallel ranged reads of large objects; default ``FetchConfig()``
-            (128 requests in flight, 96-128 MiB by read path, bytes, ranges from 8 MiB).
+            (128 requests in flight, 128 MiB, bytes, ranges from 8 MiB).
     """
 
     def __init__(

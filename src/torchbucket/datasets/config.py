@@ -26,7 +26,7 @@ class FetchConfig:
         reads_in_flight: Requests in flight per iterator (so per DataLoader
             worker); with compose on, ``reads_in_flight // 8`` to
             ``reads_in_flight // 2`` of them
-            (at least 2; as many as hold at most 48 MiB) are composed groups of
+            (at least 2; as many as hold at most 96 MiB) are composed groups of
             up to 32 objects (the first
             ``min(64, reads_in_flight)`` objects of a window, at most a quarter of
             it, are read directly, so the first batch does not wait for a
@@ -34,16 +34,13 @@ class FetchConfig:
             not yet taken do not count here, so a consumer that takes a batch at
             a time does not drain the requests in flight; the window ahead of
             the consumer spans at most four times the objects in flight (when
-            composing, four times the objects of the groups in flight, within
-            96 MiB, and at least twice them). Default
+            composing, four times the objects of the groups in flight, and at
+            least twice them), within ``prefetch_size``. Default
             128: at ~20 ms per GET that is ~6,000 objects/s per worker before
             the bandwidth or CPU is the limit.
         prefetch_size: Bytes in the window (in flight, or arrived and not yet
             taken), per iterator; a unit larger than this is still fetched,
-            alone. Default ``None``: by the read path, 128 MiB reading
-            objects one by one (whole, or with ranged GETs), and 96 MiB
-            composing (a composite's compose and GET take about four times
-            one GET's latency, so the same time ahead holds more bytes).
+            alone. Default ``None``: 128 MiB, whatever the read path.
             Measured with ``benchmarks/sizes.py`` (2 workers, the emulator's
             same-region model, three rounds alternated): at 1 and 4 MiB
             under the latency tail 128 MiB read 1.03-1.19x the samples/s of
@@ -53,9 +50,11 @@ class FetchConfig:
             GET); under the constant preset 0.89-1.14x, for about 90 MB
             more RSS per worker at 1 MiB and 150 MB at 4 MiB, 5-15% more
             client CPU and a first batch about 0.15 s later; at 16 and 64
-            MiB under the tail 1.15-1.18x. At 256 KiB (composed) under the
-            tail 64 MiB read 0.83-0.85x a deeper window, at 64 KiB
-            0.88-0.92x without it.
+            MiB under the tail 1.15-1.18x. Composing at 64 and 256 KiB, 96
+            MiB of groups in flight and 128 ahead read 1.02-1.13x the
+            samples/s of 48 in flight and 96 ahead under the tail, and
+            about as much or more under the constant preset, for 25-40 MB
+            more RSS per worker.
         output: What ``data_format_fn`` receives, and a sample is without one.
             ``"bytes"``: a ``bytes`` object (the default, as ``data_format_fn``
             always received). ``"tensor"``: a 1-D ``torch.uint8`` tensor that
