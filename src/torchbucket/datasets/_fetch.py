@@ -77,15 +77,17 @@ _AHEAD_PER_FETCHER = 4
 # 4 MiB), and on a VM where the defaults read 3,200-3,500 samples/s of 256
 # KiB (~430 MB/s a worker) a group's path took 0.13-0.14 s at the median,
 # its nominal 0.08 s plus the wait for a busy CPU: 16 groups were just what
-# that rate needs, so the tail's longer paths starved the window (the
-# consumer waited about half of each epoch). 96 MiB, measured against 48
-# (benchmarks/sizes.py --quick --sizes 64kib,256kib --only
-# map_default,iter_default --repeats 3, alternated, medians of 6 runs,
-# map-style / iterable samples/s): 256 KiB tail 2,708 / 2,780 -> 2,850-3,066
-# / 2,809-3,103, constant 3,230 / 3,452 -> 3,064-3,501 / 3,257-3,690; 64 KiB
-# tail 7,908 / 8,279 -> 8,104-9,020 / 8,511-8,969; 60-160 KiB objects
-# (varied_sizes.py) 4,849 / 5,505 -> 5,356 / 5,760; 25-40 MiB more RSS a
-# worker. 128 MiB in flight (192 ahead) read no more, for 50 MiB more RSS.
+# that rate needs (a worker's consumer waited for its window 0.8-1.2 s of
+# each 1.9-2.2 s epoch under either preset, benchmarks/window_timeline.py),
+# and the tail's longer paths starved it further. 96 MiB against 48 (2 A/Bs of
+# 2 rounds, benchmarks/sizes.py --quick --sizes 64kib,256kib --only
+# map_default,iter_default --repeats 3; map-style / iterable samples/s):
+# under the tail 1.08 / 1.10 and 1.02 / 1.08 at 256 KiB, 1.11 / 1.12 and
+# 1.08 / 1.11 at 64 KiB; under the constant preset 0.93-1.11x; the tail's
+# slowdown (medians of 12-30 back-to-back pairs) 1.19-1.24 -> 1.08-1.18.
+# 60-160 KiB objects (varied_sizes.py) 5,356 / 5,760 against 4,849 / 5,505.
+# 25-40 MiB more RSS a worker. 128 MiB in flight (192 ahead) read no more,
+# for 50 MiB more RSS.
 _GROUPS_PER_PREFETCH = 8
 _GROUPS_PER_PREFETCH_MOST = 2
 _GROUP_BYTES_IN_FLIGHT = 96 << 20

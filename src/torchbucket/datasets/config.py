@@ -51,10 +51,10 @@ class FetchConfig:
             more RSS per worker at 1 MiB and 150 MB at 4 MiB, 5-15% more
             client CPU and a first batch about 0.15 s later; at 16 and 64
             MiB under the tail 1.15-1.18x. Composing at 64 and 256 KiB, 96
-            MiB of groups in flight and 128 ahead read 1.02-1.13x the
+            MiB of groups in flight and 128 ahead read 1.02-1.12x the
             samples/s of 48 in flight and 96 ahead under the tail, and
-            about as much or more under the constant preset, for 25-40 MB
-            more RSS per worker.
+            0.93-1.11x under the constant preset, for 25-40 MB more RSS per
+            worker.
         output: What ``data_format_fn`` receives, and a sample is without one.
             ``"bytes"``: a ``bytes`` object (the default, as ``data_format_fn``
             always received). ``"tensor"``: a 1-D ``torch.uint8`` tensor that
