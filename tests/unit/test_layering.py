@@ -32,7 +32,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 # ``torchbucket.listing`` and every module in it).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # errors, plain configs, URIs, argument checks: import nothing above.
-    ("core", ("_version", "errors", "config", "_uri", "_checks", "_madvise", "_opclass")),
+    ("core", ("_version", "errors", "config", "_uri", "_checks", "_madvise", "_opclass", "_human")),
     # the event loop thread, retries and deadlines, request accounting and
     # its list-price cost (prices): what every store's request goes through.
     ("runtime", ("runtime",)),

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from torchbucket import runtime
-from torchbucket._human import human_bytes, plural
 from torchbucket.errors import BucketNotFoundError, StorageError
 from torchbucket.listing import alist_objects
 from torchbucket.runtime.tasks import gather_or_cancel
@@ -24,7 +23,7 @@ from torchbucket.storage import HIDDEN_PREFIXES, MultipartUpload, ObjectInfo, Ob
 from torchbucket.storage.gcs import GCSConfig
 from torchbucket.storage.pages import list_all
 
-__all__ = ["Upload", "find_leftovers", "human_bytes", "list_uris", "plural", "upload_folder"]
+__all__ = ["Upload", "find_leftovers", "list_uris", "mib", "plural", "upload_folder"]
 
 # A server without the XML multipart API answers listing uploads with one of
 # these (fake-gcs-server: 404); there are then no incomplete uploads to find.
@@ -114,3 +113,15 @@ def find_leftovers(uri: str, gcs: GCSConfig) -> tuple[list[ObjectInfo], list[Mul
             await store.close()
 
     return runtime.run(find())
+
+
+# The demo is a user of the library (public names only), so it formats its
+# own figures; the CLI's human_bytes is torchbucket._human's.
+def plural(count: int, noun: str) -> str:
+    """``plural(1, "object")`` -> ``"1 object"``; ``plural(2, "object")`` -> ``"2 objects"``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def mib(size: int) -> str:
+    """``3_250_000`` -> ``"3.1 MiB"``: the demo's sizes, in MiB with one decimal."""
+    return f"{size / (1 << 20):.1f} MiB"

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from torchbucket.checkpoint import BucketCheckpoint
 from torchbucket.compose import ComposeConfig
 from torchbucket.datasets import BucketMapDataset
-from torchbucket.demo._bucket import find_leftovers, human_bytes, list_uris, plural, upload_folder
+from torchbucket.demo._bucket import find_leftovers, list_uris, mib, plural, upload_folder
 from torchbucket.demo._data import CLASSES, decode, drawing_processes, generate
 from torchbucket.demo._model import SmallCNN
 from torchbucket.demo._train import Labelled, evaluate, make_loader, train_epoch
@@ -269,7 +269,7 @@ def _put_dataset(
     result.generate_s = time.perf_counter() - started
     _say(
         f"Drew {result.objects:,} PNG images of {len(CLASSES)} shapes "
-        f"({human_bytes(result.dataset_bytes)}) in {result.generate_s:.1f} s"
+        f"({mib(result.dataset_bytes)}) in {result.generate_s:.1f} s"
     )
     with requests.phase("upload"):
         stats = upload_folder(folder, data_uri, gcs, jobs=128)

@@ -6,7 +6,7 @@ import json
 import os
 from dataclasses import asdict
 
-from torchbucket.demo._bucket import human_bytes
+from torchbucket.demo._bucket import mib
 from torchbucket.demo._data import CLASSES
 from torchbucket.demo._job import DemoResult
 
@@ -34,7 +34,7 @@ def format_summary(result: DemoResult, figure: str | None) -> str:
     out.append(rule)
     if result.generate_s:
         out.append(
-            f"dataset           {result.objects:,} PNG images ({human_bytes(result.dataset_bytes)}),"
+            f"dataset           {result.objects:,} PNG images ({mib(result.dataset_bytes)}),"
             f" drawn in {result.generate_s:.1f} s"
         )
         out.append(
