@@ -24,7 +24,7 @@ from torchbucket import runtime
 from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig, cleanup_composites
 from torchbucket.compose import _fetch as compose_fetch
 from torchbucket.config import RetryConfig
-from torchbucket.datasets import BucketIterableDataset, BucketMapDataset, FetchConfig
+from torchbucket.datasets import BucketIterableDataset, BucketMapDataset, FetchConfig, _heap
 from torchbucket.emulator import Emulator
 from torchbucket.errors import ConfigError, NotFoundError
 from torchbucket.storage.gcs import GCSConfig, GCSStore
@@ -209,6 +209,38 @@ def test_workers_freeze_the_collector_before_their_first_read(
     else:
         assert set(counts) == {frozen_in_main}
     assert gc.get_freeze_count() == frozen_in_main  # the main process is left alone
+
+
+def settled_in_worker(data: bytes) -> tuple[int, bool, bytes]:
+    """A data_format_fn run in the worker: its pid, whether its allocator was settled, the bytes."""
+    return os.getpid(), _heap._settled, data
+
+
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+@pytest.mark.parametrize("freeze", [True, False])
+def test_workers_settle_their_allocator_before_their_first_read(
+    emulator: Emulator, bucket: str, kind: str, freeze: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # datasets/workers.py: a worker of a first epoch, forked before the main
+    # process settled at its first hand-over, settles itself, whatever
+    # freeze_gc says; the main process is left as it was.
+    monkeypatch.setattr(_heap, "_settled", False)
+    cls = BucketMapDataset if kind == "map" else BucketIterableDataset
+    ds = cls.from_prefix(
+        f"gs://{bucket}/train/",
+        gcs=_gcs(emulator),
+        fetch=FetchConfig(freeze_gc=freeze),
+        data_format_fn=settled_in_worker,
+    )
+    loader = DataLoader(
+        ds, batch_size=16, num_workers=2, multiprocessing_context="fork", collate_fn=_as_list
+    )
+    samples = [s for batch in loader for s in batch]
+
+    assert sorted(data for _, _, data in samples) == sorted(payload(i) for i in range(N))
+    assert len({pid for pid, _, _ in samples} - {os.getpid()}) == 2
+    assert all(settled for _, settled, _ in samples)
+    assert _heap._settled is False
 
 
 def test_freeze_gc_must_be_a_bool() -> None:

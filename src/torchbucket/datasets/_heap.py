@@ -28,10 +28,11 @@ A process that sets ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``,
 ``MALLOC_TOP_PAD_`` or a ``glibc.malloc`` tunable (``GLIBC_TUNABLES``), or
 preloads another allocator (``LD_PRELOAD`` naming one: jemalloc, tcmalloc,
 mimalloc), keeps its own. ``FetchConfig(shared_bytes=False)`` turns the
-hand-over off and this with it. A process forked after (the DataLoader
-workers of later epochs) inherits the settings with the rest of its
-parent's allocator; its shared segments are not on its heap, so little of
-it is ever freed at the top.
+hand-over off and this with it in the main process. A process forked after
+(the DataLoader workers of later epochs) inherits the settings with the
+rest of its parent's allocator, and every DataLoader worker settles as it
+starts (:mod:`torchbucket.datasets.workers`): its shared segments are not
+on its heap, but the network's receive buffers are.
 
 A sample over 32 MiB still gets a mapping of its own (glibc's ceiling): its
 ``bytes`` is made uninitialised (``PyBytes_FromStringAndSize(NULL, n)``, as
