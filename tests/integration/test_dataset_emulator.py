@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +174,23 @@ def test_worker_killed_mid_epoch_leaves_composites_that_cleanup_removes(
     assert len(stored_names(emulator, bucket, "train/")) == N
 
 
+def _read_in_workers(
+    emulator: Emulator, bucket: str, kind: str, freeze: bool, fn: Callable[[bytes], Any]
+) -> list[Any]:
+    """Every sample of ``train/`` through ``fn`` in two forked DataLoader workers."""
+    cls = BucketMapDataset if kind == "map" else BucketIterableDataset
+    ds = cls.from_prefix(
+        f"gs://{bucket}/train/",
+        gcs=_gcs(emulator),
+        fetch=FetchConfig(freeze_gc=freeze),
+        data_format_fn=fn,
+    )
+    loader = DataLoader(
+        ds, batch_size=16, num_workers=2, multiprocessing_context="fork", collate_fn=_as_list
+    )
+    return [s for batch in loader for s in batch]
+
+
 def seen_by_worker(data: bytes) -> tuple[int, int, bytes]:
     """A data_format_fn run in the worker: its pid, its frozen count, the bytes."""
     return (*frozen_at_first_call(), data)
@@ -185,18 +203,8 @@ def test_workers_freeze_the_collector_before_their_first_read(
 ) -> None:
     # FetchConfig.freeze_gc (datasets/workers.py): in every worker, never in
     # the main process, not at all when turned off.
-    cls = BucketMapDataset if kind == "map" else BucketIterableDataset
-    ds = cls.from_prefix(
-        f"gs://{bucket}/train/",
-        gcs=_gcs(emulator),
-        fetch=FetchConfig(freeze_gc=freeze),
-        data_format_fn=seen_by_worker,
-    )
     frozen_in_main = gc.get_freeze_count()
-    loader = DataLoader(
-        ds, batch_size=16, num_workers=2, multiprocessing_context="fork", collate_fn=_as_list
-    )
-    samples = [s for batch in loader for s in batch]
+    samples = _read_in_workers(emulator, bucket, kind, freeze, seen_by_worker)
 
     assert sorted(data for _, _, data in samples) == sorted(payload(i) for i in range(N))
     pids = {pid for pid, _, _ in samples}
@@ -225,17 +233,7 @@ def test_workers_settle_their_allocator_before_their_first_read(
     # process settled at its first hand-over, settles itself, whatever
     # freeze_gc says; the main process is left as it was.
     monkeypatch.setattr(_heap, "_settled", False)
-    cls = BucketMapDataset if kind == "map" else BucketIterableDataset
-    ds = cls.from_prefix(
-        f"gs://{bucket}/train/",
-        gcs=_gcs(emulator),
-        fetch=FetchConfig(freeze_gc=freeze),
-        data_format_fn=settled_in_worker,
-    )
-    loader = DataLoader(
-        ds, batch_size=16, num_workers=2, multiprocessing_context="fork", collate_fn=_as_list
-    )
-    samples = [s for batch in loader for s in batch]
+    samples = _read_in_workers(emulator, bucket, kind, freeze, settled_in_worker)
 
     assert sorted(data for _, _, data in samples) == sorted(payload(i) for i in range(N))
     assert len({pid for pid, _, _ in samples} - {os.getpid()}) == 2
