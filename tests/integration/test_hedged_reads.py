@@ -20,11 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from torch.utils.data import DataLoader
 
 from torchbucket import accounting, runtime
 from torchbucket.compose import ComposeConfig
 from torchbucket.config import HedgeConfig, RetryConfig
-from torchbucket.datasets import BucketMapDataset
+from torchbucket.datasets import BucketBatchSampler, BucketIterableDataset, BucketMapDataset
 from torchbucket.emulator import LatencyModel
 from torchbucket.errors import DeadlineExceededError
 from torchbucket.storage.gcs import GCSConfig
@@ -205,6 +206,46 @@ def test_a_map_batch_hedges_its_last_straggler_before_the_reads_own_wait(
     assert got == list(objects.values())
     spent = accounting.snapshot() - before
     assert spent.hedges == 1
+    assert spent.retries == 0
+
+
+@pytest.mark.parametrize("kind", ["iterable", "map"])
+def test_a_prefetch_window_hedges_the_read_it_waits_for_once_later_ones_overtake_it(
+    emulator: Any, gcs_bucket_factory: Any, kind: str
+) -> None:
+    # Objects read one by one through the ordered window (the iterable, and
+    # the map-style dataset with BucketBatchSampler): the consumer takes them
+    # in order, so a stalled read holds everything behind it. Its own wait is
+    # 30 s here (its size class never learnt); once enough later objects have
+    # arrived while the consumer waits for it, it is hedged at once, and the
+    # epoch ends well before its 60 s stall. (All 96 reads begin together, so
+    # on a zonal bucket, whose streams answer in no set order, another read
+    # the consumer waits for may be overtaken as much and hedged too.)
+    config = HedgeConfig(initial_wait=30.0, floor=0.05, min_samples=512, budget=1.0)
+    store = gcs_bucket_factory(emulator, prefix="window", retry=ONE_ATTEMPT, hedge=config)
+    objects = {f"w/{i:02d}": bytes([i]) * 3000 for i in range(96)}
+    emulator.seed(store.bucket, objects.items())
+    gcs = GCSConfig(endpoint=emulator.endpoint, anonymous=True, retry=ONE_ATTEMPT, hedge=config)
+    off = ComposeConfig(enabled=False)
+    uri = f"gs://{store.bucket}/w/"
+    loader: Any
+    if kind == "map":
+        ds = BucketMapDataset.from_prefix(uri, gcs=gcs, compose=off)
+        loader = DataLoader(ds, batch_sampler=BucketBatchSampler(ds, batch_size=8, shuffle=False))
+    else:
+        loader = DataLoader(
+            BucketIterableDataset.from_prefix(uri, gcs=gcs, compose=off), batch_size=8
+        )
+    emulator.add_fault("get", "stall", match="w/20", stall_seconds=60.0)
+    before = accounting.snapshot()
+    got: list[Any] = []
+    reader = threading.Thread(target=lambda: got.extend(x for b in loader for x in b))
+    reader.start()
+    reader.join(timeout=20.0)  # before the read's own 30 s wait, and its 60 s stall
+    assert not reader.is_alive(), "the window waited for its stalled read"
+    assert got == list(objects.values())
+    spent = accounting.snapshot() - before
+    assert 1 <= spent.hedges <= config.burst
     assert spent.retries == 0
 
 

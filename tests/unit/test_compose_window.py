@@ -21,7 +21,7 @@ from memory_helper import memory_bucket
 from torchbucket import runtime
 from torchbucket.compose import ComposeConfig, registry
 from torchbucket.datasets import FetchConfig
-from torchbucket.datasets import _fetch as fetch_module
+from torchbucket.datasets import _units as units_module
 from torchbucket.datasets._fetch import PrefetchWindow
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.storage.base import ObjectInfo
@@ -121,8 +121,8 @@ def test_large_groups_keep_the_shallow_window(bucket: str, monkeypatch: pytest.M
     # Groups of 32 x 8 bytes = 256 bytes; bounds of 512 bytes in flight and
     # 1,024 bytes ahead stand in for 96 and 128 MiB against 256 KiB objects:
     # 2 groups in flight, and the window 2 rounds of them (128 objects) ahead.
-    monkeypatch.setattr(fetch_module, "_GROUP_BYTES_IN_FLIGHT", 512)
-    monkeypatch.setattr(fetch_module, "_BYTES_AHEAD", 1024)
+    monkeypatch.setattr(units_module, "_GROUP_BYTES_IN_FLIGHT", 512)
+    monkeypatch.setattr(units_module, "_BYTES_AHEAD", 1024)
     window, started = _held_window(bucket, prefetch=16, expect=(128 - 16) // 32)
     assert HeldCompose.peak == 2
     assert started == (128 - 16) // 32

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
@@ -24,15 +25,16 @@ from torchbucket.datasets._receive import (
     SharedSlab,
 )
 from torchbucket.datasets._units import (
-    COMPOSE_BELOW,
     plan_units,
     window_compose,
+    window_depth,
     window_units,
 )
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig
 from torchbucket.datasets.sharding import IndexArray
 from torchbucket.runtime.tasks import gather_or_cancel
+from torchbucket.storage.batch import ReadBatch, read_batch
 
 __all__ = ["PrefetchWindow"]
 
@@ -44,58 +46,10 @@ logger = logging.getLogger(__name__)
 # every admitted one has arrived): one thread hand-off per chunk, not per object.
 _HANDOVER_CHUNK = 32
 
-# Reading directly, the window runs at most this many times ``reads_in_flight`` objects
-# ahead of the first one not taken. The consumer takes objects in order, so one
-# slow read holds everything behind it; the further the window runs ahead, the
-# longer a straggler can be waited out without the requests in flight running
-# dry. Measured (benchmarks/dataloading.py --quick --datasets 10kib, 2 workers,
-# medians of 3, same-region-tail latency): 2 -> 2,466 / 2,330 samples/s
-# (map-style with BucketBatchSampler / iterable), 4 -> 3,084 / 3,329,
-# 8 -> 3,283 / 3,514; under the constant preset all ~3,600-4,200. 4 takes most
-# of the gain for 512 objects ahead (51 MiB of 100 KiB objects); prefetch_size
-# still bounds the bytes.
-_AHEAD_PER_FETCHER = 4
-
-# With compose on, a window of ``reads_in_flight`` has ``reads_in_flight // 8`` to
-# ``reads_in_flight // 2`` groups in flight (16 to 64 by default, of up to 32 objects):
-# as many as fit in _GROUP_BYTES_IN_FLIGHT, and it runs ahead _AHEAD_PER_FETCHER
-# times the objects of those groups, as far as _BYTES_AHEAD allows. Small
-# objects get the deep window: a group's compose path is a write plus a GET
-# (~60 ms at the median, several times that in the tail), and at 10 KiB a
-# worker consumes ~190 groups/s, so a straggling group at the head of a shallow
-# window held everything behind it. Measured (benchmarks/dataloading.py --quick
-# --datasets 10kib, same-region-tail, 2 workers, BucketBatchSampler / iterable,
-# medians of 3): 16 groups, 2 rounds ahead: 5,143 / 6,204 samples/s; 16, 4:
-# 6,348 / 6,760; 32, 2: 7,447 / 8,276; 32, 4: 8,497 / 8,830 (the constant
-# preset: ~9,200-9,400). With the defaults at ~20,000 samples/s (512 B,
-# epochs of 32,000 objects: benchmarks/sizes.py), 32 groups no longer kept
-# up: 64 took both defaults from 20,700-21,100 to 22,600-25,800 samples/s
-# under the constant preset and from 16,500-17,100 to 19,600-21,800 under
-# the tail (2 runs of 32, 4 of 64 in two A/Bs).
-# From 64 KiB the byte bound keeps it under 64: 49 groups at 64 KiB, 24 from
-# 128 KiB. It was 48 MiB (24 groups at 64 KiB, 16 from 128 KiB, each about
-# 4 MiB), and on a VM where the defaults read 3,200-3,500 samples/s of 256
-# KiB (~430 MB/s a worker) a group's path took 0.13-0.14 s at the median,
-# its nominal 0.08 s plus the wait for a busy CPU: 16 groups were just what
-# that rate needs (a worker's consumer waited for its window 0.8-1.2 s of
-# each 1.9-2.2 s epoch under either preset, benchmarks/window_timeline.py),
-# and the tail's longer paths starved it further. 96 MiB against 48 (2 A/Bs of
-# 2 rounds, benchmarks/sizes.py --quick --sizes 64kib,256kib --only
-# map_default,iter_default --repeats 3; map-style / iterable samples/s):
-# under the tail 1.08 / 1.10 and 1.02 / 1.08 at 256 KiB, 1.11 / 1.12 and
-# 1.08 / 1.11 at 64 KiB; under the constant preset 0.93-1.11x; the tail's
-# slowdown (medians of 12-30 back-to-back pairs) 1.19-1.24 -> 1.08-1.18.
-# 60-160 KiB objects (varied_sizes.py) 5,356 / 5,760 against 4,849 / 5,505.
-# 25-40 MiB more RSS a worker. 128 MiB in flight (192 ahead) read no more,
-# for 50 MiB more RSS.
-_GROUPS_PER_PREFETCH = 8
-_GROUPS_PER_PREFETCH_MOST = 2
-_GROUP_BYTES_IN_FLIGHT = 96 << 20
-
-# The window's bytes with ``FetchConfig(prefetch_size=None)``, whatever the
-# read path (objects one by one, whole or with ranged GETs from
-# ``large_object_size``, or composed groups; see FetchConfig.prefetch_size).
-_BYTES_AHEAD = 128 << 20
+# Reading directly, the read of an object the consumer waits for is hedged at
+# once (after HedgeConfig.floor) when this many objects after it have arrived,
+# or an eighth of the objects the window holds, at least 2: it is a straggler.
+_OVERTAKEN = 16
 
 # With tensor output in a DataLoader worker, a window's objects read one by
 # one are carved out of shared segments of about this many objects, within
@@ -131,7 +85,10 @@ class PrefetchWindow:
     A consumer that has to wait marks the composed groups in flight that hold
     what it waits for: their compose path is read around after
     ``read_around_needed_after`` (compose's tuning), sooner than a group still
-    ahead of the consumer (see :func:`~torchbucket.compose.fetch_group`).
+    ahead of the consumer (see :func:`~torchbucket.compose.fetch_group`). An
+    object read directly that it waits for is hedged at once (see
+    ``HedgeConfig``; its budget still applies) once ``_OVERTAKEN`` objects
+    after it have arrived.
 
     Args:
         catalog: The objects.
@@ -160,39 +117,22 @@ class PrefetchWindow:
         self._compose = compose
         self._fetch = fetch
         self._fetchers = fetch.reads_in_flight
-        self._ahead = _AHEAD_PER_FETCHER * fetch.reads_in_flight
-        self._groups = 0
         # Bytes before each position of the shard: the window's bytes are a
         # difference, with no per-object accounting.
         cum = np.zeros(len(order) + 1, dtype=np.int64)
         np.cumsum(catalog.sizes[order], out=cum[1:])
         self._cum = cum
         mean = max(1.0, float(cum[-1]) / max(1, len(order)))
-        if compose.enabled and mean < COMPOSE_BELOW:
-            # Groups of up to max_sources objects: fewer requests in flight hide
-            # the compose + GET latency for as many objects. (Objects of
-            # COMPOSE_BELOW and more are read directly: no groups to size for.)
-            group_bytes = min(compose.max_sources * mean, compose.max_composite_object_size)
-            least = max(2, fetch.reads_in_flight // _GROUPS_PER_PREFETCH)
-            most = max(least, fetch.reads_in_flight // _GROUPS_PER_PREFETCH_MOST)
-            self._groups = max(least, min(most, int(_GROUP_BYTES_IN_FLIGHT // group_bytes)))
-            rounds = _AHEAD_PER_FETCHER * self._groups * compose.max_sources
-            # Objects not grouped (larger than the cap) still have ``reads_in_flight``
-            # requests in flight.
-            self._ahead = max(
-                self._ahead,
-                2 * self._groups * compose.max_sources,
-                min(rounds, int(_BYTES_AHEAD // mean)),
-            )
+        depth = window_depth(fetch, compose, mean)
+        self._groups = depth.groups
+        self._ahead = depth.ahead
+        self._limit_bytes = depth.limit_bytes
         self._slab: SharedSlab | None = None
         if fetch.output == "tensor":
             per_object = float(cum[-1]) / max(1, len(order)) + SharedSlab.ALIGN
             self._slab = SharedSlab(
                 int(min(_SLAB_BYTES_MOST, max(64 << 10, _SLAB_OBJECTS * per_object)))
             )
-        self._limit_bytes: int = (
-            _BYTES_AHEAD if fetch.prefetch_size is None else fetch.prefetch_size
-        )
         self._chunk = max(1, min(_HANDOVER_CHUNK, fetch.reads_in_flight // 4))
         self._cond = threading.Condition(threading.Lock())
         self._results: dict[int, Item] = {}
@@ -210,6 +150,10 @@ class PrefetchWindow:
         # Groups in flight: first position -> (end, set once the consumer
         # waits for one of its objects). Loop thread only.
         self._groups_in_flight: dict[int, tuple[int, asyncio.Event]] = {}
+        # Objects read directly, in flight: position -> their reads. Loop thread only.
+        self._reads_in_flight: dict[int, ReadBatch] = {}
+        held = min(self._ahead, self._limit_bytes // int(mean))
+        self._overtaken = max(2, min(_OVERTAKEN, held // 8))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._future: concurrent.futures.Future[None] | None = None
         self._timeline = logger.isEnabledFor(logging.DEBUG)
@@ -254,7 +198,7 @@ class PrefetchWindow:
                 self._wake_at = pos + max(1, min(self._chunk, want or self._chunk))
                 self._waiting_for = pos
                 loop = self._loop
-                if loop is not None and self._compose.enabled:
+                if loop is not None:
                     loop.call_soon_threadsafe(self._hurry, pos, self._wake_at)
                 began = time.monotonic()
                 try:
@@ -293,10 +237,28 @@ class PrefetchWindow:
         return out
 
     def _hurry(self, pos: int, end: int) -> None:
-        """Mark the groups in flight holding positions ``pos:end`` as waited for."""
+        """Mark the groups in flight holding positions ``pos:end`` as waited for.
+
+        The object at ``pos``, if read directly, is hedged early once it is overtaken.
+        """
         for first, (stop, needed) in self._groups_in_flight.items():
             if first < end and pos < stop:
                 needed.set()
+        self._hurry_read(pos)
+
+    def _hurry_read(self, pos: int) -> None:
+        """Hedge the read of ``pos`` now if objects after it have overtaken it.
+
+        Called while the consumer waits for ``pos``. A read overtaken by many
+        begun after it is a straggler (a stall, the tail of the service's
+        latency), not a slow link or a busy CPU, which slow every read alike;
+        everything behind it waits for it, so its own wait (its size class's
+        quantile, see HedgeConfig) is not waited out.
+        """
+        reads = self._reads_in_flight.get(pos)
+        # What has arrived is past pos: the consumer has taken everything before it.
+        if reads is not None and len(self._results) >= self._overtaken:
+            reads.hurry(0.0)
 
     def _fits(self, first: int, end: int) -> bool:
         taken = self._taken
@@ -320,6 +282,19 @@ class PrefetchWindow:
             await room.wait()
         self._admitted_end = end
 
+    @contextlib.contextmanager
+    def _reads_of(self, first: int, grouped: bool) -> Iterator[None]:
+        """An object read directly is one batch of reads, known by its position."""
+        if grouped:
+            yield
+            return
+        with read_batch() as reads:
+            self._reads_in_flight[first] = reads
+            try:
+                yield
+            finally:
+                del self._reads_in_flight[first]
+
     def _deliver(self, first: int, items: list[Item]) -> None:
         results = self._results
         for k, item in enumerate(items):
@@ -327,6 +302,8 @@ class PrefetchWindow:
         waiting = self._waiting_for
         if waiting < 0:
             return
+        if first > waiting:
+            self._hurry_read(waiting)
         p = max(self._arrived_upto, self._taken)
         while p in results:
             p += 1
@@ -367,15 +344,16 @@ class PrefetchWindow:
                         self._hurry(self._waiting_for, self._wake_at)
             began = time.monotonic()
             try:
-                items = await fetch_unit(
-                    self._catalog,
-                    indices,
-                    self._compose,
-                    self._fetch,
-                    self._slab,
-                    needed,
-                    self._anchors,
-                )
+                with self._reads_of(first, grouped):
+                    items = await fetch_unit(
+                        self._catalog,
+                        indices,
+                        self._compose,
+                        self._fetch,
+                        self._slab,
+                        needed,
+                        self._anchors,
+                    )
             finally:
                 if grouped:
                     del self._groups_in_flight[first]

@@ -21,6 +21,7 @@ __all__ = [
     "plan_sizes",
     "plan_units",
     "window_compose",
+    "window_depth",
     "window_units",
 ]
 
@@ -35,6 +36,43 @@ _PLAN_CHUNK = 2048
 # a quarter of the window's objects.
 _DIRECT_START = 64
 
+
+# Reading directly, the window runs at most this many times ``reads_in_flight``
+# objects ahead of the first one not taken: the further ahead, the longer a
+# straggler at its head is waited out with requests still in flight. At 10
+# KiB under the tail (dataloading.py --quick, map-style / iterable): 2 ->
+# 2,466 / 2,330 samples/s, 4 -> 3,084 / 3,329, 8 -> 3,283 / 3,514 (constant
+# preset ~3,600-4,200). prefetch_size still bounds the bytes.
+_AHEAD_PER_FETCHER = 4
+
+# With compose on, a window of ``reads_in_flight`` has ``reads_in_flight // 8`` to
+# ``reads_in_flight // 2`` groups in flight (16 to 64 by default, of up to 32 objects):
+# as many as fit in _GROUP_BYTES_IN_FLIGHT, and it runs ahead _AHEAD_PER_FETCHER
+# times the objects of those groups, as far as _BYTES_AHEAD allows. Small
+# objects get the deep window: a group's compose path is a write plus a GET
+# (~60 ms at the median, several times that in the tail), and at 10 KiB a
+# worker consumes ~190 groups/s, so a straggling group at the head of a shallow
+# window held everything behind it. Measured at 10 KiB under the tail
+# (benchmarks/dataloading.py --quick --datasets 10kib, map-style / iterable):
+# 16 groups, 2 rounds ahead: 5,143 / 6,204 samples/s; 32, 4: 8,497 / 8,830
+# (the constant preset ~9,200-9,400). At 512 B (benchmarks/sizes.py) 64
+# groups against 32: 20,700-21,100 -> 22,600-25,800 samples/s under the
+# constant preset, 16,500-17,100 -> 19,600-21,800 under the tail.
+# From 64 KiB the byte bound keeps it under 64: 49 groups at 64 KiB, 24 from
+# 128 KiB. 96 MiB against the 48 it was: under the tail 1.02-1.12x the
+# samples/s at 64 and 256 KiB, the constant preset 0.93-1.11x, 25-40 MiB
+# more RSS a worker; 128 MiB read no more. At 48 MiB a group's path (0.13-0.14
+# s at the median on a busy 2-core VM) outran 16 groups in flight, and each
+# worker's consumer waited for its window about half of every epoch
+# (docs/benchmarks.md, "A composing window's groups in flight").
+_GROUPS_PER_PREFETCH = 8
+_GROUPS_PER_PREFETCH_MOST = 2
+_GROUP_BYTES_IN_FLIGHT = 96 << 20
+
+# The window's bytes with ``FetchConfig(prefetch_size=None)``, whatever the
+# read path (objects one by one, whole or with ranged GETs from
+# ``large_object_size``, or composed groups; see FetchConfig.prefetch_size).
+_BYTES_AHEAD = 128 << 20
 
 # Objects of at least this many bytes are read directly, never composed.
 # Compose trades up to 31 GETs for a compose, one GET and a delete; the larger
@@ -148,3 +186,38 @@ def window_units(
             for unit in plan(first, stop):
                 yield range(first + unit.start, first + unit.stop)
         pos = stop
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WindowDepth:
+    """How far a prefetch window runs ahead of its consumer.
+
+    Attributes:
+        groups: Composed groups in flight at most (0: nothing is composed).
+        ahead: Objects from the first one not taken to the end of the last admitted.
+        limit_bytes: Bytes of those objects, at most (a unit alone is always admitted).
+    """
+
+    groups: int
+    ahead: int
+    limit_bytes: int
+
+
+def window_depth(fetch: FetchConfig, compose: ComposeConfig, mean: float) -> WindowDepth:
+    """The depth of a window over objects of ``mean`` bytes on average."""
+    ahead = _AHEAD_PER_FETCHER * fetch.reads_in_flight
+    groups = 0
+    if compose.enabled and mean < COMPOSE_BELOW:
+        # Groups of up to max_sources objects: fewer requests in flight hide
+        # the compose + GET latency for as many objects. (Objects of
+        # COMPOSE_BELOW and more are read directly: no groups to size for.)
+        group_bytes = min(compose.max_sources * mean, compose.max_composite_object_size)
+        least = max(2, fetch.reads_in_flight // _GROUPS_PER_PREFETCH)
+        most = max(least, fetch.reads_in_flight // _GROUPS_PER_PREFETCH_MOST)
+        groups = max(least, min(most, int(_GROUP_BYTES_IN_FLIGHT // group_bytes)))
+        rounds = _AHEAD_PER_FETCHER * groups * compose.max_sources
+        # Objects not grouped (larger than the cap) still have
+        # ``reads_in_flight`` requests in flight.
+        ahead = max(ahead, 2 * groups * compose.max_sources, min(rounds, int(_BYTES_AHEAD // mean)))
+    limit = _BYTES_AHEAD if fetch.prefetch_size is None else fetch.prefetch_size
+    return WindowDepth(groups=groups, ahead=ahead, limit_bytes=limit)

@@ -80,8 +80,11 @@ class ReadBatch:
         if len(running) > max(1, int(self._began * _STRAGGLERS)):
             return
         answered = sorted(self._answered)
-        after = _TIMES_MEDIAN * answered[len(answered) // 2]
-        for hurry in list(running.values()):
+        self.hurry(_TIMES_MEDIAN * answered[len(answered) // 2])
+
+    def hurry(self, after: float) -> None:
+        """Have each read still running hedged once it has run ``after`` seconds, if sooner."""
+        for hurry in list(self._running.values()):
             if hurry is not None:
                 hurry(after)
 
