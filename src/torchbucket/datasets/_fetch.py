@@ -46,9 +46,10 @@ logger = logging.getLogger(__name__)
 # every admitted one has arrived): one thread hand-off per chunk, not per object.
 _HANDOVER_CHUNK = 32
 
-# Reading directly, the read of an object the consumer waits for is hedged at
-# once (after HedgeConfig.floor) when this many objects after it have arrived,
-# or an eighth of the objects the window holds, at least 2: it is a straggler.
+# Reading directly, the read of an object the consumer waits for (the first of
+# its chunk not arrived) is hedged at once (after HedgeConfig.floor) when this
+# many objects after it have arrived, or an eighth of the objects the window
+# holds, at least 2: it is a straggler.
 _OVERTAKEN = 16
 
 # With tensor output in a DataLoader worker, a window's objects read one by
@@ -86,9 +87,10 @@ class PrefetchWindow:
     what it waits for: their compose path is read around after
     ``read_around_needed_after`` (compose's tuning), sooner than a group still
     ahead of the consumer (see :func:`~torchbucket.compose.fetch_group`). An
-    object read directly that it waits for is hedged at once (see
-    ``HedgeConfig``; its budget still applies) once ``_OVERTAKEN`` objects
-    after it have arrived.
+    object read directly that it waits for (the first of its chunk not yet
+    arrived, wherever in the chunk) is hedged at once (see ``HedgeConfig``;
+    its budget still applies) once ``_OVERTAKEN`` objects after it have
+    arrived.
 
     Args:
         catalog: The objects.
@@ -239,25 +241,27 @@ class PrefetchWindow:
     def _hurry(self, pos: int, end: int) -> None:
         """Mark the groups in flight holding positions ``pos:end`` as waited for.
 
-        The object at ``pos``, if read directly, is hedged early once it is overtaken.
+        The object at ``pos`` (the consumer waits for it: it has not
+        arrived), if read directly, is hedged early once it is overtaken.
         """
         for first, (stop, needed) in self._groups_in_flight.items():
             if first < end and pos < stop:
                 needed.set()
-        self._hurry_read(pos)
+        # What has arrived is past pos: the consumer has taken everything before it.
+        self._hurry_read(pos, len(self._results))
 
-    def _hurry_read(self, pos: int) -> None:
-        """Hedge the read of ``pos`` now if objects after it have overtaken it.
+    def _hurry_read(self, pos: int, past: int) -> None:
+        """Hedge the read of ``pos`` now if ``past`` objects after it overtook it.
 
-        Called while the consumer waits for ``pos``. A read overtaken by many
-        begun after it is a straggler (a stall, the tail of the service's
-        latency), not a slow link or a busy CPU, which slow every read alike;
-        everything behind it waits for it, so its own wait (its size class's
-        quantile, see HedgeConfig) is not waited out.
+        Called while the consumer waits for ``pos``: the first position of its
+        chunk not arrived (it sleeps until the whole chunk has). A read
+        overtaken by many begun after it is a straggler (a stall, the tail of
+        the service's latency), not a slow link or a busy CPU, which slow
+        every read alike; everything behind it waits for it, so its own wait
+        (its size class's quantile, see HedgeConfig) is not waited out.
         """
         reads = self._reads_in_flight.get(pos)
-        # What has arrived is past pos: the consumer has taken everything before it.
-        if reads is not None and len(self._results) >= self._overtaken:
+        if reads is not None and past >= self._overtaken:
             reads.hurry(0.0)
 
     def _fits(self, first: int, end: int) -> bool:
@@ -302,8 +306,6 @@ class PrefetchWindow:
         waiting = self._waiting_for
         if waiting < 0:
             return
-        if first > waiting:
-            self._hurry_read(waiting)
         p = max(self._arrived_upto, self._taken)
         while p in results:
             p += 1
@@ -311,6 +313,10 @@ class PrefetchWindow:
         if p > waiting and (p >= self._wake_at or p >= self._admitted_end):
             with self._cond:
                 self._cond.notify()
+        else:
+            # The consumer still waits for p, its chunk's first gap; the
+            # results from ``waiting`` to p are not past it.
+            self._hurry_read(p, len(results) - (p - waiting))
 
     def _units(self) -> Iterator[tuple[int, list[int]]]:
         order = self._order
