@@ -400,6 +400,46 @@ def test_a_slow_consumer_holds_at_most_a_chunk_beyond_the_window(bucket: str) ->
         window.close()
 
 
+def test_an_overtaken_read_is_hedged_only_once_slower_than_twice_the_recent_median(
+    bucket: str,
+) -> None:
+    # Overtaking alone is no straggler where the window holds few objects: at
+    # 16 MiB (8 a window) the latency tail's jitter reordered reads running
+    # side by side, and 9-17 of an epoch's 256 ranged GETs were hedged
+    # within their own wait. The window asks an overtaken read to hedge after
+    # twice the median of its recent reads, and not before it knows one.
+    from torchbucket.datasets._fetch import PrefetchWindow
+
+    infos = runtime.run(MemoryStore(bucket).list_page("train/")).objects
+    catalog = Catalog([MemoryStore(bucket)], [0] * len(infos), infos)
+    window = PrefetchWindow(
+        catalog,
+        np.arange(len(infos)),
+        0,
+        FetchConfig(reads_in_flight=8),
+        ComposeConfig(enabled=False),
+    )
+    asked: list[float] = []
+
+    class Reads:
+        def hurry(self, after: float) -> None:
+            asked.append(after)
+
+    window._reads_in_flight[5] = Reads()  # type: ignore[assignment]
+    overtaken = window._overtaken
+    window._hurry_read(5, overtaken + 10)
+    assert asked == []  # no read timed yet: the read waits its own wait
+    for seconds in (0.1, 0.3, 0.2, 0.2, 0.1, 0.4, 0.2):
+        window._timed(seconds)
+    window._hurry_read(5, overtaken)
+    assert asked == []  # seven timed: too few for a median
+    window._timed(0.2)
+    window._hurry_read(5, overtaken - 1)
+    assert asked == []  # not overtaken enough
+    window._hurry_read(5, overtaken)
+    assert asked == [pytest.approx(0.4)]  # twice the median of the eight
+
+
 def test_waiting_fetchers_hold_no_bytes_outside_the_window() -> None:
     # Each of the prefetch fetchers kept its last group's bytes while it
     # waited for room in a full window: up to prefetch x a group outside the

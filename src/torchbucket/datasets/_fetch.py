@@ -8,6 +8,7 @@ error reading it raised; ``data_format_fn`` runs in the caller's thread.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import logging
@@ -47,10 +48,20 @@ logger = logging.getLogger(__name__)
 _HANDOVER_CHUNK = 32
 
 # Reading directly, the read of an object the consumer waits for (the first of
-# its chunk not arrived) is hedged at once (after HedgeConfig.floor) when this
-# many objects after it have arrived, or an eighth of the objects the window
-# holds, at least 2: it is a straggler.
+# its chunk not arrived) is a straggler once this many objects after it have
+# arrived, or an eighth of the objects the window holds, at least 2, and it
+# has run _STRAGGLER_TIMES the median of the window's recent reads: it is then
+# hedged (HedgeConfig.floor at least) without waiting out its size class's
+# wait. Overtaking alone says little where the window holds few objects: at
+# 16 MiB (8 a window, 2 overtakers) the latency tail's jitter reorders reads
+# that run alongside, and 9-17 of an epoch's 256 ranged GETs were hedged
+# after 0.09-0.2 s, inside the 0.18-0.27 s their own wait allowed.
 _OVERTAKEN = 16
+_STRAGGLER_TIMES = 2.0
+# The window's recent direct reads timed for that median, and how many it
+# needs first (until then a read waits its own wait).
+_RECENT_READS = 64
+_RECENT_LEAST = 8
 
 # With tensor output in a DataLoader worker, a window's objects read one by
 # one are carved out of shared segments of about this many objects, within
@@ -156,6 +167,9 @@ class PrefetchWindow:
         self._reads_in_flight: dict[int, ReadBatch] = {}
         held = min(self._ahead, self._limit_bytes // int(mean))
         self._overtaken = max(2, min(_OVERTAKEN, held // 8))
+        # Seconds the recent objects read directly took, and their median. Loop thread only.
+        self._read_times: collections.deque[float] = collections.deque(maxlen=_RECENT_READS)
+        self._read_median: float | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._future: concurrent.futures.Future[None] | None = None
         self._timeline = logger.isEnabledFor(logging.DEBUG)
@@ -251,18 +265,27 @@ class PrefetchWindow:
         self._hurry_read(pos, len(self._results))
 
     def _hurry_read(self, pos: int, past: int) -> None:
-        """Hedge the read of ``pos`` now if ``past`` objects after it overtook it.
+        """Hedge the read of ``pos`` once it has run twice the recent median, if ``past`` overtook it.
 
         Called while the consumer waits for ``pos``: the first position of its
         chunk not arrived (it sleeps until the whole chunk has). A read
-        overtaken by many begun after it is a straggler (a stall, the tail of
-        the service's latency), not a slow link or a busy CPU, which slow
-        every read alike; everything behind it waits for it, so its own wait
-        (its size class's quantile, see HedgeConfig) is not waited out.
+        overtaken by many begun after it, and slower than most, is a straggler
+        (a stall, the tail of the service's latency), not a slow link or a
+        busy CPU, which slow every read alike; everything behind it waits for
+        it, so its own wait (its size class's quantile, see HedgeConfig) is
+        not waited out.
         """
         reads = self._reads_in_flight.get(pos)
-        if reads is not None and past >= self._overtaken:
-            reads.hurry(0.0)
+        median = self._read_median
+        if reads is not None and median is not None and past >= self._overtaken:
+            reads.hurry(_STRAGGLER_TIMES * median)
+
+    def _timed(self, seconds: float) -> None:
+        """An object read directly took ``seconds``: update the recent median now and then."""
+        times = self._read_times
+        times.append(seconds)
+        if len(times) >= _RECENT_LEAST and (self._read_median is None or len(times) % 8 == 0):
+            self._read_median = sorted(times)[len(times) // 2]
 
     def _fits(self, first: int, end: int) -> bool:
         taken = self._taken
@@ -364,6 +387,8 @@ class PrefetchWindow:
                 if grouped:
                     del self._groups_in_flight[first]
                     group_slots.release()
+            if not grouped:
+                self._timed(time.monotonic() - began)
             if self._timeline:
                 logger.debug(
                     "window unit at position %d: %d objects in %.4f s%s",
