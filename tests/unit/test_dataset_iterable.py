@@ -440,6 +440,55 @@ def test_an_overtaken_read_is_hedged_only_once_slower_than_twice_the_recent_medi
     assert asked == [pytest.approx(0.4)]  # twice the median of the eight
 
 
+def test_a_window_of_few_objects_hands_over_what_arrived_without_waiting_for_all(
+    bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A waiting consumer is woken once a chunk (32) has arrived in order, or
+    # everything admitted has. Where the window holds fewer objects than a
+    # chunk (at 16 MiB it holds 8), it slept until the last admitted object
+    # arrived: no read began meanwhile, and under the latency tail the
+    # iterable's epoch at 64 MiB ran 1.24-1.43x slower than under the
+    # constant preset. Now the chunk is at most a quarter of what it holds.
+    # (The consumer's once-a-second look for a vanished parent would also
+    # wake it: set past the late object's delay, it hides nothing here.)
+    import time
+
+    from torchbucket.datasets._fetch import PrefetchWindow
+
+    late = "train/0005"
+
+    class Late(MemoryStore):
+        async def get(self, key: str, **kw: Any) -> bytes:
+            if key == late:
+                await asyncio.sleep(3.0)
+            return await super().get(key, **kw)
+
+    monkeypatch.setattr(runtime, "PARENT_CHECK_S", 60.0)
+    infos = runtime.run(MemoryStore(bucket).list_page("train/")).objects
+    catalog = Catalog([Late(bucket)], [0] * len(infos), infos)
+    largest = max(info.size for info in infos)
+    window = PrefetchWindow(
+        catalog,
+        np.arange(len(infos)),
+        0,
+        FetchConfig(prefetch_size=8 * largest),  # 8 objects or more, fewer than 32
+        ComposeConfig(enabled=False),
+    )
+    window.start()
+    try:
+        began = time.monotonic()
+        first = window.take(0)
+        assert time.monotonic() - began < 1.5, "the consumer waited for the late object"
+        assert 1 <= len(first) < 5
+        assert first == [payload(i) for i in range(len(first))]
+        got = list(first)
+        while len(got) < N:
+            got += window.take(len(got))
+        assert got == [payload(i) for i in range(N)]
+    finally:
+        window.close()
+
+
 def test_waiting_fetchers_hold_no_bytes_outside_the_window() -> None:
     # Each of the prefetch fetchers kept its last group's bytes while it
     # waited for room in a full window: up to prefetch x a group outside the
