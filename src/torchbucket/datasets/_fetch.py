@@ -107,9 +107,9 @@ class PrefetchWindow:
     ``read_around_needed_after`` (compose's tuning), sooner than a group still
     ahead of the consumer (see :func:`~torchbucket.compose.fetch_group`). An
     object read directly that it waits for (the first of its chunk not yet
-    arrived, wherever in the chunk) is hedged at once (see ``HedgeConfig``;
-    its budget still applies) once ``_OVERTAKEN`` objects after it have
-    arrived.
+    arrived, wherever in the chunk) is hedged (see ``HedgeConfig``; its
+    budget still applies) once ``_OVERTAKEN`` objects after it have arrived
+    and it has run twice the median of the window's recent reads.
 
     Args:
         catalog: The objects.
@@ -175,7 +175,9 @@ class PrefetchWindow:
         held = min(self._ahead, self._limit_bytes // int(mean))
         self._chunk = max(1, min(_HANDOVER_CHUNK, fetch.reads_in_flight // 4, held // 4))
         self._overtaken = max(2, min(_OVERTAKEN, held // 8))
-        # Seconds the recent objects read directly took, and their median. Loop thread only.
+        # Seconds the recent objects read directly took, and their median:
+        # whole objects (all of an object's ranges), which is what overtakes
+        # and is overtaken, not the hedger's per-request size classes. Loop thread only.
         self._read_times: collections.deque[float] = collections.deque(maxlen=_RECENT_READS)
         self._read_median: float | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -289,10 +291,10 @@ class PrefetchWindow:
             reads.hurry(_STRAGGLER_TIMES * median)
 
     def _timed(self, seconds: float) -> None:
-        """An object read directly took ``seconds``: update the recent median now and then."""
+        """An object read directly took ``seconds``: update the recent median."""
         times = self._read_times
         times.append(seconds)
-        if len(times) >= _RECENT_LEAST and (self._read_median is None or len(times) % 8 == 0):
+        if len(times) >= _RECENT_LEAST:
             self._read_median = sorted(times)[len(times) // 2]
 
     def _fits(self, first: int, end: int) -> bool:
