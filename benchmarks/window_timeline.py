@@ -25,7 +25,8 @@ the window's first composed group arrived:
 ``--quick``: 6,000 x 10 KiB, 6 repeats (about a minute on the 2-core VM);
 the full run: 20,000 objects, 8 repeats. ``--smoke``: 512 objects, one
 repeat (a code-path check). ``--size-kib`` and ``--count`` trace another
-dataset (``sizes.py``'s composed sizes: ``--size-kib 64 --count 18000``).
+dataset (``sizes.py``'s composed sizes: ``--size-kib 64 --count 18000``, or
+``--size-kib 0.5 --count 48000`` for its 512 B).
 No goal of its own: issue 19's goal is ``dataloading.py``'s
 ``tail_slowdown_10kib``; this says what it is made of.
 
@@ -47,6 +48,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import math
 import os
 import re
 import statistics
@@ -86,7 +88,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--smoke", action="store_true", help="512 objects, 1 repeat")
     p.add_argument("--count", type=int, default=None, help="objects in the dataset")
     p.add_argument(
-        "--size-kib", type=int, default=SIZE_KIB, help=f"object size, KiB (default {SIZE_KIB})"
+        "--size-kib",
+        type=float,
+        default=SIZE_KIB,
+        help=f"object size, KiB, a fraction allowed (0.5: 512 B; default {SIZE_KIB})",
     )
     p.add_argument("--repeats", type=int, default=None, help="runs per path and preset")
     h.add_latency_option(p)
@@ -94,9 +99,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.presets = h.latency_presets(p, args)
     if len(args.presets) != 2:
         p.error("--latency takes two presets: the constant one, then the tail")
-    if args.size_kib <= 0:
-        p.error(f"--size-kib must be > 0, got {args.size_kib}")
-    args.size = args.size_kib << 10
+    if not (math.isfinite(args.size_kib) and round(args.size_kib * 1024) >= 1):
+        p.error(f"--size-kib must be at least 1 byte (1/1024), got {args.size_kib}")
+    args.size = round(args.size_kib * 1024)
     if args.count is None:
         args.count = 512 if args.smoke else 6_000 if args.quick else 20_000
     if args.repeats is None:
@@ -238,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     base, tail = args.presets
     print(
-        f"window_timeline ({mode}): one epoch of {args.count:,} x {args.size_kib} KiB, "
+        f"window_timeline ({mode}): one epoch of {args.count:,} x {args.size_kib:g} KiB, "
         f"DataLoader(num_workers={NUM_WORKERS}, batch_size={BATCH_SIZE}), compose on, bytes "
         f"samples, every byte checked; {base} and {tail} alternated repeat by repeat, a fresh seeded sampler per "
         f"run; {args.repeats} run(s) per path and preset, medians. Each worker logs its "
@@ -314,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     h.print_table(
-        f"{args.count:,} x {args.size_kib} KiB (medians; waits per worker, summed over its epoch):",
+        f"{args.count:,} x {args.size_kib:g} KiB (medians; waits per worker, summed over its epoch):",
         rows,
         [
             ("path", "path", ""),
@@ -354,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             h.Panel("Drain per worker", labels, [r["drain_s"] for r in rows], "s"),
             h.Panel("Epoch", labels, [r["epoch_s"] for r in rows], "s"),
         ],
-        suptitle=f"window_timeline ({mode}): {args.count:,} x {args.size_kib} KiB, {base} vs {tail}",
+        suptitle=f"window_timeline ({mode}): {args.count:,} x {args.size_kib:g} KiB, {base} vs {tail}",
     )
     path = h.write_json(
         NAME,

@@ -140,8 +140,10 @@ def test_window_timeline_traces_another_object_size() -> None:
     assert window_timeline.parse_args(["--quick"]).size == 10 << 10
     args = window_timeline.parse_args(["--size-kib", "64", "--count", "18000"])
     assert (args.size, args.count, args.repeats) == (64 << 10, 18_000, 8)
-    with pytest.raises(SystemExit):
-        window_timeline.parse_args(["--size-kib", "0"])
+    assert window_timeline.parse_args(["--size-kib", "0.5"]).size == 512  # sizes.py's 512 B
+    for bad in ("0", "0.0001", "nan", "-1"):
+        with pytest.raises(SystemExit):
+            window_timeline.parse_args(["--size-kib", bad])
 
 
 def test_a_verifier_of_objects_of_many_sizes_checks_each_ones_own() -> None:
