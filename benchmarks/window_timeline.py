@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         ],
         suptitle=f"window_timeline ({mode}): {args.count:,} x {args.size_kib:g} KiB, {base} vs {tail}",
     )
-    path = h.write_json(
+    written = h.write_json(
         NAME,
         {
             "result": result,
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             "runs": {f"{p}/{preset}": v for (p, preset), v in runs.items()},
         },
     )
-    print(f"wrote {h.rel(path)} and {h.rel(png)}")
+    print(f"wrote {h.rel(written)} and {h.rel(png)}")
     h.emit_result(result)
     return 0
 
