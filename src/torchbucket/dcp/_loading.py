@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import sys
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.planner import ReadItem
 
 from torchbucket.checkpoint.buffers import MemoryFile
+from torchbucket.errors import CheckpointError
 from torchbucket.storage import crc32c as _crc32c
 
-__all__ = ["Window", "covers", "file_crc", "pieces", "view_saved_tensor"]
+__all__ = ["Window", "covers", "file_crc", "pieces", "view_saved_tensor", "weights_only_bytes"]
 
 
 def covers(spans: list[tuple[str, int, int]], key: str, size: int) -> bool:
@@ -59,6 +63,52 @@ def view_saved_tensor(name: str, data: memoryview) -> torch.Tensor | None:
     if raw.data_ptr() % meta.element_size():
         return None
     return raw.view(meta.dtype).as_strided(meta.size(), meta.stride(), meta.storage_offset())
+
+
+def _bytes_io_allowed() -> contextlib.AbstractContextManager[Any]:
+    """``io.BytesIO`` admitted by ``weights_only`` for one load (DCP saves such values).
+
+    A ``BytesIO`` rebuilds from its bytes and position only. On a torch without
+    ``safe_globals`` (before 2.5) it is refused unless the caller allowed it.
+    """
+    serialization: Any = torch.serialization
+    allow = getattr(serialization, "safe_globals", None)
+    if allow is None or io.BytesIO in serialization.get_safe_globals():
+        return contextlib.nullcontext()
+    return allow([io.BytesIO])  # type: ignore[no-any-return]
+
+
+def weights_only_bytes(name: str, fqn: str, data: memoryview, uri: str) -> io.BytesIO:
+    """A non-tensor item's bytes, as a stream torch's planner may unpickle: no code runs.
+
+    torch's ``DefaultLoadPlanner.load_bytes`` unpickles a ``BYTE_IO`` item with
+    ``torch.load(weights_only=False)``, and ``.metadata`` (someone else's, in a
+    shared bucket) decides which items are ``BYTE_IO``, even for a name the
+    caller's state dict holds a tensor under. So the item is loaded here with
+    ``weights_only=True`` (globals allowed by ``torch.serialization.add_safe_globals``
+    included), and the planner is given that value saved again by this
+    process, never the stored bytes.
+
+    Raises:
+        CheckpointError: The item names a global ``weights_only`` refuses, or is
+            not a torch pickle; nothing it names was called.
+    """
+    try:
+        with _bytes_io_allowed():
+            value = torch.load(MemoryFile(name, data), weights_only=True)  # type: ignore[arg-type]
+    except Exception as exc:
+        raise CheckpointError(
+            f"refused to load {fqn!r} from {name}: a non-tensor value is loaded with "
+            f"weights_only=True, which refused it ({type(exc).__name__}: {str(exc)[:300]}); "
+            "allow its classes with torch.serialization.add_safe_globals if this "
+            "checkpoint is yours",
+            operation="dcp load",
+            uri=uri,
+        ) from exc
+    out = io.BytesIO()
+    torch.save(value, out)
+    out.seek(0)
+    return out
 
 
 def pieces(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import queue
@@ -29,7 +28,13 @@ from torchbucket.dcp._common import (
     metadata_name,
     normalize,
 )
-from torchbucket.dcp._loading import Window, covers, file_crc, view_saved_tensor
+from torchbucket.dcp._loading import (
+    Window,
+    covers,
+    file_crc,
+    view_saved_tensor,
+    weights_only_bytes,
+)
 from torchbucket.dcp._loading import pieces as cut_pieces
 from torchbucket.dcp._pins import Pin, PinnedStore, file_infos, pins_of, replaced_error
 from torchbucket.dcp._unpickle import load_metadata
@@ -354,10 +359,11 @@ class BucketStorageReader(StorageReader):
                 f"{self.uri}/{info.relative_path}: stream transforms "
                 f"{info.transform_descriptors} are not supported"
             )
-        if item.type == LoadItemType.BYTE_IO:
-            planner.load_bytes(item, io.BytesIO(data))
-            return
         name = f"{self.uri}/{info.relative_path}"
+        if item.type == LoadItemType.BYTE_IO:
+            fqn = item.storage_index.fqn
+            planner.load_bytes(item, weights_only_bytes(name, fqn, data, self.uri))
+            return
         tensor = view_saved_tensor(name, data)
         if tensor is None:
             stream = MemoryFile(name, data)
