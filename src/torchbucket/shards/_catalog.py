@@ -13,10 +13,16 @@ from typing import TYPE_CHECKING
 
 from torchbucket import runtime
 from torchbucket._uri import as_uri, parse_uri
-from torchbucket.errors import ConfigError, NotFoundError
+from torchbucket.errors import ConfigError, IntegrityError, NotFoundError
 from torchbucket.listing import alist_objects
 from torchbucket.runtime.tasks import gather_or_cancel
-from torchbucket.shards._index import MANIFEST_NAME, Manifest, ShardIndex, index_name
+from torchbucket.shards._index import (
+    MANIFEST_NAME,
+    Manifest,
+    ManifestShard,
+    ShardIndex,
+    index_name,
+)
 from torchbucket.storage import store_for
 from torchbucket.storage.base import ObjectInfo, ObjectStore
 
@@ -102,6 +108,36 @@ class ShardSet:
         return runtime.run(_open(store, key, uri, listing))
 
 
+def _check_packed_with(
+    store: ObjectStore, entry: ManifestShard, info: ObjectInfo, index: ShardIndex | None
+) -> None:
+    """Refuse a shard (and its index) that another pack wrote than the manifest's.
+
+    Two packs to one place (or a shard packed again since) leave shards of one
+    pack under the other's manifest: read together they would mix the two
+    packs' samples. The index records the CRC32C of the shard it was written
+    with, and the manifest the same, so the two must agree; a shard without an
+    index is compared as listed. (Damage to a shard after its pack is not this:
+    its index still agrees, and each member read is checked against the index.)
+
+    Raises:
+        IntegrityError: The shard's index, or the listed shard, is not the
+            one the manifest describes.
+    """
+    size, crc, what = info.size, info.crc32c, "the shard"
+    if index is not None:
+        size, crc, what = index.size, index.shard_crc32c, "its index"
+    if size == entry.size and not (crc and entry.crc32c and crc != entry.crc32c):
+        return
+    raise IntegrityError(
+        f"{what} ({size} bytes, crc32c {crc}) is not the shard the manifest describes "
+        f"({entry.size} bytes, crc32c {entry.crc32c}): packed again since the manifest was "
+        "written (by another pack to the same place?); pack the set again",
+        operation="open",
+        uri=store.uri(info.name),
+    )
+
+
 async def _open(store: ObjectStore, key: str, uri: str, listing: ListingConfig | None) -> ShardSet:
     if key.endswith(".json"):
         prefix = key[: key.rfind("/") + 1]
@@ -119,6 +155,7 @@ async def _open(store: ObjectStore, key: str, uri: str, listing: ListingConfig |
         except ValueError as exc:
             raise ConfigError(f"{store.uri(manifest_key)}: {exc}") from exc
         shards = []
+        entries = {prefix + entry.name: entry for entry in manifest.shards}
         for entry in manifest.shards:
             info = by_name.get(prefix + entry.name)
             if info is None:
@@ -134,12 +171,16 @@ async def _open(store: ObjectStore, key: str, uri: str, listing: ListingConfig |
             o for o in objects if o.name.endswith(".tar") and "/" not in o.name[len(prefix) :]
         ]
         group_by = "key"
+        entries = {}
     if not shards:
         raise NotFoundError("no shards (.tar) and no manifest", operation="open", uri=uri)
 
     async def index_of(info: ObjectInfo) -> ShardIndex | None:
         name = index_name(info.name)
         if name not in by_name:
+            entry = entries.get(info.name)
+            if entry is not None:
+                _check_packed_with(store, entry, info, None)
             return None
         try:
             index = ShardIndex.from_json(await store.get(name, generation=by_name[name].generation))
@@ -154,6 +195,9 @@ async def _open(store: ObjectStore, key: str, uri: str, listing: ListingConfig |
                 info.size,
                 index.size,
             )
+        entry = entries.get(info.name)
+        if entry is not None:
+            _check_packed_with(store, entry, info, index)
         return index
 
     indexes = await gather_or_cancel(index_of(s) for s in shards)
