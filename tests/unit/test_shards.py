@@ -93,6 +93,15 @@ def test_pack_writes_webdataset_shards_a_tar_reader_understands(bucket: str) -> 
     assert b'"group_by": "key"' in _get(bucket, "packed/manifest.json")
 
 
+def test_a_pack_result_prints_as_counts_not_its_plan(bucket: str) -> None:
+    result = _pack(bucket)
+    text = repr(result)
+    # The plan holds every member's 512-byte tar header: a print of it ran to
+    # half a MB for 256 objects.
+    assert len(text) < 300 and "header" not in text and "PlannedMember" not in text
+    assert f"shards={len(result.shards)}" in text and f"objects={2 * KEYS}" in text
+
+
 def test_pack_is_deterministic(bucket: str) -> None:
     a = _pack(bucket, "a/")
     b = _pack(bucket, "b/")

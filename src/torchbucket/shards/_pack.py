@@ -83,6 +83,16 @@ class PackResult:
         """Bytes of all the shards."""
         return sum(s.size for s in self.shards)
 
+    def __repr__(self) -> str:
+        # The plan holds every member's tar header: the generated repr of a
+        # pack of 256 objects ran to half a MB. Counts, not the plan.
+        return (
+            f"PackResult(destination={self.destination!r}, shards={len(self.shards)}, "
+            f"samples={self.samples}, objects={self.objects}, bytes={self.bytes}, "
+            f"kept={self.kept!r}, written={self.written!r}, seconds={self.seconds:.2f}, "
+            f"dry_run={self.dry_run!r})"
+        )
+
 
 def _folder(prefix: str) -> str:
     """A destination prefix as a folder (``out`` -> ``out/``)."""
