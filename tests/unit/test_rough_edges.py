@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import uuid
@@ -121,6 +122,25 @@ def test_a_missing_local_path_names_the_file_uri(tmp_path: Path) -> None:
     with pytest.raises(NotFoundError) as info:
         BucketMapDataset.from_prefix(tmp_path / "nothing-here")
     assert f"file://{tmp_path}/nothing-here" in str(info.value)
+
+
+def test_an_emulator_on_a_busy_port_says_so_in_one_line() -> None:
+    # What a user meets running the README's `torchbucket emulator --port 4443 &`
+    # a second time, the first one still running.
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "torchbucket", "emulator", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert str(port) in lines[0] and "already running" in lines[0] and "--port" in lines[0]
 
 
 # ---------------------------------------------------------------- demo without Pillow

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import logging
 import os
@@ -173,10 +174,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         import uvloop  # type: ignore[import-not-found]
     except ImportError:
         uvloop = None
-    if uvloop is not None:
-        uvloop.run(_serve(args, latency))
-    else:
-        asyncio.run(_serve(args, latency))
+    try:
+        if uvloop is not None:
+            uvloop.run(_serve(args, latency))
+        else:
+            asyncio.run(_serve(args, latency))
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        # The usual cause: an emulator started earlier on the same --port is
+        # still running (in the background of this shell, or another one).
+        print(
+            f"torchbucket emulator: {exc}; is an emulator already running there? "
+            "Stop it, or pick another --port (or none, for a free one)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
