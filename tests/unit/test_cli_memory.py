@@ -81,6 +81,8 @@ def test_ls_of_an_empty_prefix_is_not_found(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert_one_line_error(captured.err, "no objects match", f"memory://{bucket.bucket}/nothing/")
+    assert main(["ls", f"memory://{bucket.bucket}/data/*"]) == 3
+    assert_one_line_error(capsys.readouterr().err, "wildcards are not expanded")
 
 
 @pytest.mark.parametrize(

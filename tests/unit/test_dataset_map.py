@@ -6,6 +6,7 @@ import pickle
 import re
 import traceback
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,6 +106,24 @@ def test_empty_prefix_is_not_found_naming_the_uri(bucket: str) -> None:
         BucketMapDataset.from_prefix(uri)
     with pytest.raises(InvalidURIError):
         BucketMapDataset.from_prefix("s3://bucket/x")
+
+
+def test_an_empty_prefix_says_why_a_first_run_may_have_missed(
+    bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A bucket path without gs:// is a local folder relative to the working directory.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(NotFoundError, match="has no scheme") as caught:
+        BucketMapDataset.from_prefix("my-bucket/train/")
+    assert "gs://my-bucket/train/" in str(caught.value)
+    # A glob is a prefix like any other: nothing expands it.
+    with pytest.raises(NotFoundError, match="wildcards are not expanded"):
+        BucketMapDataset.from_prefix(f"memory://{bucket}/train/*.bin")
+    # An existing folder that is empty gets no hint: its prefix was read as meant.
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(NotFoundError) as caught:
+        BucketMapDataset.from_prefix("empty/")
+    assert "scheme" not in str(caught.value) and "wildcards" not in str(caught.value)
 
 
 def test_from_objects_keeps_order_across_buckets(bucket: str) -> None:

@@ -57,7 +57,8 @@ def list_target(
 
 
 def _nothing_matched(target: Target) -> CommandError:
-    return CommandError(f"no objects match {target.uri}", exit_code=EXIT_NOT_FOUND)
+    hint = "; wildcards are not expanded" if any(c in str(target.uri) for c in "*?") else ""
+    return CommandError(f"no objects match {target.uri}{hint}", exit_code=EXIT_NOT_FOUND)
 
 
 def add_ls(

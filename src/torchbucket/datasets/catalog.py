@@ -52,6 +52,24 @@ def _crc_b64(value: int) -> str | None:
     return None if value == _NO_CRC else b64(value)
 
 
+def empty_prefix_hint(given: str | os.PathLike[str]) -> str:
+    """Why a prefix the user gave may have matched nothing, or ``""``.
+
+    The two mistakes a first run makes: a glob (listings match a prefix,
+    nothing expands ``*``), and a bucket path without ``gs://``, which is read
+    as a local folder relative to the working directory.
+    """
+    text = os.fspath(given)
+    if any(c in text for c in "*?"):
+        return "; wildcards are not expanded: give the prefix the names start with"
+    if "://" not in text and not os.path.exists(text):
+        return (
+            f"; {text!r} has no scheme, so it was read as a local path"
+            f" (for a bucket: gs://{text.lstrip('/')})"
+        )
+    return ""
+
+
 def open_store(uri: str, gcs: GCSConfig | None) -> tuple[ObjectStore, str]:
     """The store and key of ``uri``; ``gcs`` applies to ``gs://`` only."""
     parsed = parse_uri(uri)
@@ -152,11 +170,16 @@ class Catalog:
         Raises:
             NotFoundError: Nothing is under the prefix (unless ``allow_empty``).
         """
+        given = uri
         uri = as_uri(uri, directory=True)
         store, prefix = open_store(uri, gcs)
         infos = runtime.run(alist_objects(store, prefix, config=listing))
         if not infos and not allow_empty:
-            raise NotFoundError("no objects under this prefix", operation="list", uri=uri)
+            raise NotFoundError(
+                "no objects under this prefix" + empty_prefix_hint(given),
+                operation="list",
+                uri=uri,
+            )
         return cls([store], [0] * len(infos), infos)
 
     @classmethod
