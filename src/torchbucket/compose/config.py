@@ -31,7 +31,8 @@ class ComposeConfig:
     """How small objects are coalesced into composites before download.
 
     Objects up to ``max_composite_object_size`` are grouped (in the order they
-    are read, at most 32 per group, a group's total at most the cap), composed
+    are read, at most ``max_sources`` per group, 31 in a dataset's prefetch
+    window, whose anchor takes a source; a group's total at most the cap), composed
     server-side into ``<composite_prefix><uuid>``, read with one GET, split back
     by their listed sizes, and the composite deleted. Larger objects, and groups
     of one, are read directly. The local filesystem (``file://``) never
@@ -66,7 +67,8 @@ class ComposeConfig:
         max_composite_object_size: Cap on a composite's size in bytes, at
             least 1. Default 4 MiB (see
             :data:`DEFAULT_MAX_COMPOSITE_OBJECT_SIZE` for the measurement).
-        max_sources: Objects per composite, 2 to 32 (the GCS limit). Default 32.
+        max_sources: Sources per compose, 2 to 32 (the GCS limit). Default 32
+            (a prefetch window's composes name its anchor first: 31 objects).
         composite_prefix: Where composites are written. Must lie under
             ``"dataflux-composed-objects/"`` so that listings skip it and
             ``torchbucket cleanup`` finds it; a sub-prefix per job lets a cleanup
