@@ -133,8 +133,8 @@ class SyncStore:
     def delete(self, name: str, **kw: Any) -> None:
         self.run(self.store.delete(self.k(name), **kw))
 
-    def copy(self, source: str, destination: str) -> Any:
-        return self.run(self.store.copy(self.k(source), self.k(destination)))
+    def copy(self, source: str, destination: str, **kw: Any) -> Any:
+        return self.run(self.store.copy(self.k(source), self.k(destination), **kw))
 
     def compose(self, destination: str, sources: list[Any], **kw: Any) -> Any:
         return self.run(self.store.compose(self.k(destination), sources, **kw))

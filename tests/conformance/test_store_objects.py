@@ -197,6 +197,17 @@ def test_copy(s: SyncStore) -> None:
         s.copy("missing", "elsewhere")
 
 
+def test_copy_pinned_to_a_replaced_generation_copies_nothing(s: SyncStore) -> None:
+    # A checkpoint's staged object is copied by the generation checked: a
+    # replacement since must not become the copy (checkpoint/_staging.py).
+    checked = s.put("src", DATA)
+    assert s.copy("src", "dst", source_generation=checked.generation).name == s.k("dst")
+    s.put("src", b"another writer's bytes")
+    with pytest.raises(NotFoundError):
+        s.copy("src", "dst", source_generation=checked.generation)
+    assert s.get("dst") == DATA
+
+
 @pytest.mark.parametrize(
     "name",
     [

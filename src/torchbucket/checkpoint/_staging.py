@@ -14,7 +14,10 @@ digest for ``name`` where that would pass GCS's 1,024 bytes: see
 as they skip the local store's staging files);
 once its size and CRC32C are those written, it is copied onto the checkpoint
 by one server-side rewrite and deleted. A mismatch leaves the checkpoint as it
-was.
+was. The copy and the delete name the generation checked: a writer that
+replaces the staged object after its check (the name is in listings that
+include hidden names) gets neither its bytes copied onto the checkpoint nor
+its object deleted.
 
 The copy costs one request, no data: a rewrite within a bucket that keeps the
 storage class completes in a single call
@@ -113,9 +116,10 @@ async def promote(
         The checkpoint's object.
 
     Raises:
-        IntegrityError: The staged object is not what was written; the
-            checkpoint was not touched. Raised after the staged object is gone
-            (or left registered for deletion at exit, when that failed).
+        IntegrityError: The staged object is not what was written, or was
+            replaced or deleted before its copy; the checkpoint was not
+            touched. Raised after the staged object is gone (or left
+            registered for deletion at exit, when that failed).
         StorageError: The copy failed; the checkpoint was not replaced.
     """
     uri = store.uri(key)
@@ -128,7 +132,16 @@ async def promote(
             uri=uri,
             outcome="the checkpoint was not replaced",
         )
-        info = await store.copy(staged.name, key)
+        try:
+            info = await store.copy(staged.name, key, source_generation=staged.generation)
+        except NotFoundError as exc:
+            raise IntegrityError(
+                f"the assembled upload (staged as {store.uri(staged.name)}, generation "
+                f"{staged.generation}) was replaced or deleted before its copy; "
+                "the checkpoint was not replaced",
+                operation="checkpoint save",
+                uri=uri,
+            ) from exc
     finally:
         await drop(store, staged.name, staged.generation)
     # GCS validates a copy itself; this only guards a store that does not.

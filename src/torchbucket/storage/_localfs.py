@@ -38,6 +38,7 @@ __all__ = [
     "os_error",
     "part_etag",
     "path_of",
+    "sender",
     "staging",
     "target",
     "unlink_quietly",
@@ -203,13 +204,22 @@ def copier(*paths: str) -> Callable[[int], None]:
     def write(fd: int) -> None:
         for path in paths:
             with open(path, "rb") as src:
-                size = os.fstat(src.fileno()).st_size
-                offset = 0
-                while offset < size:
-                    sent = os.sendfile(fd, src.fileno(), offset, size - offset)
-                    if sent == 0:
-                        break
-                    offset += sent
+                sender(src.fileno())(fd)
+
+    return write
+
+
+def sender(src: int) -> Callable[[int], None]:
+    """A ``write(fd)`` that appends the whole open file ``src``."""
+
+    def write(fd: int) -> None:
+        size = os.fstat(src).st_size
+        offset = 0
+        while offset < size:
+            sent = os.sendfile(fd, src, offset, size - offset)
+            if sent == 0:
+                break
+            offset += sent
 
     return write
 

@@ -290,8 +290,20 @@ class ObjectStore(Protocol):
         """
         ...
 
-    async def copy(self, source: str, destination: str) -> ObjectInfo:
-        """Copy an object inside the bucket."""
+    async def copy(
+        self, source: str, destination: str, *, source_generation: int | None = None
+    ) -> ObjectInfo:
+        """Copy an object inside the bucket.
+
+        Args:
+            source: The object copied.
+            destination: Where the copy goes (replaced if it exists).
+            source_generation: Copy this generation of ``source`` only: one
+                that has been replaced since is not copied.
+
+        Raises:
+            NotFoundError: No such object (or generation).
+        """
         ...
 
     async def multipart_initiate(self, key: str, *, content_type: str | None = None) -> str:

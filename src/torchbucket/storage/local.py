@@ -305,12 +305,25 @@ class LocalStore:
         except OSError as exc:
             raise _fs.os_error(exc, "delete", uri) from exc
 
-    async def copy(self, source: str, destination: str) -> ObjectInfo:
+    async def copy(
+        self, source: str, destination: str, *, source_generation: int | None = None
+    ) -> ObjectInfo:
         accounting.count("copy")
+        uri = self.uri(source)
         self._stat(source, "copy")
-        return await asyncio.to_thread(
-            _fs.commit, destination, _fs.copier(_fs.path_of(source)), "copy"
-        )
+
+        def pinned() -> ObjectInfo:
+            try:
+                src = open(_fs.path_of(source), "rb")  # noqa: SIM115 - closed by the with below
+            except OSError as exc:
+                raise _fs.os_error(exc, "copy", uri) from exc
+            with src:
+                # The open file's generation: a file renamed over the name
+                # after this check is not what is copied.
+                _fs.check_generation(os.fstat(src.fileno()), source_generation, "copy", uri)
+                return _fs.commit(destination, _fs.sender(src.fileno()), "copy")
+
+        return await asyncio.to_thread(pinned)
 
     # ------------------------------------------------------------ multipart
 

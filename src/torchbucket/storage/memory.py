@@ -295,9 +295,11 @@ class MemoryStore:
         i = bisect.bisect_left(bucket.names, key)
         del bucket.names[i]
 
-    async def copy(self, source: str, destination: str) -> ObjectInfo:
+    async def copy(
+        self, source: str, destination: str, *, source_generation: int | None = None
+    ) -> ObjectInfo:
         accounting.count("copy")
-        data = self._object(source, "copy").data
+        data = self._object(source, "copy", source_generation).data
         return self._store(destination, data, "copy", None)
 
     async def multipart_initiate(self, key: str, *, content_type: str | None = None) -> str:

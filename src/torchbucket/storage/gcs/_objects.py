@@ -200,10 +200,15 @@ async def delete_url(
     await transport.call(attempt, operation, uri, idempotent=idempotent)
 
 
-async def copy(transport: GCSTransport, source: str, destination: str) -> ObjectInfo:
+async def copy(
+    transport: GCSTransport, source: str, destination: str, source_generation: int | None
+) -> ObjectInfo:
+    # ``sourceGeneration``: a source replaced since is a 404, never the copy's bytes
+    # (https://cloud.google.com/storage/docs/json_api/v1/objects/rewrite).
+    pinned = "" if source_generation is None else f"sourceGeneration={source_generation}&"
     base = (
         f"{transport.urls.object_base}{quote_name(source)}/rewriteTo/b/"
-        f"{quote_name(transport.bucket)}/o/{quote_name(destination)}?fields="
+        f"{quote_name(transport.bucket)}/o/{quote_name(destination)}?{pinned}fields="
         + quote_name(f"done,rewriteToken,resource({INFO_FIELDS})")
     )
     uri = transport.urls.uri(destination)

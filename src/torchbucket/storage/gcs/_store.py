@@ -345,9 +345,11 @@ class GCSStore:
     async def delete(self, key: str, *, generation: int | None = None) -> None:
         await self._router.delete(key, generation)
 
-    async def copy(self, source: str, destination: str) -> ObjectInfo:
+    async def copy(
+        self, source: str, destination: str, *, source_generation: int | None = None
+    ) -> ObjectInfo:
         await self._router.refuse("copy", destination)
-        return await _objects.copy(self._transport, source, destination)
+        return await _objects.copy(self._transport, source, destination, source_generation)
 
     async def created(self, key: str, *, generation: int | None = None) -> float | None:
         """When ``key`` (``generation`` of it, if given) was written, from its ``timeCreated``.
