@@ -281,6 +281,32 @@ def test_crc_mismatch_raises_and_deletes_the_bad_object(bucket: str) -> None:
     assert not checkpoint.exists(uri)
 
 
+def test_a_save_replaced_before_its_check_leaves_the_other_writers_object(
+    tmp_path: Any,
+) -> None:
+    # The local store answers a completion without a CRC32C, so the save asks
+    # the name what it holds: by then another writer's save may hold it.
+    from torchbucket.checkpoint import CheckpointWriter
+    from torchbucket.storage.local import LocalStore
+
+    other = b"another writer's checkpoint"
+
+    class ReplacedAfterCompletion(LocalStore):
+        async def multipart_complete(
+            self, key: str, upload_id: str, parts: Sequence[Part]
+        ) -> ObjectInfo:
+            info = await super().multipart_complete(key, upload_id, parts)
+            assert info.crc32c is None
+            await self.put(key, other)
+            return info
+
+    key = str(tmp_path / "model.pt").lstrip("/")
+    with CheckpointWriter(ReplacedAfterCompletion(), key, TINY) as f:
+        f.write(b"a" * PART + b"b" * PART + b"c")
+    assert f.info is not None and f.info.size == 2 * PART + 1
+    assert (tmp_path / "model.pt").read_bytes() == other
+
+
 def test_missing_checkpoint_is_not_found_with_uri(bucket: str) -> None:
     checkpoint = BucketCheckpoint(config=TINY)
     uri = f"memory://{bucket}/nope.pt"

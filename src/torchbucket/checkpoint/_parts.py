@@ -92,12 +92,26 @@ def verify_saved(
 ) -> ObjectInfo:
     """``info`` if the saved object is ``written`` bytes with ``crc32c``; else delete it and raise.
 
+    An answer without a CRC32C is completed by asking ``key``; if ``key`` holds
+    another generation by then, another writer's save replaced this one (the
+    last to finish wins), and that object is neither checked nor deleted.
+
     Raises:
         IntegrityError: It differs (it was deleted), naming the checkpoint.
     """
     uri = store.uri(key)
     if info.crc32c is None:
-        info = runtime.run(store.head(key))
+        live = runtime.run(store.head(key))
+        if info.generation is not None and live.generation != info.generation:
+            logger.debug(
+                "%s: replaced (generation %s) before generation %s was checked; "
+                "the other save stands",
+                uri,
+                live.generation,
+                info.generation,
+            )
+            return info
+        info = live
     if info.crc32c is None:
         logger.debug("%s: the store reports no CRC32C; size checked only", uri)
     if info.size == written and info.crc32c in (None, crc32c):
