@@ -7,6 +7,11 @@ exist" precondition (the save deleted the old one before writing any data), so
 a save that finishes later fails with :class:`PreconditionFailedError`, deletes
 its own data files and leaves the winner whole. After a save wins, the data
 files of the checkpoint it replaced are deleted.
+
+The old ``.metadata`` is read and deleted by the generation the save found: a
+``.metadata`` another save committed in between is that save's checkpoint,
+which this one must neither delete (orphaning its data files) nor take the
+data files of for its own to replace.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from torchbucket.errors import NotFoundError, PreconditionFailedError, StorageEr
 #: .metadata is a pickle: opaque bytes, as every checkpoint object is stored.
 CONTENT_TYPE = "application/octet-stream"
 
-__all__ = ["commit_metadata", "files_of"]
+__all__ = ["commit_metadata", "delete_metadata", "files_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,16 +47,19 @@ def _own_file(name: object) -> bool:
     )
 
 
-def files_of(checkpoint: BucketCheckpoint, uri: str, name: str) -> list[str]:
-    """The data files the metadata ``name`` of checkpoint ``uri`` points into.
+def files_of(
+    checkpoint: BucketCheckpoint, uri: str, name: str, generation: int | None
+) -> list[str]:
+    """The data files generation ``generation`` of metadata ``name`` of checkpoint ``uri`` points into.
 
-    ``[]`` when there is none, or it cannot be read as DCP metadata (then the
-    files it may have pointed into stay: nothing is deleted on a guess).
+    ``[]`` when there is none (any more), or it cannot be read as DCP metadata
+    (then the files it may have pointed into stay: nothing is deleted on a guess).
     """
     metadata_uri = join(uri, name)
+    store, key = checkpoint.open(metadata_uri)
     try:
-        with checkpoint.reader(metadata_uri) as f:
-            metadata = load_metadata(f.read(), metadata_uri)
+        data = runtime.run(store.get(key, generation=generation))
+        metadata = load_metadata(data, metadata_uri)
     except NotFoundError:
         return []
     except StorageError as exc:
@@ -61,6 +69,21 @@ def files_of(checkpoint: BucketCheckpoint, uri: str, name: str) -> list[str]:
         getattr(info, "relative_path", None) for info in (metadata.storage_data or {}).values()
     }
     return sorted(n for n in names if _own_file(n))  # type: ignore[misc]
+
+
+def delete_metadata(
+    checkpoint: BucketCheckpoint, uri: str, name: str, generation: int | None
+) -> None:
+    """Delete generation ``generation`` of metadata ``name``; one gone or replaced since is left.
+
+    Left, a ``.metadata`` another save committed meanwhile makes this save's
+    commit fail (the first to finish wins), instead of being deleted unseen.
+    """
+    store, key = checkpoint.open(join(uri, name))
+    try:
+        runtime.run(store.delete(key, generation=generation))
+    except NotFoundError:
+        logger.debug("%s: %s was deleted or replaced since it was read", uri, name)
 
 
 def _delete(checkpoint: BucketCheckpoint, uri: str, names: Iterable[str], what: str) -> None:

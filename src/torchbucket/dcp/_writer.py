@@ -16,10 +16,11 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
+from torchbucket import runtime
 from torchbucket._checks import check_int
 from torchbucket._uri import is_bucket_uri
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
-from torchbucket.dcp._commit import commit_metadata, files_of
+from torchbucket.dcp._commit import commit_metadata, delete_metadata, files_of
 from torchbucket.dcp._common import (
     DATA_SUFFIX,
     check_dcp_arguments,
@@ -28,7 +29,7 @@ from torchbucket.dcp._common import (
     normalize,
 )
 from torchbucket.dcp._pins import Pin, record_pins
-from torchbucket.errors import StorageError
+from torchbucket.errors import NotFoundError, StorageError
 
 if TYPE_CHECKING:
     from torchbucket.storage.gcs import GCSConfig
@@ -91,7 +92,9 @@ class BucketStorageWriter(StorageWriter):
     incomplete and :class:`BucketStorageReader` refuses it. Before any data is
     written the coordinator deletes an old ``.metadata`` at the same place, so
     that a save over an old checkpoint that dies half-way leaves an incomplete
-    checkpoint, never old metadata pointing into new files.
+    checkpoint, never old metadata pointing into new files. It deletes the
+    generation it read: a ``.metadata`` another save wrote meanwhile is left
+    (and this save's commit fails, as below).
 
     ``.metadata`` records the generation, size and CRC32C of every data file,
     and :class:`BucketStorageReader` reads exactly those, so a file rewritten
@@ -169,16 +172,21 @@ class BucketStorageWriter(StorageWriter):
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         if self.is_coordinator or not self.use_collectives:
             name = metadata_name(self._own_metadata_rank())
-            metadata_uri = join(self.uri, name)
-            if self.checkpoint.exists(metadata_uri):
+            store, key = self.checkpoint.open(join(self.uri, name))
+            try:
+                old = runtime.run(store.head(key))
+            except NotFoundError:
+                old = None
+            if old is not None:
                 if not self.overwrite:
                     raise StorageError(
                         "a complete checkpoint exists here and overwrite=False",
                         operation="dcp save",
                         uri=self.uri,
                     )
-                self._replaced = files_of(self.checkpoint, self.uri, name)
-                self.checkpoint.delete(metadata_uri, missing_ok=True)
+                # One generation read and deleted: see _commit.
+                self._replaced = files_of(self.checkpoint, self.uri, name, old.generation)
+                delete_metadata(self.checkpoint, self.uri, name, old.generation)
         if self.rank is not None and not self.use_collectives:
             plan = dataclasses.replace(plan, storage_data=_StoragePrefix(f"__{self.rank}_"))
         return plan
