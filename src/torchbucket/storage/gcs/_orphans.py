@@ -84,7 +84,7 @@ async def _named_by(transport: GCSTransport, key: str) -> str | None:
         if status == 404:
             return None
         doc = _errors.parse_body(json.loads, body, operation="head", uri=uri)
-        target = pointed(doc.get("metadata") or {})
+        target = pointed(doc.get("metadata") or {}, key)
         return None if target is None else target[0]
 
     return await transport.call(attempt, "head", uri)
@@ -95,7 +95,7 @@ async def _all_targets(transport: GCSTransport) -> set[str]:
     targets: set[str] = set()
     async for items in _pages(transport, "", _POINTER_FIELDS):
         for doc in items:
-            target = pointed(doc.get("metadata") or {})
+            target = pointed(doc.get("metadata") or {}, doc.get("name") or "")
             if target is not None:
                 targets.add(target[0])
     return targets

@@ -5,7 +5,8 @@ A write to a zonal bucket larger than one message goes to a data object
 hex>`` where the name would pass 1024 bytes), and ``key`` becomes a pointer to
 it: an empty object whose metadata names the data object, its generation, size
 and CRC32C (see :mod:`._zonal`). Only the pointer at ``key`` ever names a data
-object of ``key``; :mod:`._orphans` relies on it.
+object of ``key``; :mod:`._orphans` relies on it, and :func:`pointed` holds
+every pointer to it: metadata naming any other object is not a pointer.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ GENERATION = "torchbucket-target-generation"
 SIZE = "torchbucket-target-size"
 CRC = "torchbucket-target-crc32c"
 _MAX_NAME = 1024
+_ID = re.compile(r"[0-9a-f]{16}")
 _DATA_NAME = re.compile(re.escape(POINTER_PREFIX) + r"(.+)/[0-9a-f]{16}", re.DOTALL)
 _HASHED = re.compile(re.escape(POINTER_PREFIX) + r"[0-9a-f]{32}/[0-9a-f]{16}")
 
@@ -53,12 +55,18 @@ def pointer_metadata(target: str, generation: int, size: int, crc: str | None) -
     }
 
 
-def pointed(info_metadata: dict[str, str]) -> tuple[str, int, int, str | None] | None:
-    """``(data object, generation, size, crc32c)`` of a pointer's metadata, else ``None``."""
-    target = info_metadata.get(TARGET)
-    # Only a hidden data object is followed: metadata anyone with write access
-    # set cannot send a read of this name to another object of the bucket.
-    if not target or not target.startswith(POINTER_PREFIX):
+def pointed(info_metadata: dict[str, str], key: str) -> tuple[str, int, int, str | None] | None:
+    """``(data object, generation, size, crc32c)`` of the pointer at ``key``, else ``None``.
+
+    ``info_metadata`` is the metadata of the object at ``key``; it points only
+    at a data object of ``key``'s own (a name :func:`data_name` gives ``key``).
+    """
+    target = info_metadata.get(TARGET) or ""
+    folder = _folder(key)
+    # Metadata anyone with write access set must not send a read of this name
+    # to another object of the bucket, nor have a replace or delete of this
+    # name delete one: another key's data object least of all.
+    if not target.startswith(folder) or not _ID.fullmatch(target[len(folder) :]):
         return None
     try:
         return (
@@ -71,13 +79,18 @@ def pointed(info_metadata: dict[str, str]) -> tuple[str, int, int, str | None] |
         return None
 
 
+def _folder(key: str) -> str:
+    """Where ``key``'s data objects are: under its name, or its digest where that is too long."""
+    folder = f"{POINTER_PREFIX}{key}/"
+    if len(folder.encode("utf-8", "surrogatepass")) + 16 <= _MAX_NAME:
+        return folder
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{POINTER_PREFIX}{digest}/"
+
+
 def data_name(key: str) -> str:
     """A new data object's name for ``key``."""
-    name = f"{POINTER_PREFIX}{key}/{uuid.uuid4().hex[:16]}"
-    if len(name.encode("utf-8", "surrogatepass")) <= _MAX_NAME:
-        return name
-    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    return f"{POINTER_PREFIX}{digest}/{uuid.uuid4().hex[:16]}"
+    return _folder(key) + uuid.uuid4().hex[:16]
 
 
 def pointer_key(name: str) -> str | None:
@@ -97,7 +110,7 @@ def hashed(name: str) -> bool:
 
 def listed_info(doc: dict[str, Any], info: ObjectInfo) -> ObjectInfo:
     """A listed object's :class:`ObjectInfo`, a pointer's data object's under its name."""
-    target = pointed(doc.get("metadata") or {})
+    target = pointed(doc.get("metadata") or {}, info.name)
     if target is None:
         return info
     _, generation, size, crc = target

@@ -103,7 +103,7 @@ class GrpcPath:
         return (self.channels.routing, *extra)
 
     def _check_pointer(self, key: str, meta: Meta) -> None:
-        target = pointed(meta.metadata)
+        target = pointed(meta.metadata, key)
         if target is not None:
             self._pointers[key] = target
             raise _Followed(target)
@@ -248,7 +248,7 @@ class GrpcPath:
                 raise error_for_rpc(exc, operation="head", uri=uri) from exc
 
         obj = await self._t.call(attempt, "head", uri)
-        target = pointed(dict(obj.metadata))
+        target = pointed(dict(obj.metadata), key)
         if target is not None:
             self._pointers[key] = target
             _, generation, size, crc = target

@@ -50,7 +50,7 @@ class JsonPointers:
             return _errors.parse_body(parse, body, operation="head", uri=uri)
 
         doc, info = await self._t.call(attempt, "head", uri)
-        target = pointed(doc.get("metadata") or {})
+        target = pointed(doc.get("metadata") or {}, key)
         if target is None:
             self._known.pop(key, None)
         else:
