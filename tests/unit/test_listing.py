@@ -26,6 +26,7 @@ from torchbucket.errors import (
     TransientError,
 )
 from torchbucket.listing import ListingConfig, ListingStats, alist_objects, list_objects
+from torchbucket.listing._manifest import ManifestLocation
 from torchbucket.listing._probes import AHEAD_PIECES, counted_up
 from torchbucket.listing._ranges import Planner, Range
 from torchbucket.storage.base import ListPage, ObjectInfo
@@ -690,11 +691,43 @@ def test_cache_in_the_bucket_is_not_listed_itself(bucket: MemoryStore) -> None:
     assert names_of(listing(broken, "c/", config)) == ["c/a", "c/b"]
 
 
-def test_unreadable_cache_is_ignored(bucket: MemoryStore, tmp_path: Any) -> None:
+def _cache_bytes(bucket: MemoryStore, config: ListingConfig, objects: list[ObjectInfo]) -> bytes:
+    """A manifest of ``objects`` as the listing of ``c/`` (a writer may put anything there)."""
+    location = ManifestLocation(str(config.cache), bucket)
+    runtime.run(location.write(bucket.uri("c/"), config._filters(), objects))
+    with open(str(config.cache), "rb") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("damage", ["not gzip", "truncated", "corrupt"])
+def test_unreadable_cache_is_ignored(bucket: MemoryStore, tmp_path: Any, damage: str) -> None:
     seed(bucket, ["c/a"])
     path = tmp_path / "listing.json.gz"
-    path.write_bytes(b"not gzip")
-    assert names_of(listing(bucket, "c/", replace(QUIET, cache=str(path)))) == ["c/a"]
+    config = replace(QUIET, cache=str(path))
+    data = _cache_bytes(bucket, config, [ObjectInfo(f"c/{i}", i, i) for i in range(500)])
+    if damage == "not gzip":
+        data = b"not gzip"
+    elif damage == "truncated":
+        data = data[: len(data) // 2]
+    else:  # a gzip header before deflate data that is not
+        data = data[:10] + bytes([0xFF]) * 64 + data[-8:]
+    path.write_bytes(data)
+    assert names_of(listing(bucket, "c/", config)) == ["c/a"]
+
+
+def test_a_cache_that_decompresses_past_the_cap_is_not_inflated(
+    bucket: MemoryStore, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    from torchbucket.listing import _manifest
+
+    cap = 64 * 1024
+    monkeypatch.setattr(_manifest, "_MAX_BYTES", cap, raising=False)
+    seed(bucket, ["c/a"])
+    config = replace(QUIET, cache=str(tmp_path / "listing.json.gz"))
+    bomb = _cache_bytes(bucket, config, [ObjectInfo("c/a", 0, 1)] * 100_000)
+    assert len(bomb) < cap  # small to read; far larger inflated
+    assert names_of(listing(bucket, "c/", config)) == ["c/a"]
+    assert any(f"more than {cap} bytes" in r.getMessage() for r in caplog.records)
 
 
 # -- entry points and configuration ------------------------------------------------

@@ -147,7 +147,7 @@ async def _list_here(
     filters = config._filters()
     manifest = ManifestLocation(config.cache, store) if config.cache is not None else None
     if manifest is not None:
-        cached = await manifest.read(uri, filters, config.cache_max_age)
+        cached = await manifest.read(uri, prefix, filters, config.cache_max_age)
         if cached is not None:
             return cached
     bar, owned = _progress_bar(progress, config, uri)

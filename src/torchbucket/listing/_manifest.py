@@ -9,17 +9,25 @@ Staleness is the user's choice: a manifest is read back as it was written, so
 objects added, changed or removed since are not seen. That is why the cache is
 opt-in, keyed by prefix URI and filters (a manifest of another listing is
 ignored), and can be given a maximum age.
+
+A manifest in a bucket is written by whoever may write there, so what is read
+back is checked as input: one that names an object outside the prefix it
+lists (it would send reads elsewhere in the bucket), or that decompresses past
+:data:`_MAX_BYTES` (a decompression bomb), is not used, with a WARNING naming
+it, and the prefix is listed again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gzip
+import io
 import json
 import logging
 import os
 import tempfile
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,6 +44,10 @@ _FORMAT = "torchbucket-listing"
 # 2: objects carry their content encodings (a version 1 manifest lacks them,
 # and would have gzip objects composed: it is listed again).
 _VERSION = 2
+#: The most bytes a manifest may decompress to: 14 to 35 million objects (30
+#: to 75 bytes each, by their names), whose listing would hold several GB as
+#: ``ObjectInfo`` anyway. A bomb inflates no further; the prefix is listed again.
+_MAX_BYTES = 1 << 30
 
 
 class ManifestLocation:
@@ -72,9 +84,13 @@ class ManifestLocation:
         return self._store is store and self._key == name
 
     async def read(
-        self, uri: str, filters: Mapping[str, Any], max_age: float | None
+        self, uri: str, prefix: str, filters: Mapping[str, Any], max_age: float | None
     ) -> list[ObjectInfo] | None:
-        """The cached listing of ``uri`` under ``filters``, or ``None`` on a miss."""
+        """The cached listing of ``uri`` (``prefix``) under ``filters``, or ``None`` on a miss.
+
+        A miss too: a manifest that is unreadable, too large, or names an
+        object not under ``prefix`` (logged as a WARNING naming it).
+        """
         try:
             if self._path is not None:
                 data = await asyncio.to_thread(_read_file, self._path)
@@ -84,7 +100,7 @@ class ManifestLocation:
         except (FileNotFoundError, NotFoundError):
             return None
         try:
-            doc = json.loads(gzip.decompress(data))
+            doc = json.loads(_decompress(data))
             if doc.get("format") != _FORMAT or doc.get("version") != _VERSION:
                 raise ValueError("not a torchbucket listing manifest")
             if doc.get("uri") != uri or doc.get("filters") != dict(filters):
@@ -97,7 +113,10 @@ class ManifestLocation:
                 logger.info("listing cache %s is %.0f s old; listing again", self.description, age)
                 return None
             objects = decode_objects(doc["objects"])
-        except (ValueError, KeyError, TypeError, OSError) as exc:
+            stray = next((o.name for o in objects if not o.name.startswith(prefix)), None)
+            if stray is not None:
+                raise ValueError(f"it names {stray!r}, which is not under {uri}")
+        except (ValueError, KeyError, TypeError, OSError, EOFError, zlib.error) as exc:
             logger.warning(
                 "listing cache %s is unreadable (%s); listing again", self.description, exc
             )
@@ -128,6 +147,19 @@ class ManifestLocation:
             # The listing itself succeeded; a cache that cannot be written only
             # costs the next job a listing.
             logger.warning("could not write the listing cache %s: %s", self.description, exc)
+
+
+def _decompress(data: bytes) -> bytes:
+    """``data`` gunzipped, refused past :data:`_MAX_BYTES` before more is inflated."""
+    parts: list[bytes] = []
+    total = 0
+    with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+        while chunk := f.read(1 << 20):
+            total += len(chunk)
+            if total > _MAX_BYTES:
+                raise ValueError(f"it decompresses to more than {_MAX_BYTES} bytes")
+            parts.append(chunk)
+    return b"".join(parts)
 
 
 def _read_file(path: str) -> bytes:

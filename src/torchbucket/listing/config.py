@@ -56,7 +56,9 @@ class ListingConfig:
             it is used instead of listing; otherwise the listing is written
             there. The manifest is not refreshed: objects added or removed
             since it was written are not seen (delete it, or set
-            ``cache_max_age``). Default ``None`` (no cache).
+            ``cache_max_age``). One that names an object outside the prefix,
+            or decompresses past 1 GiB, is not used (a WARNING says why).
+            Default ``None`` (no cache).
         cache_max_age: Seconds after which a manifest is ignored and the prefix
             listed again, or ``None`` for no limit. Default ``None``.
     """
