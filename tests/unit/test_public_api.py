@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import importlib
+import inspect
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import torchbucket
 
@@ -18,6 +22,26 @@ def test_all_matches_the_public_names() -> None:
     # Submodules are reachable as attributes once imported; they are not API names.
     modules = {n for n in public if type(getattr(torchbucket, n)).__name__ == "module"}
     assert public - modules == set(torchbucket.__all__) - {"__version__"}
+
+
+def test_every_class_and_function_at_the_top_is_in_the_api_reference() -> None:
+    # BudgetConfig was exported and on no reference page.
+    pages = Path(__file__).resolve().parents[2] / "docs" / "reference"
+    targets = re.findall(
+        r"^::: *([\w.]+)", "\n".join(p.read_text() for p in pages.glob("*.md")), re.M
+    )
+    documented = {t.rsplit(".", 1)[-1] for t in targets}
+    for target in targets:  # a module's directive documents its __all__
+        try:
+            documented |= set(getattr(importlib.import_module(target), "__all__", ()))
+        except ImportError:
+            pass
+    shown = {
+        n
+        for n in torchbucket.__all__
+        if inspect.isclass(getattr(torchbucket, n)) or inspect.isfunction(getattr(torchbucket, n))
+    }
+    assert shown - documented == set()
 
 
 def test_importing_the_package_does_not_import_torch() -> None:
