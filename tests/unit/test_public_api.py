@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import torchbucket
 
 
@@ -24,8 +26,28 @@ def test_all_matches_the_public_names() -> None:
     assert public - modules == set(torchbucket.__all__) - {"__version__"}
 
 
-def test_every_class_and_function_at_the_top_is_in_the_api_reference() -> None:
-    # BudgetConfig was exported and on no reference page.
+#: The packages whose exported classes and functions users call. ``storage``,
+#: ``compose`` and ``runtime`` also export the seams the others are built on
+#: (store protocols, the compose path): the reference shows their entry points.
+USER_PACKAGES = [
+    "torchbucket",
+    "torchbucket.accounting",
+    "torchbucket.checkpoint",
+    "torchbucket.config",
+    "torchbucket.dataflux",
+    "torchbucket.datasets",
+    "torchbucket.dcp",
+    "torchbucket.emulator",
+    "torchbucket.errors",
+    "torchbucket.lightning",
+    "torchbucket.listing",
+    "torchbucket.shards",
+]
+
+
+@pytest.mark.parametrize("package", USER_PACKAGES)
+def test_every_exported_class_and_function_is_in_the_api_reference(package: str) -> None:
+    # BudgetConfig, CheckpointReader, apack and others were exported and on no page.
     pages = Path(__file__).resolve().parents[2] / "docs" / "reference"
     targets = re.findall(
         r"^::: *([\w.]+)", "\n".join(p.read_text() for p in pages.glob("*.md")), re.M
@@ -36,10 +58,12 @@ def test_every_class_and_function_at_the_top_is_in_the_api_reference() -> None:
             documented |= set(getattr(importlib.import_module(target), "__all__", ()))
         except ImportError:
             pass
+    module = importlib.import_module(package)
     shown = {
         n
-        for n in torchbucket.__all__
-        if inspect.isclass(getattr(torchbucket, n)) or inspect.isfunction(getattr(torchbucket, n))
+        for n in module.__all__
+        if (inspect.isclass(getattr(module, n)) or inspect.isfunction(getattr(module, n)))
+        and n != "main"  # a command line's entry point: the CLI guide's
     }
     assert shown - documented == set()
 
