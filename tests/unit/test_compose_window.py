@@ -9,6 +9,8 @@ again and counted done at the first answer, a 404 included.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ from memory_helper import memory_bucket
 
 from torchbucket import runtime
 from torchbucket.compose import ComposeConfig, registry
+from torchbucket.compose._tuning import tuned
 from torchbucket.datasets import FetchConfig
 from torchbucket.datasets import _units as units_module
 from torchbucket.datasets._fetch import PrefetchWindow
@@ -182,3 +185,69 @@ def test_without_resend_a_late_delete_is_waited_for(bucket: str) -> None:
         return waiting, LateDelete.deletes
 
     assert runtime.run(delete(), timeout=60) == (True, 1)
+
+
+class HeldReads(MemoryStore):
+    """Every compose, and every read of one object, wait until released."""
+
+    held_name: ClassVar[str] = ""
+    reads: ClassVar[threading.Event] = threading.Event()
+    composes: ClassVar[threading.Event] = threading.Event()
+
+    async def get(self, key: str, **kw: Any) -> bytes:
+        while key == type(self).held_name and not type(self).reads.is_set():
+            await asyncio.sleep(0.005)
+        return await super().get(key, **kw)
+
+    async def compose(self, destination: str, sources: Any, **kw: Any) -> ObjectInfo:
+        while not type(self).composes.is_set():
+            await asyncio.sleep(0.005)
+        return await super().compose(destination, sources, **kw)
+
+
+def test_a_consumer_taking_what_there_is_is_not_held_for_the_next_group(
+    bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 64 objects read directly, then composed groups, every compose held. The
+    # consumer waits at position 40, whose read is held too; once it arrives,
+    # the results in order reach position 64, where the first group (in
+    # flight) begins: short of the consumer's chunk (40 + 32), but all there is
+    # until that group's compose path ends. (It slept until then: an
+    # iterable dataset's first batch waited for the first compose path.)
+    # Reading a group around is off: nothing but its compose path brings it;
+    # nor does the consumer's check on its parent process wake it meanwhile.
+    monkeypatch.setattr(runtime, "PARENT_CHECK_S", 60.0)
+    stack = contextlib.ExitStack()
+    stack.enter_context(tuned(read_around_after=0, read_around_needed_after=0))
+    infos = runtime.run(MemoryStore(bucket).list_page("s/")).objects
+    HeldReads.held_name = infos[40].name
+    HeldReads.reads, HeldReads.composes = threading.Event(), threading.Event()
+    catalog = Catalog([HeldReads(bucket)], [0] * len(infos), infos)
+    window = PrefetchWindow(
+        catalog, np.arange(len(infos)), 0, FetchConfig(reads_in_flight=128), ComposeConfig()
+    )
+    window.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(window._results) < 63 and time.monotonic() < deadline:
+            time.sleep(0.01)  # every direct read but position 40's has arrived
+        got = window.take(0)
+        got += window.take(len(got))
+        assert got == [payload(i) for i in range(40)]
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(window.take, 40)
+            while window._waiting_for != 40 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            HeldReads.reads.set()
+            assert waiting.result(timeout=20) == [payload(i) for i in range(40, 64)]
+        assert not HeldReads.composes.is_set()
+    finally:
+        HeldReads.reads.set()
+        HeldReads.composes.set()
+        stack.close()
+    got += [payload(i) for i in range(40, 64)]
+    while len(got) < N:
+        got += window.take(len(got))
+    window.close()
+    runtime.run(registry.drain_deletes())
+    assert got == [payload(i) for i in range(N)]

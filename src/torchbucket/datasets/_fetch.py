@@ -47,12 +47,14 @@ logger = logging.getLogger(__name__)
 # every admitted one has arrived): one thread hand-off per chunk, not per
 # object. At most a quarter of the objects the window holds: where it holds
 # fewer than a chunk (8 at 16 MiB, 2 at 64 MiB), the consumer slept until the
-# last admitted object arrived, and no read began meanwhile. Measured
-# (sizes.py --quick --sizes 4mib,16mib,64mib --only map_default,iter_default
-# --repeats 3, three rounds alternated): the iterable under the tail 16.2 ->
-# 17.8 samples/s at 64 MiB (its tail slowdown 1.24-1.43 -> 1.08-1.18), 70.7
-# -> 75.8 at 16 MiB; the map-style one (woken by its batch) the same within
-# the spread.
+# last admitted object arrived, and no read began meanwhile (the iterable
+# under the tail: 16.2 -> 17.8 samples/s at 64 MiB, sizes.py). One that takes
+# what there is (the iterable's; a map-style batch waits for its own end) is
+# also woken where the results in order end at a composed group in flight,
+# all there is until that group's path ends: chunks of 32 and groups of 31
+# had it wait for two groups, and an epoch's first batch for the first
+# compose path (16 KiB: 0.30 s to the first batch in 7 of 10 epochs, 0.11-0.16 s
+# after).
 _HANDOVER_CHUNK = 32
 
 # Reading directly, the read of an object the consumer waits for (the first of
@@ -82,25 +84,23 @@ _SLAB_BYTES_MOST = 4 << 20
 class PrefetchWindow:
     """An ordered window of fetches over one shard, with bounded memory.
 
-    ``reads_in_flight`` fetcher coroutines on the runtime loop take the shard's units
-    (one object, or a group to compose) in order and keep up to ``reads_in_flight``
-    requests in flight, of which ``reads_in_flight // 8`` to ``reads_in_flight // 2`` (at
-    least 2; see ``_GROUP_BYTES_IN_FLIGHT``) composed groups. A unit is
-    admitted while the window, from the first position not yet taken to the
-    unit's end, spans at most ``_AHEAD_PER_FETCHER`` times as many objects as
-    can be in flight (composing, see ``_GROUP_BYTES_IN_FLIGHT``) and at most
-    ``prefetch_size`` (a unit alone in the window is always admitted). Results that have arrived but are not yet
-    taken count against the window, so memory stays bounded, but a slow
-    consumer never drains the requests in flight below ``reads_in_flight`` until the
-    window is full.
+    ``reads_in_flight`` fetcher coroutines on the runtime loop take the shard's
+    units (one object, or a group to compose) in order and keep up to
+    ``reads_in_flight`` requests in flight, of which ``reads_in_flight // 8``
+    to ``// 2`` (at least 2; see ``_GROUP_BYTES_IN_FLIGHT``) composed groups. A
+    unit is admitted while the window, from the first position not yet taken
+    to the unit's end, spans at most ``_AHEAD_PER_FETCHER`` times as many
+    objects as can be in flight and at most ``prefetch_size`` (a unit alone is
+    always admitted). Results not yet taken count against the window, so
+    memory stays bounded, but a slow consumer never drains the requests in
+    flight below ``reads_in_flight`` until the window is full.
 
     The threads hand results over in chunks: :meth:`take` returns the results
     that have arrived in order from the position asked for, at most a chunk
-    (what it returns leaves the window's bounds, so the consumer's backlog
-    stays a chunk), with at most one lock acquisition; a waiting consumer is
-    woken once a chunk of results is ready in order (or everything admitted
-    has arrived), and the fetchers are woken once a quarter of the window is
-    free.
+    (what it returns leaves the window's bounds), with at most one lock
+    acquisition; a waiting consumer is woken once a chunk is ready in order,
+    everything admitted has arrived, or (taking what there is) the results
+    end at a group in flight; the fetchers once a quarter of the window is free.
 
     A consumer that has to wait marks the composed groups in flight that hold
     what it waits for: their compose path is read around after
@@ -129,10 +129,8 @@ class PrefetchWindow:
     ) -> None:
         self._catalog = catalog
         self._order = order
-        # Per bucket, the anchor every compose of this window names first, so
-        # that a drain can revoke a compose left running instead of waiting
-        # for its answer (see compose/_anchor.py); it takes one of a
-        # compose's sources.
+        # Per bucket, the anchor every compose of this window names first, so a
+        # drain can revoke a compose left running (compose/_anchor.py).
         compose, anchored = window_compose(compose)
         self._anchors: dict[str, Anchor] | None = {} if anchored else None
         self._compose = compose
@@ -151,15 +149,13 @@ class PrefetchWindow:
         self._slab: SharedSlab | None = None
         if fetch.output == "tensor":
             per_object = float(cum[-1]) / max(1, len(order)) + SharedSlab.ALIGN
-            self._slab = SharedSlab(
-                int(min(_SLAB_BYTES_MOST, max(64 << 10, _SLAB_OBJECTS * per_object)))
-            )
+            slab = int(min(_SLAB_BYTES_MOST, max(64 << 10, _SLAB_OBJECTS * per_object)))
+            self._slab = SharedSlab(slab)
         self._cond = threading.Condition(threading.Lock())
         self._results: dict[int, Item] = {}
         # Written by the consumer only.
-        self._taken = start
-        self._waiting_for = -1
-        self._wake_at = start
+        self._taken, self._waiting_for = start, -1
+        self._wake_at, self._wake_partial = start, True
         # Written by the fetchers only.
         self._admitted_end = start
         self._arrived_upto = start
@@ -167,8 +163,7 @@ class PrefetchWindow:
         self._start = start
         self._failure: BaseException | None = None
         self._room: asyncio.Event | None = None
-        # Groups in flight: first position -> (end, set once the consumer
-        # waits for one of its objects). Loop thread only.
+        # Groups in flight: first position -> (end, set once the consumer waits). Loop thread only.
         self._groups_in_flight: dict[int, tuple[int, asyncio.Event]] = {}
         # Objects read directly, in flight: position -> their reads. Loop thread only.
         self._reads_in_flight: dict[int, ReadBatch] = {}
@@ -211,10 +206,9 @@ class PrefetchWindow:
     def take(self, pos: int, want: int | None = None) -> list[Item]:
         """The results that have arrived in order from ``pos``: at least one, at most a chunk.
 
-        Positions are taken in order: ``pos`` is the first position not yet
-        taken. A call that has to wait is woken once a chunk has arrived in
-        order, or ``want`` results (the caller needs no more: a map-style
-        batch's last ones), or everything admitted.
+        ``pos`` is the first position not yet taken. A wait ends once a chunk
+        has arrived in order, or ``want`` results (a map-style batch's last
+        ones), or everything admitted, or (no ``want``) all before a group in flight.
         """
         results = self._results
         if pos not in results:
@@ -222,6 +216,7 @@ class PrefetchWindow:
                 # Announced before looking, so a delivery cannot slip between
                 # (the loop thread reads _wake_at once it sees _waiting_for).
                 self._wake_at = pos + max(1, min(self._chunk, want or self._chunk))
+                self._wake_partial = want is None
                 self._waiting_for = pos
                 loop = self._loop
                 if loop is not None:
@@ -343,7 +338,11 @@ class PrefetchWindow:
         while p in results:
             p += 1
         self._arrived_upto = p
-        if p > waiting and (p >= self._wake_at or p >= self._admitted_end):
+        if p > waiting and (  # see _HANDOVER_CHUNK
+            p >= self._wake_at
+            or p >= self._admitted_end
+            or (self._wake_partial and p in self._groups_in_flight)
+        ):
             with self._cond:
                 self._cond.notify()
         else:
