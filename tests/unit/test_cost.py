@@ -78,6 +78,8 @@ def test_plan_of_a_fixed_example_against_a_hand_computation() -> None:
     assert comp.epoch.total_usd == pytest.approx(per_epoch)
     assert comp.run.total_usd == pytest.approx(3 * per_epoch + 11 * 0.0045 / 1000, rel=1e-3)
     assert "OFF by default" in comp.note
+    # What the note says of the groups is what the estimate counts: 31 objects.
+    assert "groups of <= 31 objects (and the window anchor)" in comp.note
 
 
 def test_the_first_objects_read_directly_follow_the_windows_rule() -> None:

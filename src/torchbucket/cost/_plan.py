@@ -84,10 +84,14 @@ class _Run:
 def _compose_note(
     compose: ComposeConfig, fetch: FetchConfig, soft_delete_seconds: int | None
 ) -> str:
+    from torchbucket.datasets import estimate as datasets_estimate
+
+    objects, anchored = datasets_estimate.group_objects(compose)
     note = (
         f"per worker, the first min(64, reads_in_flight={fetch.reads_in_flight}, objects/4)"
-        f" read directly, then groups of <= {compose.max_sources} objects (the anchor one of"
-        f" them) up to {compose.max_composite_object_size / (1 << 20):g} MiB"
+        f" read directly, then groups of <= {objects} objects"
+        f"{' (and the window anchor)' if anchored else ''}"
+        f" up to {compose.max_composite_object_size / (1 << 20):g} MiB"
     )
     if soft_delete_seconds:
         note += (

@@ -27,7 +27,7 @@ from torchbucket.datasets.config import FetchConfig, ShardingConfig
 from torchbucket.datasets.sharding import shard_of
 from torchbucket.runtime.accounting import RequestStats
 
-__all__ = ["EpochEstimate", "iterable_epoch", "map_epoch"]
+__all__ = ["EpochEstimate", "group_objects", "iterable_epoch", "map_epoch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +36,12 @@ class EpochEstimate:
 
     requests: RequestStats
     composite_bytes: int = 0
+
+
+def group_objects(compose: ComposeConfig) -> tuple[int, bool]:
+    """The most objects a prefetch window's composed group holds, and whether it has an anchor."""
+    grouped, anchored = window_compose(compose)
+    return grouped.max_sources, anchored
 
 
 def _ops(**ops: int) -> dict[str, int]:
