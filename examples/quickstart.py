@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from torchbucket import BucketBatchSampler, BucketMapDataset
+from torchbucket import BucketMapDataset
 
 
 def decode(data: bytes) -> torch.Tensor:
@@ -28,8 +28,7 @@ def decode(data: bytes) -> torch.Tensor:
 def main() -> None:
     uri = sys.argv[1] if len(sys.argv) > 1 else "gs://my-bucket/train/"
     train = BucketMapDataset.from_prefix(uri, data_format_fn=decode)
-    sampler = BucketBatchSampler(train, batch_size=64, seed=17)
-    loader = DataLoader(train, batch_sampler=sampler, num_workers=2)
+    loader = DataLoader(train, batch_size=64, shuffle=True, num_workers=2)
     batch = next(iter(loader))
     print(f"{len(train)} objects under {uri}; first batch: {tuple(batch.shape)} {batch.dtype}")
 

@@ -154,8 +154,15 @@ def test_an_epoch_over_several_token_lifetimes_reads_exact_bytes(
     ds = BucketMapDataset.from_prefix(
         f"gs://{bucket}/train/", gcs=_config(emu), data_format_fn=slow_sample
     )
+    # A sampler the dataset does not read ahead of (a plain range): each
+    # worker's reads spread over the whole epoch, across token lifetimes.
     loader = DataLoader(
-        ds, batch_size=4, num_workers=2, multiprocessing_context=context, collate_fn=as_list
+        ds,
+        batch_size=4,
+        sampler=range(N),
+        num_workers=2,
+        multiprocessing_context=context,
+        collate_fn=as_list,
     )
     seen = [sample for batch in loader for sample in batch]
     elapsed = time.monotonic() - started

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -109,6 +110,43 @@ def test_epochs_through_workers_in_the_samplers_order_each_object_read_once(
     composed = emulator.stats()["by_op"].get("compose", 0) - composes
     # A zonal bucket has no compose: turned off (one INFO line), never asked.
     assert (composed > 0) is (compose is not False and bucket_kind == "regional")
+    assert stored_names(emulator, bucket, COMPOSITE_PREFIX) == []
+
+
+@pytest.mark.parametrize(("context", "compose"), [("fork", None), ("fork", False), ("spawn", None)])
+def test_a_plain_shuffling_dataloader_reads_ahead_in_torchs_order(
+    emulator: Emulator, bucket: str, context: str, compose: bool | None, bucket_kind: str
+) -> None:
+    # No sampler of torchbucket's: DataLoader(shuffle=True) builds torch's
+    # RandomSampler, whose order the dataset takes as the sampler sizes it
+    # (datasets/_observed.py). The batches are torch's, and the workers read
+    # ahead: with compose off each object once, with the default compose on
+    # (only ever on when reading ahead) groups composed and deleted.
+    config = None if compose is None else ComposeConfig(enabled=compose)
+    ds = _dataset(emulator, bucket, compose=config, fetch=FetchConfig(reads_in_flight=24))
+    loader = DataLoader(
+        ds,
+        batch_size=16,
+        shuffle=True,
+        num_workers=2,
+        multiprocessing_context=context,
+        collate_fn=_as_list,
+    )
+    composes = emulator.stats()["by_op"].get("compose", 0)
+    for epoch in range(2):
+        torch.manual_seed(epoch)
+        before = _gets(emulator)
+        seen = [sample for batch in loader for sample in batch]
+        torch.manual_seed(epoch)
+        order = [
+            int(i) for batch in DataLoader(range(N), batch_size=16, shuffle=True) for i in batch
+        ]
+        assert seen == [payload(i) for i in order]
+        if compose is False:
+            assert _gets(emulator) - before == N
+    composed = emulator.stats()["by_op"].get("compose", 0) - composes
+    # A zonal bucket has no compose (see the test above).
+    assert (composed > 0) is (compose is None and bucket_kind == "regional")
     assert stored_names(emulator, bucket, COMPOSITE_PREFIX) == []
 
 

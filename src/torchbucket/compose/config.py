@@ -46,14 +46,16 @@ class ComposeConfig:
       round trip (and reads its first objects directly, so the first batch
       does not wait for one), so for small objects compose is faster than
       direct reads and costs less client CPU and fewer requests.
-    - :class:`~torchbucket.datasets.BucketMapDataset` batch at a time (any
-      sampler but its own) reads directly: a batch cannot start composing
-      before the DataLoader asks for it, so the compose round trip adds to
-      every batch's latency. Turn it on (``compose=ComposeConfig()``) where
-      the loader is not the bottleneck and requests or client CPU matter more.
-    - With a :class:`~torchbucket.datasets.BucketBatchSampler` the map-style
-      dataset reads ahead across batches and composes, as the iterable
-      dataset does.
+    - :class:`~torchbucket.datasets.BucketMapDataset` reads ahead across
+      batches and composes, as the iterable dataset does, with a
+      :class:`~torchbucket.datasets.BucketBatchSampler` or with torch's own
+      samplers (``DataLoader(shuffle=True)`` or ``False``,
+      ``DistributedSampler``), whose order it takes as an epoch starts.
+    - With any other sampler it reads batch at a time and directly: a batch
+      cannot start composing before the DataLoader asks for it, so the
+      compose round trip would add to every batch's latency. Turn it on
+      (``compose=ComposeConfig()``) where the loader is not the bottleneck
+      and requests or client CPU matter more.
 
     Request cost: GCS bills a compose as a class A operation (12.5x a class
     B GET at Standard-class list prices; deletes are free), so a group of 32

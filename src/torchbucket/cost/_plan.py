@@ -146,7 +146,8 @@ def _direct_plan(
         direct.requests,
         listing,
         note=(
-            "one GET per object (BucketMapDataset, compose off); from "
+            "one GET per object (compose off, or the map-style dataset with a "
+            "sampler it cannot read ahead of); from "
             f"{fetch.large_object_size / (1 << 20):g} MiB, one per "
             f"{fetch.range_size / (1 << 20):g} MiB range"
         ),
@@ -199,8 +200,10 @@ def plan_strategies(  # noqa: PLR0913
 ) -> list[StrategyPlan]:
     """Model each read strategy's requests and cost over a run.
 
-    ``direct``: ``BucketMapDataset`` read batch at a time (compose off, its
-    default there). ``compose``: ``BucketIterableDataset`` with compose on.
+    ``direct``: compose off (or ``BucketMapDataset`` read batch at a time, with
+    a sampler it cannot read ahead of). ``compose``: the datasets' default,
+    compose on in a prefetch window (``BucketIterableDataset``, and
+    ``BucketMapDataset`` reading ahead).
     ``shards``: ``torchbucket pack`` once, then ``BucketShardDataset``. Each
     is counted by the feature's own rules and its configs (defaults where
     ``None``), in listing order.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from torchbucket.datasets._common import (
     read_compose_policies,
 )
 from torchbucket.datasets._handover import Reading
+from torchbucket.datasets._observed import ObservedOrder
 from torchbucket.datasets._readahead import ReadAhead
 from torchbucket.datasets._receive import read_object
 from torchbucket.datasets._sampler import BatchPlan
@@ -58,30 +60,36 @@ class BucketMapDataset(Dataset[Any]):
     small objects. Any sampler works, ``DistributedSampler`` included. The
     dataset pickles as its listing and configuration, for spawned workers.
 
-    The fast path, in one line: give the DataLoader a
-    :class:`~torchbucket.datasets.BucketBatchSampler` made for this dataset::
+    Each DataLoader worker keeps the batches it will be asked for next in
+    flight (requests across batch boundaries, and while a batch is collated
+    and handed over), as :class:`BucketIterableDataset` does, when the
+    dataset knows how the epoch is cut into batches: with torch's own
+    samplers in a plain ``DataLoader(ds, batch_size=64, shuffle=True,
+    num_workers=4)`` (``RandomSampler``, ``SequentialSampler`` or
+    ``DistributedSampler`` inside torch's ``BatchSampler``: the dataset takes
+    the order the sampler is about to yield as it starts an epoch, leaving
+    torch's random state as it was), or with a
+    :class:`~torchbucket.datasets.BucketBatchSampler`, which is also
+    resumable mid-epoch::
 
         loader = DataLoader(ds, batch_sampler=BucketBatchSampler(ds, batch_size=64),
                             num_workers=4)
 
-    The dataset then knows how each epoch is cut into batches, and each
-    DataLoader worker keeps the batches it will be asked for next in flight
-    (requests across batch boundaries, and while a batch is collated and
-    handed over), as :class:`BucketIterableDataset` does. Memory: per worker
-    (or in the main process without workers), what :class:`FetchConfig`
-    bounds, ahead of what was handed over, in flight or arrived: at most
+    Memory: per worker (or in the main process without workers), what
+    :class:`FetchConfig` bounds, ahead of what was handed over, in flight or
+    arrived: at most
     ``fetch.prefetch_size`` (128 MiB), and ``4 x fetch.reads_in_flight`` objects
     reading directly (512: 51 MiB of 100 KiB objects) or, composing, up to
     four times the objects of the groups in flight (7,936: 78 MiB of 10 KiB
     objects; of 100 KiB objects, what 128 MiB holds); plus a
     hand-over chunk of up to 32 objects. With any
-    other sampler, or a batch out of the expected turn, a batch is fetched
-    when asked for, as before.
+    other sampler (or over 4,194,304 objects without a ``BucketBatchSampler``),
+    or a batch out of the expected turn, a batch is fetched when asked for.
 
     Compose by default, by measurement (``benchmarks/dataloading.py
     --quick``, the emulator's same-region model, 2 workers, batch 64; see
-    :class:`~torchbucket.compose.ComposeConfig`): on when reading ahead with
-    a ``BucketBatchSampler``, where the window hides the compose round trip
+    :class:`~torchbucket.compose.ComposeConfig`): on when reading ahead,
+    where the window hides the compose round trip
     as in the iterable dataset (objects/s 1.9-2.0x at 10 KiB and 1.3-1.6x at
     100 KiB over direct reads, with fewer requests and less client CPU); off batch
     at a time, where each batch would wait for its compose (objects/s cut to
@@ -100,7 +108,7 @@ class BucketMapDataset(Dataset[Any]):
         compose: Small-object coalescing; default ``ComposeConfig()`` when
             reading ahead, ``ComposeConfig(enabled=False)`` batch at a time
             (see above).
-        fetch: Bounds of the read-ahead with a ``BucketBatchSampler``, the
+        fetch: Bounds of the read-ahead, the
             output (``bytes`` or a tensor handed over without a copy) and
             parallel ranged reads of large objects; default ``FetchConfig()``
             (128 requests in flight, 128 MiB, bytes, ranges from 8 MiB).
@@ -126,6 +134,9 @@ class BucketMapDataset(Dataset[Any]):
         # The order of the last BucketBatchSampler made for this dataset, and
         # this process's read-ahead over it (never pickled or inherited).
         self._plan: BatchPlan | None = None
+        # Without one, the order of torch's own sampler, taken as it starts an
+        # epoch (a plain DataLoader(shuffle=True) reads ahead too: _observed.py).
+        self._observed = ObservedOrder(len(catalog))
         self._reader: ReadAhead | None = None
         self._reader_pid = 0
         self._board = EpochBoard()
@@ -194,6 +205,10 @@ class BucketMapDataset(Dataset[Any]):
         return cls(catalog, data_format_fn=data_format_fn, compose=compose, fetch=fetch)
 
     def __len__(self) -> int:
+        if self._plan is None:
+            # torch's samplers size the dataset as they are built (before the
+            # DataLoader's workers start) and as each iteration begins.
+            self._observed.observe(sys._getframe(1))
         return len(self._catalog)
 
     def uri(self, index: int) -> str:
@@ -285,12 +300,19 @@ class BucketMapDataset(Dataset[Any]):
 
     def _read_ahead(self, indices: list[int]) -> list[Item] | None:
         """The batch from this process's read-ahead, or ``None`` (not the plan's order)."""
-        plan = self._plan
+        plan: BatchPlan | ObservedOrder | None = self._plan
+        if plan is None and self._observed.current_epoch:
+            plan = self._observed
         if plan is None:
             return None
         reader = self._reader
         pid = os.getpid()
-        if reader is None or self._reader_pid != pid or reader.catalog is not self._catalog:
+        if (
+            reader is None
+            or self._reader_pid != pid
+            or reader.catalog is not self._catalog
+            or reader.plan is not plan
+        ):
             if reader is not None and self._reader_pid == pid:
                 reader.close()
             prepare_compose(self._ahead_compose)

@@ -2,8 +2,9 @@
 
 The DataLoader hands batches to its workers in turn (batch ``k`` to worker
 ``k % num_workers``, ``prefetch_factor`` of them queued per worker). With a
-:class:`~torchbucket.datasets.BucketBatchSampler`, the dataset knows how the
-epoch is cut into batches; from the first batch a worker is asked for (found
+:class:`~torchbucket.datasets.BucketBatchSampler` (or torch's own sampler,
+observed as it starts an epoch: :mod:`~torchbucket.datasets._observed`), the
+dataset knows how the epoch is cut into batches; from the first batch a worker is asked for (found
 by its indices in the epoch's order) it knows the rest of its own: ``b,
 b + W, b + 2W, ...``. :class:`ReadAhead` keeps those in one
 :class:`~torchbucket.datasets._fetch.PrefetchWindow`, the iterable dataset's,
@@ -35,6 +36,7 @@ from torchbucket.compose import ComposeConfig
 from torchbucket.compose.registry import drain_deletes
 from torchbucket.datasets._batch import Item
 from torchbucket.datasets._fetch import PrefetchWindow
+from torchbucket.datasets._observed import ObservedOrder
 from torchbucket.datasets._sampler import BatchPlan
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.config import FetchConfig
@@ -56,13 +58,17 @@ class ReadAhead:
 
     Args:
         catalog: The dataset's objects.
-        plan: How epochs are cut into batches (from the sampler).
+        plan: How epochs are cut into batches (from the sampler, or observed).
         fetch: The window's bounds: requests in flight and bytes held ahead.
         compose: Small-object coalescing in the window.
     """
 
     def __init__(
-        self, catalog: Catalog, plan: BatchPlan, fetch: FetchConfig, compose: ComposeConfig
+        self,
+        catalog: Catalog,
+        plan: BatchPlan | ObservedOrder,
+        fetch: FetchConfig,
+        compose: ComposeConfig,
     ) -> None:
         self.catalog = catalog
         self.plan = plan

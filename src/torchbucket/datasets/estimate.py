@@ -49,7 +49,11 @@ def _ops(**ops: int) -> dict[str, int]:
 
 
 def map_epoch(sizes: Sequence[int], fetch: FetchConfig | None = None) -> EpochEstimate:
-    """``BucketMapDataset`` read batch at a time, compose off (its default there)."""
+    """Direct reads: compose off, or ``BucketMapDataset`` batch at a time.
+
+    (A map-style dataset reads batch at a time with a sampler it cannot read
+    ahead of; reading ahead, it composes as :func:`iterable_epoch` counts.)
+    """
     fetch = fetch if fetch is not None else FetchConfig()
     gets = sum(object_gets(int(size), fetch) for size in sizes)
     return EpochEstimate(RequestStats(by_op=_ops(get=gets), bytes_in=int(sum(sizes))))

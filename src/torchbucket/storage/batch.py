@@ -1,6 +1,7 @@
 """Reads a caller waits for together, so that their last stragglers are hedged early.
 
-A map-style batch with a plain sampler (``BucketMapDataset.__getitems__``)
+A map-style batch read batch at a time (``BucketMapDataset.__getitems__``
+with a sampler it cannot read ahead of)
 lasts as long as its slowest read. A read is hedged when it has run ``factor``
 times the recent 95th percentile of its size class (``HedgeConfig``); in a
 batch, the read that holds everything up is known sooner: it is one of the

@@ -1,0 +1,162 @@
+"""A plain DataLoader's sampler observed: the map-style dataset reads ahead in torch's order.
+
+``DataLoader(ds, batch_size=..., shuffle=True)`` builds torch's own samplers;
+the dataset takes the order the sampler is about to yield as it sizes the
+dataset (``datasets/_observed.py``). These check, on the memory store, that
+the batches and the random stream are exactly torch's, that the workers read
+ahead (compose runs only when reading ahead: batch at a time it is off), and
+that a sampler it does not know is left to the batch-at-a-time path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from memory_helper import memory_bucket
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+
+from torchbucket import runtime
+from torchbucket.compose import COMPOSITE_PREFIX
+from torchbucket.datasets import BucketBatchSampler, BucketMapDataset
+from torchbucket.storage.memory import MemoryStore
+
+N = 300
+BATCH = 16
+
+
+def payload(i: int) -> bytes:
+    return f"obj-{i:05d}|".encode() * (1 + i % 4)
+
+
+def _as_list(batch: list[bytes]) -> list[bytes]:
+    return list(batch)
+
+
+@pytest.fixture
+def bucket() -> Iterator[str]:
+    with memory_bucket("obs", ((f"train/{i:05d}", payload(i)) for i in range(N))) as name:
+        yield name
+
+
+def _dataset(bucket: str) -> BucketMapDataset:
+    return BucketMapDataset.from_prefix(f"memory://{bucket}/train/")
+
+
+def _loader(dataset: Any, workers: int, **kwargs: Any) -> DataLoader[Any]:
+    return DataLoader(
+        dataset,
+        batch_size=BATCH,
+        num_workers=workers,
+        multiprocessing_context="fork" if workers else None,
+        collate_fn=_as_list if isinstance(dataset, BucketMapDataset) else None,
+        **kwargs,
+    )
+
+
+def _composites(bucket: str) -> list[str]:
+    return [o.name for o in runtime.run(MemoryStore(bucket).list_page(COMPOSITE_PREFIX)).objects]
+
+
+@pytest.mark.parametrize(
+    ("workers", "kwargs"),
+    [
+        (2, {"shuffle": True}),
+        (2, {"shuffle": True, "drop_last": True}),
+        (2, {"shuffle": False}),
+        (0, {"shuffle": True}),
+        (2, {"shuffle": True, "persistent_workers": True}),
+    ],
+)
+def test_a_plain_dataloader_gets_torchs_batches_read_ahead(
+    bucket: str, workers: int, kwargs: dict[str, Any]
+) -> None:
+    ds = _dataset(bucket)
+    for epoch in range(2):
+        torch.manual_seed(100 + epoch)
+        got = [sample for batch in _loader(ds, workers, **kwargs) for sample in batch]
+        after = torch.rand(3)
+        # The same seed over a plain range: torch's batches, and torch's
+        # global generator left where the DataLoader alone leaves it.
+        torch.manual_seed(100 + epoch)
+        ref = [int(i) for batch in _loader(range(N), workers, **kwargs) for i in batch]
+        assert torch.equal(torch.rand(3), after)
+        assert got == [payload(i) for i in ref]
+        assert ds._observed.current_epoch == epoch + 1
+        # Composed groups: the workers read ahead (batch at a time, compose is off).
+        assert ds.last_epoch_stats.by_op.get("compose", 0) > 0
+    assert _composites(bucket) == []
+
+
+def test_a_samplers_own_generator_is_left_as_it_was(bucket: str) -> None:
+    ds = _dataset(bucket)
+    ref_gen = torch.Generator().manual_seed(5)
+    ref = [
+        int(i)
+        for b in _loader(range(N), 2, sampler=RandomSampler(range(N), generator=ref_gen))
+        for i in b
+    ]
+    gen = torch.Generator().manual_seed(5)
+    got = [s for b in _loader(ds, 2, sampler=RandomSampler(ds, generator=gen)) for s in b]
+    assert got == [payload(i) for i in ref]
+    assert torch.equal(gen.get_state(), ref_gen.get_state())
+    assert ds.last_epoch_stats.by_op.get("compose", 0) > 0
+
+
+def test_distributed_sampler_ranks_read_ahead_their_share(bucket: str) -> None:
+    ds = _dataset(bucket)
+    seen = []
+    for rank in range(3):
+        sampler = DistributedSampler(ds, num_replicas=3, rank=rank, shuffle=True, seed=7)
+        sampler.set_epoch(2)
+        expected = list(sampler)
+        got = [s for b in _loader(ds, 2, sampler=sampler) for s in b]
+        assert got == [payload(i) for i in expected]
+        assert ds.last_epoch_stats.by_op.get("compose", 0) > 0
+        seen += got
+    assert sorted(set(seen)) == sorted(payload(i) for i in range(N))
+
+
+class Reversed(RandomSampler):
+    """A sampler with an ``__iter__`` of its own: not observed."""
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(len(self.data_source) - 1, -1, -1))
+
+
+@pytest.mark.parametrize(
+    "sampler", [lambda ds: Reversed(ds), lambda ds: RandomSampler(ds, replacement=True)]
+)
+def test_a_sampler_it_does_not_know_is_read_batch_at_a_time(bucket: str, sampler: Any) -> None:
+    ds = _dataset(bucket)
+    s = sampler(ds)
+    torch.manual_seed(1)
+    got = [x for b in _loader(ds, 2, sampler=s) for x in b]
+    torch.manual_seed(1)
+    ref = [int(i) for b in _loader(range(N), 2, sampler=sampler(range(N))) for i in b]
+    assert got == [payload(i) for i in ref]
+    assert ds._observed.current_epoch == 0
+    assert ds.last_epoch_stats.by_op.get("compose", 0) == 0
+
+
+def test_len_called_by_anything_else_takes_no_order(bucket: str) -> None:
+    ds = _dataset(bucket)
+    assert len(ds) == N
+    assert ds._observed._order is None  # sized by the user: nothing allocated
+    assert len(list(RandomSampler(ds))) == N  # no BatchSampler around it
+    assert ds._observed._order is not None  # sized by torch.utils.data: allocated
+    assert ds._observed.current_epoch == 0
+
+
+def test_with_a_bucket_batch_sampler_its_plan_is_followed(bucket: str) -> None:
+    ds = _dataset(bucket)
+    sampler = BucketBatchSampler(ds, batch_size=BATCH, seed=3)
+    got = [
+        x
+        for b in DataLoader(ds, batch_sampler=sampler, num_workers=2, collate_fn=_as_list)
+        for x in b
+    ]
+    assert got == [payload(i) for b in sampler for i in b]
+    assert ds._observed.current_epoch == 0
