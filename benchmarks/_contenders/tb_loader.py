@@ -13,7 +13,9 @@ Spec: ``endpoint``, ``grpc_endpoint`` (optional: a zonal bucket), ``bucket``, ``
 ``"tensor"``: samples received into shared-memory tensors and handed over by
 handle; measure_loader's identity collate keeps a batch a list of them),
 ``reuse_shm`` (bool: ``FetchConfig(reuse_shared_memory=...)``, default False),
-``fetch_config`` (more ``FetchConfig`` fields), ``collate`` (``"torch"``:
+``fetch_config`` (more ``FetchConfig`` fields), ``loader_shuffle`` (bool:
+``DataLoader(shuffle=...)`` for ``"map"``, the plain sampler a user who passes
+no sampler shuffles with), ``collate`` (``"torch"``:
 the DataLoader's own ``collate_fn``, as a user who passes none has it;
 otherwise measure_loader's identity). ``compose`` null (or left out)
 with no ``output`` nor ``fetch_config``: the library's own defaults for both.
@@ -67,6 +69,8 @@ def main() -> None:
     loader_kwargs: dict[str, object] = {}
     if spec["kind"] == "map":
         dataset = BucketMapDataset.from_prefix(uri, gcs=gcs, compose=compose, fetch=fetch)
+        if spec.get("loader_shuffle"):
+            loader_kwargs["shuffle"] = True
         concurrency = spec["batch_size"]
     elif spec["kind"] == "map_fast":
         # The fast path: a BucketBatchSampler (shuffled) the dataset reads ahead of.
