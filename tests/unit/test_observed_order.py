@@ -160,3 +160,22 @@ def test_with_a_bucket_batch_sampler_its_plan_is_followed(bucket: str) -> None:
     ]
     assert got == [payload(i) for b in sampler for i in b]
     assert ds._observed.current_epoch == 0
+
+
+def test_the_dataflux_compat_dataset_reads_ahead_of_a_plain_dataloader(bucket: str) -> None:
+    # Its __len__ calls BucketMapDataset's: the sampler is found past it. Its
+    # ``objects`` may be replaced; the order follows the new catalog.
+    from torchbucket.dataflux import dataflux_mapstyle_dataset as dms
+
+    ds = dms.DataFluxMapStyleDataset(None, f"memory://{bucket}", dms.Config(prefix="train/"))
+    ds.objects = ds.objects[: N // 2]
+    torch.manual_seed(4)
+    got = [s for b in _loader(ds, 2, shuffle=True) for s in b]
+    torch.manual_seed(4)
+    ref = [int(i) for b in _loader(range(N // 2), 2, shuffle=True) for i in b]
+    assert got == [payload(i) for i in ref]
+    assert ds._observed.current_epoch == 1
+    # Its config composes batch at a time too; reading ahead, each worker's
+    # window also uploads its anchor (a batch at a time has none).
+    assert ds.last_epoch_stats.by_op.get("put", 0) == 2
+    assert _composites(bucket) == []

@@ -205,11 +205,20 @@ class BucketMapDataset(Dataset[Any]):
         return cls(catalog, data_format_fn=data_format_fn, compose=compose, fetch=fetch)
 
     def __len__(self) -> int:
+        n = len(self._catalog)
         if self._plan is None:
+            if self._observed.num_objects != n:  # another catalog (dataflux's ``objects``)
+                self._observed = ObservedOrder(n)
             # torch's samplers size the dataset as they are built (before the
-            # DataLoader's workers start) and as each iteration begins.
-            self._observed.observe(sys._getframe(1))
-        return len(self._catalog)
+            # DataLoader's workers start) and as each iteration begins; the
+            # caller is the first frame past a subclass's own ``__len__``.
+            caller = sys._getframe(1)
+            while caller.f_code.co_name == "__len__" and caller.f_locals.get("self") is self:
+                if caller.f_back is None:
+                    break
+                caller = caller.f_back
+            self._observed.observe(caller)
+        return n
 
     def uri(self, index: int) -> str:
         """The URI of the object at ``index``."""
