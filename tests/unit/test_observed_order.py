@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 from torchbucket import runtime
 from torchbucket.compose import COMPOSITE_PREFIX
 from torchbucket.datasets import BucketBatchSampler, BucketMapDataset
+from torchbucket.datasets._observed import ObservedOrder
 from torchbucket.storage.memory import MemoryStore
 
 N = 300
@@ -143,7 +144,7 @@ def test_a_sampler_it_does_not_know_is_read_batch_at_a_time(bucket: str, sampler
     torch.manual_seed(1)
     ref = [int(i) for b in _loader(range(N), 2, sampler=sampler(range(N))) for i in b]
     assert got == [payload(i) for i in ref]
-    assert ds._observed.current_epoch == 0
+    assert len(ds._observed.rank_order(0)) == 0  # no order taken
     assert ds.last_epoch_stats.by_op.get("compose", 0) == 0
 
 
@@ -184,4 +185,33 @@ def test_the_dataflux_compat_dataset_reads_ahead_of_a_plain_dataloader(bucket: s
     # Its config composes batch at a time too; reading ahead, each worker's
     # window also uploads its anchor (a batch at a time has none).
     assert ds.last_epoch_stats.by_op.get("put", 0) == 2
+    assert _composites(bucket) == []
+
+
+def test_an_order_not_taken_drops_the_last_epochs_windows(
+    bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Persistent workers read ahead in epoch 1's order. If epoch 2's order
+    # cannot be taken, they must not keep reading epoch 1's: the version
+    # moves on with no order, and they read batch at a time.
+    ds = _dataset(bucket)
+    loader = _loader(ds, 2, shuffle=True, persistent_workers=True)
+    reference = _loader(range(N), 2, shuffle=True, persistent_workers=True)
+    torch.manual_seed(8)
+    assert sorted(x for b in loader for x in b) == sorted(payload(i) for i in range(N))
+    assert ds.last_epoch_stats.by_op.get("compose", 0) > 0
+    torch.manual_seed(8)
+    list(reference)
+
+    def refuse(sampler: Any) -> Any:
+        raise RuntimeError("no order this time")
+
+    monkeypatch.setattr(ObservedOrder, "_run", staticmethod(refuse))
+    ds.reset_epoch_stats()
+    torch.manual_seed(9)
+    got = [list(b) for b in loader]
+    torch.manual_seed(9)
+    assert got == [[payload(int(i)) for i in b] for b in reference]
+    assert ds._observed.current_epoch == 2
+    assert ds.last_epoch_stats.by_op.get("compose", 0) == 0
     assert _composites(bucket) == []

@@ -155,23 +155,30 @@ class ObservedOrder:
             logger.debug("read-ahead: the sampler's order was not taken", exc_info=True)
 
     def _publish(self, kind: str, sampler: Any, batches: BatchSampler) -> None:
+        """Share the order of this iteration, or that there is none (length 0).
+
+        Either way the version moves on, so a worker drops what it read ahead
+        in the order before; with no order, it reads batch at a time.
+        """
         head = self._head
         n = self.num_objects
-        if kind == "random" and (sampler.replacement or sampler.num_samples != n):
-            return
-        if kind == "sequential":
-            length = n
-        else:
-            order = self._run(sampler)
-            if self._order is None or len(order) > n:
-                return
-            length = len(order)
-            self._order[:length] = torch.from_numpy(order.astype(np.int32))
-        head[_LENGTH] = length
-        head[_BATCH] = int(batches.batch_size)
-        head[_DROP] = int(bool(batches.drop_last))
-        head[_SEQUENTIAL] = int(kind == "sequential")
-        head[_VERSION] += 1  # last: a worker that sees it finds the rest written
+        length = 0
+        try:
+            if kind == "sequential":
+                length = n
+            elif self._order is not None and not (
+                kind == "random" and (sampler.replacement or sampler.num_samples != n)
+            ):
+                order = self._run(sampler)
+                if len(order) <= n:
+                    self._order[: len(order)] = torch.from_numpy(order.astype(np.int32))
+                    length = len(order)
+        finally:
+            head[_LENGTH] = length
+            head[_BATCH] = int(batches.batch_size)
+            head[_DROP] = int(bool(batches.drop_last))
+            head[_SEQUENTIAL] = int(kind == "sequential")
+            head[_VERSION] += 1  # last: a worker that sees it finds the rest written
         logger.debug(
             "read-ahead: %s sampler's order of %d, batches of %d", kind, length, batches.batch_size
         )

@@ -125,7 +125,8 @@ class ReadAhead:
         # written backwards so an index padded in twice maps to its first place.
         # int32 where it fits: 4 bytes per object of the dataset, per process.
         dtype = np.int32 if len(self._order) < 2**31 else np.int64
-        where = np.full(self.plan.num_objects, -1, dtype=dtype)
+        # No order (an observed sampler's not taken): nothing is found in it.
+        where = np.full(self.plan.num_objects if len(self._order) else 0, -1, dtype=dtype)
         where[self._order[::-1]] = np.arange(len(self._order) - 1, -1, -1, dtype=dtype)
         self._where = where
         self._count = self.plan.num_batches(len(self._order))
