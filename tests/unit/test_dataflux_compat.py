@@ -90,6 +90,10 @@ def test_map_style_reads_the_prefix_with_dataflux_arguments(
     assert ds.project_name == "proj" and ds.storage_client is None
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert any("storage_client" in r.getMessage() for r in caplog.records)
+    # The default cap (None) is torchbucket's default: a batch read on its
+    # own is not composed (it would wait for the compose round trip).
+    assert dataflux_mapstyle_dataset.Config().compose_config() is None
+    assert ds.last_epoch_stats.by_op.get("compose", 0) == 0
 
 
 def test_objects_is_a_list_kept_between_accesses_and_what_the_dataset_reads(bucket: str) -> None:
@@ -143,28 +147,31 @@ def test_an_empty_prefix_is_an_empty_dataset(bucket: str, cls: type) -> None:
 
 
 @pytest.mark.parametrize(
-    ("config", "enabled", "cap"),
+    ("config", "batch", "ahead", "cap"),
     [
-        (dataflux.Config(prefix="train/", disable_compose=True), False, 0),
-        (dataflux.Config(prefix="train/", max_composite_object_size=0), False, 0),
+        (dataflux.Config(prefix="train/", disable_compose=True), False, False, 0),
+        (dataflux.Config(prefix="train/", max_composite_object_size=0), False, False, 0),
         (
             dataflux.Config(prefix="train/", max_composite_object_size=0, disable_compose=True),
             False,
+            False,
             0,
         ),
-        (dataflux.Config(prefix="train/", max_composite_object_size=12345), True, 12345),
-        (dataflux.Config(prefix="train/"), True, DEFAULT_MAX_COMPOSITE_OBJECT_SIZE),
+        (dataflux.Config(prefix="train/", max_composite_object_size=12345), True, True, 12345),
+        # The default cap (None): torchbucket's defaults, compose only reading ahead.
+        (dataflux.Config(prefix="train/"), False, True, DEFAULT_MAX_COMPOSITE_OBJECT_SIZE),
     ],
 )
 def test_compose_settings_map_onto_compose_config(
-    bucket: str, config: dataflux.Config, enabled: bool, cap: int
+    bucket: str, config: dataflux.Config, batch: bool, ahead: bool, cap: int
 ) -> None:
     ds = dataflux.DataFluxMapStyleDataset("proj", f"memory://{bucket}", config)
-    assert ds._compose.enabled is enabled
+    # Batch at a time (any sampler it cannot read ahead of), and reading ahead.
+    assert (ds._compose.enabled, ds._ahead_compose.enabled) == (batch, ahead)
     # dataflux's Config reads as in dataflux (a cap of 0 when off); the
     # ComposeConfig it maps to says off with enabled=False and keeps a cap.
-    if enabled:
-        assert ds._compose.max_composite_object_size == cap
+    if ahead:
+        assert ds._ahead_compose.max_composite_object_size == cap
     else:
         assert config.max_composite_object_size == cap
     assert ds.__getitems__([1, 2]) == [b"img-1", b"img-2"]

@@ -182,8 +182,8 @@ def test_the_dataflux_compat_dataset_reads_ahead_of_a_plain_dataloader(bucket: s
     ref = [int(i) for b in _loader(range(N // 2), 2, shuffle=True) for i in b]
     assert got == [payload(i) for i in ref]
     assert ds._observed.current_epoch == 1
-    # Its config composes batch at a time too; reading ahead, each worker's
-    # window also uploads its anchor (a batch at a time has none).
+    # Reading ahead, each worker's window uploads its anchor (a batch read
+    # on its own has none, and with dataflux's default config no compose).
     assert ds.last_epoch_stats.by_op.get("put", 0) == 2
     assert _composites(bucket) == []
 

@@ -123,19 +123,20 @@ class ConfigBase:
         self.list_retry_config = list_retry_config
         self.download_retry_config = download_retry_config
 
-    def compose_config(self) -> ComposeConfig:
-        """The :class:`ComposeConfig` these settings mean.
+    def compose_config(self) -> ComposeConfig | None:
+        """The :class:`ComposeConfig` these settings mean, or ``None``: the dataset's own default.
 
-        ``max_composite_object_size`` ``None`` (the default) is torchbucket's
-        measured default (on for the iterable dataset, off for the map-style
-        one); ``0`` or ``disable_compose`` turn compose off, as in dataflux
+        ``max_composite_object_size`` ``None`` (the default) leaves each
+        dataset its measured default (the iterable dataset composes; the
+        map-style one composes when it reads ahead, never batch at a time);
+        ``0`` or ``disable_compose`` turn compose off, as in dataflux
         (``ComposeConfig`` itself says so with ``enabled=False``).
         """
         cap = self.max_composite_object_size
         if self.disable_compose or cap == 0:
             return ComposeConfig(enabled=False)
         if cap is None:
-            return ComposeConfig()
+            return None
         return ComposeConfig(max_composite_object_size=int(cap))
 
     def retry(self) -> RetryConfig | None:
@@ -231,7 +232,7 @@ class ListedObjects:
         data_format_fn: Callable[[bytes], Any],
         storage_client: Any,
         gcs: GCSConfig | None,
-    ) -> tuple[Catalog, ComposeConfig]:
+    ) -> tuple[Catalog, ComposeConfig | None]:
         """Check and keep dataflux's public attributes; list the prefix."""
         from torchbucket.datasets.catalog import Catalog
 

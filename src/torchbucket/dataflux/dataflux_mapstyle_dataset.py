@@ -35,8 +35,10 @@ class Config(ConfigBase):
         sort_listing_results: Accepted; listings are always sorted.
         max_composite_object_size: Cap on a composite in bytes; ``0`` turns
             compose off. Default ``None``: torchbucket's default, which for
-            this dataset is compose off (measured: a map-style dataset cannot
-            hide the compose round trip; dataflux's default is 100 MB, on).
+            this dataset is compose on when it reads ahead (torch's own
+            samplers in a plain ``DataLoader``, or a ``BucketBatchSampler``)
+            and off batch at a time, where it cannot hide the compose round
+            trip (measured; dataflux's default is 100 MB, on).
         num_processes: Accepted, ignored: listing runs on asyncio in one process.
         prefix: Only objects under this prefix. Default ``None``: the bucket.
         max_listing_retries: Accepted, ignored: the retry policy governs listing.
