@@ -1,7 +1,7 @@
 """A dataset epoch run as its own process, for the crash tests to kill.
 
 Reads every object under ``gs://BUCKET/d/`` through a map-style dataset with
-compose on, in the main process (``--workers 0``) or in DataLoader workers
+compose on, batch at a time, in the main process (``--workers 0``) or in DataLoader workers
 (forked). Prints, one line each, flushed:
 
 - ``WORKERS pid ...``: the DataLoader's workers are up (``--workers`` > 0);
@@ -69,9 +69,14 @@ def main() -> int:
     ds = BucketMapDataset.from_prefix(
         f"gs://{args.bucket}/d/", gcs=gcs, compose=ComposeConfig(throttle_cooldown=0.0)
     )
+    # A sampler the dataset does not read ahead of (a plain range): each batch
+    # is composed when it is asked for, its two groups the composites the
+    # tests hold (reading ahead, a window composes many groups at once:
+    # test_dataset_emulator.py's worker-kill test covers that path).
     loader = DataLoader(
         ds,
         batch_size=64,
+        sampler=range(len(ds)),
         num_workers=args.workers,
         collate_fn=as_list,
         multiprocessing_context="fork" if args.workers else None,
