@@ -150,6 +150,35 @@ def test_a_plain_shuffling_dataloader_reads_ahead_in_torchs_order(
     assert stored_names(emulator, bucket, COMPOSITE_PREFIX) == []
 
 
+def test_a_split_reads_ahead_in_a_plain_dataloader_over_http(
+    emulator: Emulator, bucket: str, bucket_kind: str
+) -> None:
+    # ds.split: random_split's parts, each a dataset of its own that reads
+    # ahead (random_split's Subsets are read a batch at a time, compose off).
+    ds = _dataset(emulator, bucket, fetch=FetchConfig(reads_in_flight=24))
+    train, val = ds.split([0.75, 0.25], generator=torch.Generator().manual_seed(4))
+    ref = torch.utils.data.random_split(
+        range(N), [0.75, 0.25], generator=torch.Generator().manual_seed(4)
+    )
+    composes = emulator.stats()["by_op"].get("compose", 0)
+    before = _gets(emulator)
+    for part, subset in ((train, ref[0]), (val, ref[1])):
+        loader = DataLoader(part, batch_size=16, shuffle=True, num_workers=2, collate_fn=_as_list)
+        torch.manual_seed(1)
+        seen = [sample for batch in loader for sample in batch]
+        torch.manual_seed(1)
+        order = [
+            int(i) for b in DataLoader(range(len(part)), batch_size=16, shuffle=True) for i in b
+        ]
+        assert seen == [payload(subset.indices[k]) for k in order]
+    composed = emulator.stats()["by_op"].get("compose", 0) - composes
+    # A zonal bucket has no compose; each object is then read once.
+    assert (composed > 0) is (bucket_kind == "regional")
+    if bucket_kind != "regional":
+        assert _gets(emulator) - before == N
+    assert stored_names(emulator, bucket, COMPOSITE_PREFIX) == []
+
+
 def test_reads_ahead_of_the_batch_asked_for_over_http(emulator: Emulator, bucket: str) -> None:
     ds = _dataset(
         emulator,

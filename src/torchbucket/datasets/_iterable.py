@@ -9,6 +9,8 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from torchbucket import runtime
 from torchbucket._checks import check_bool
 from torchbucket.compose import ComposeConfig
@@ -25,6 +27,7 @@ from torchbucket.datasets._common import (
 from torchbucket.datasets._fetch import PrefetchWindow
 from torchbucket.datasets._handover import Reading
 from torchbucket.datasets._shm import enable as reuse_shared_memory
+from torchbucket.datasets._split import split_catalog, subset_catalog
 from torchbucket.datasets._stats import EpochBoard
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.checks import check_source_arguments
@@ -213,6 +216,49 @@ class BucketIterableDataset(ResumableEpochs["_EpochIterator"]):
             sharding=sharding,
             fetch=fetch,
             compose=compose,
+        )
+
+    def split(
+        self, lengths: Sequence[int | float], *, generator: torch.Generator | None = None
+    ) -> list[BucketIterableDataset]:
+        """Random, non-overlapping parts (train and validation) of the same listing.
+
+        The parts are the ones ``torch.utils.data.random_split`` would draw for
+        a dataset of this length (torch's own function draws them), each a
+        ``BucketIterableDataset`` with this one's ``data_format_fn``, order
+        (``shuffle``, ``seed``) and configs::
+
+            train, val = ds.split([0.9, 0.1], generator=torch.Generator().manual_seed(0))
+
+        Args:
+            lengths: Objects per part, adding up to ``num_objects``, or
+                fractions adding up to 1.
+            generator: Draws the parts; default torch's global generator.
+
+        Raises:
+            ConfigError: ``lengths`` do not add up, or leave a part empty.
+        """
+        catalogs = split_catalog(self._catalog, lengths, generator, f"{type(self).__name__}.split")
+        return [self._part(catalog) for catalog in catalogs]
+
+    def subset(self, indices: Sequence[int]) -> BucketIterableDataset:
+        """The objects at ``indices`` of the listing, in that order, as a dataset of their own.
+
+        Raises:
+            ConfigError: ``indices`` is empty or not integers.
+            IndexError: An index is out of range.
+        """
+        return self._part(subset_catalog(self._catalog, indices, f"{type(self).__name__}.subset"))
+
+    def _part(self, catalog: Catalog) -> BucketIterableDataset:
+        return BucketIterableDataset(
+            catalog,
+            data_format_fn=self._format,
+            shuffle=self._shuffle,
+            seed=self._seed,
+            sharding=self._sharding,
+            fetch=self._fetch,
+            compose=self._compose,
         )
 
     @property

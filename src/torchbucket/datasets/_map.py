@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from torch.utils.data import Dataset
+import torch
+from torch.utils.data import Dataset, random_split
 
 from torchbucket import runtime
 from torchbucket.compose import ComposeConfig
@@ -27,6 +29,7 @@ from torchbucket.datasets._readahead import ReadAhead
 from torchbucket.datasets._receive import read_object
 from torchbucket.datasets._sampler import BatchPlan
 from torchbucket.datasets._shm import enable as reuse_shared_memory
+from torchbucket.datasets._split import split_catalog, subset_catalog
 from torchbucket.datasets._stats import EpochBoard
 from torchbucket.datasets.catalog import Catalog
 from torchbucket.datasets.checks import check_source_arguments
@@ -44,6 +47,9 @@ __all__ = ["BucketMapDataset"]
 # ahead with a BucketBatchSampler, compose on.
 _DEFAULT_COMPOSE = ComposeConfig(enabled=False)
 _DEFAULT_AHEAD_COMPOSE = ComposeConfig()
+
+# torch's random_split sizes the dataset it cuts into Subsets (see split).
+_RANDOM_SPLIT = random_split.__code__
 
 
 class BucketMapDataset(Dataset[Any]):
@@ -84,7 +90,9 @@ class BucketMapDataset(Dataset[Any]):
     objects; of 100 KiB objects, what 128 MiB holds); plus a
     hand-over chunk of up to 32 objects. With any
     other sampler (or over 4,194,304 objects without a ``BucketBatchSampler``),
-    or a batch out of the expected turn, a batch is fetched when asked for.
+    through a ``torch.utils.data.Subset`` (``random_split``'s parts: use
+    :meth:`split`), or a batch out of the expected turn, a batch is fetched
+    when asked for.
 
     Compose by default, by measurement (``benchmarks/dataloading.py
     --quick``, the emulator's same-region model, 2 workers, batch 64; see
@@ -204,6 +212,53 @@ class BucketMapDataset(Dataset[Any]):
         catalog = Catalog.from_objects(uris, gcs=gcs)
         return cls(catalog, data_format_fn=data_format_fn, compose=compose, fetch=fetch)
 
+    def split(
+        self, lengths: Sequence[int | float], *, generator: torch.Generator | None = None
+    ) -> list[BucketMapDataset]:
+        """Random, non-overlapping parts (train and validation), each a dataset that reads ahead.
+
+        The parts are the ones ``torch.utils.data.random_split(ds, lengths,
+        generator)`` would make (torch's own function draws them), but each
+        is a ``BucketMapDataset`` over part of the same listing, with this
+        one's ``data_format_fn`` and configs: a plain ``DataLoader(part,
+        shuffle=True)`` reads ahead over it. ``random_split``'s ``Subset``
+        hides torch's sampler from the dataset, and a DataLoader over it
+        reads one batch at a time::
+
+            train, val = ds.split([0.9, 0.1], generator=torch.Generator().manual_seed(0))
+
+        Args:
+            lengths: Objects per part, adding up to ``len(ds)``, or fractions
+                adding up to 1 (the remainders as ``random_split`` places them).
+            generator: Draws the parts; default torch's global generator, as
+                ``random_split``.
+
+        Raises:
+            ConfigError: ``lengths`` do not add up, or leave a part empty.
+        """
+        catalogs = split_catalog(self._catalog, lengths, generator, f"{type(self).__name__}.split")
+        return [self._part(catalog) for catalog in catalogs]
+
+    def subset(self, indices: Sequence[int]) -> BucketMapDataset:
+        """The objects at ``indices``, in that order, as a dataset that reads ahead (see :meth:`split`).
+
+        Raises:
+            ConfigError: ``indices`` is empty or not integers.
+            IndexError: An index is out of range.
+        """
+        return self._part(subset_catalog(self._catalog, indices, f"{type(self).__name__}.subset"))
+
+    def _part(self, catalog: Catalog) -> BucketMapDataset:
+        defaults = (
+            self._compose is _DEFAULT_COMPOSE and self._ahead_compose is _DEFAULT_AHEAD_COMPOSE
+        )
+        return BucketMapDataset(
+            catalog,
+            data_format_fn=self._format,
+            compose=None if defaults else self._compose,
+            fetch=self._fetch,
+        )
+
     def __len__(self) -> int:
         n = len(self._catalog)
         if self._plan is None:
@@ -213,10 +268,20 @@ class BucketMapDataset(Dataset[Any]):
             # DataLoader's workers start) and as each iteration begins; the
             # caller is the first frame past a subclass's own ``__len__``.
             caller = sys._getframe(1)
+            depth = 2
             while caller.f_code.co_name == "__len__" and caller.f_locals.get("self") is self:
                 if caller.f_back is None:
                     break
                 caller = caller.f_back
+                depth += 1
+            if caller.f_code is _RANDOM_SPLIT:
+                warnings.warn(
+                    f"random_split makes torch Subsets of {type(self).__name__}, which a "
+                    "DataLoader reads one batch at a time (no read-ahead, no compose); "
+                    "ds.split(lengths, generator=...) makes the same parts as datasets "
+                    "that read ahead",
+                    stacklevel=depth + 1,
+                )
             self._observed.observe(caller)
         return n
 

@@ -148,6 +148,29 @@ class Catalog:
         """The URI of the object at ``i``, for messages."""
         return self.store(i).uri(self.name(i))
 
+    def select(self, indices: npt.NDArray[np.int64]) -> Catalog:
+        """The objects at ``indices`` (in range), in that order: a part of this listing.
+
+        Nothing is listed or looked up again; the stores are shared.
+        """
+        part = Catalog.__new__(Catalog)
+        part.stores = list(self.stores)
+        starts = self._offsets[indices]
+        ends = self._offsets[indices + 1]
+        blob = self._blob
+        part._blob = b"".join([blob[s:e] for s, e in zip(starts.tolist(), ends.tolist())])
+        part._offsets = np.zeros(len(indices) + 1, dtype=np.int64)
+        np.cumsum(ends - starts, out=part._offsets[1:])
+        part.sizes = self.sizes[indices]
+        part._generations = self._generations[indices]
+        part._crcs = self._crcs[indices]
+        part._store_ids = None if self._store_ids is None else self._store_ids[indices]
+        gz = self.transcoded
+        part.transcoded = (
+            frozenset(k for k, i in enumerate(indices.tolist()) if i in gz) if gz else frozenset()
+        )
+        return part
+
     @classmethod
     def from_prefix(
         cls,
