@@ -40,6 +40,9 @@ Opt-in by ``--only`` (an A/B in one run): ``map_default_pipe`` and
 ``iter_default_pipe``, the defaults with ``FetchConfig(shared_bytes=False)``
 (raw ``bytes`` samples pickled through the pipe, as before
 ``datasets/_handover.py``); ``<map|iter>_shared_over_pipe_<size>`` in the RESULT.
+``map_split`` and ``map_random_split``: 90% of the objects in a plain
+``DataLoader(shuffle=True)``, a part of ``ds.split`` against ``random_split``'s
+torch ``Subset`` (``split_over_random_split_<size>``).
 
 Latency (``--latency``): ``same-region`` (constant) and ``same-region-tail``;
 under the tail only the two defaults run (the tail goal is theirs), each
@@ -164,6 +167,14 @@ AB_CONTENDERS = [
     dl.Contender("iter_default_pipe", "torchbucket iterable, defaults, bytes via pipe",
                  "tb_loader.py", False, "default", {"kind": "iterable", "collate": "torch",
                                                     "fetch_config": {"shared_bytes": False}}),
+    # 90% of the objects in a plain DataLoader(shuffle=True): a part of
+    # ds.split (a dataset of its own) against random_split's torch Subset.
+    dl.Contender("map_split", "torchbucket map, ds.split's 90% part, plain DataLoader(shuffle=True)",
+                 "tb_loader.py", False, "default", {"kind": "map", "collate": "torch",
+                                                    "loader_shuffle": True, "part": "split"}),
+    dl.Contender("map_random_split", "torchbucket map, random_split's 90% Subset, plain "
+                 "DataLoader(shuffle=True)", "tb_loader.py", False, "default",
+                 {"kind": "map", "collate": "torch", "loader_shuffle": True, "part": "random_split"}),
 ]  # fmt: skip
 STYLE = {  # figure: colour, line style
     "map_default": ("#d9822b", "-"),
@@ -176,6 +187,8 @@ STYLE = {  # figure: colour, line style
     "aiohttp_dl": ("#555555", ":"),
     "map_default_pipe": ("#d9822b", "-."),
     "iter_default_pipe": ("#a8501b", "-."),
+    "map_split": ("#e8b04a", "-."),
+    "map_random_split": ("#999999", "-."),
 }
 
 
@@ -359,6 +372,9 @@ def size_figures(
         pipe = rate(s, f"{key}_default_pipe")
         if not math.isnan(pipe):
             out[f"{key}_shared_over_pipe_{k}"] = round(h.ratio(rate(s, f"{key}_default"), pipe), 3)
+    split = rate(s, "map_split")
+    if not math.isnan(split):
+        out[f"split_over_random_split_{k}"] = round(h.ratio(split, rate(s, "map_random_split")), 3)
     out[f"default_speedup_vs_dataflux_{k}"] = round(h.ratio(low, df), 2)
     out[f"default_speedup_vs_gcsfs_{k}"] = round(h.ratio(low, gcsfs), 2)
     # A plain DataLoader(shuffle=True) over the map-style dataset: what a user

@@ -15,7 +15,9 @@ handle; measure_loader's identity collate keeps a batch a list of them),
 ``reuse_shm`` (bool: ``FetchConfig(reuse_shared_memory=...)``, default False),
 ``fetch_config`` (more ``FetchConfig`` fields), ``loader_shuffle`` (bool:
 ``DataLoader(shuffle=...)`` for ``"map"``, the plain sampler a user who passes
-no sampler shuffles with), ``collate`` (``"torch"``:
+no sampler shuffles with), ``part`` (``"map"``: read 90% of the objects,
+``"split"`` through ``ds.split``'s part, ``"random_split"`` through torch's
+``Subset``), ``collate`` (``"torch"``:
 the DataLoader's own ``collate_fn``, as a user who passes none has it;
 otherwise measure_loader's identity). ``compose`` null (or left out)
 with no ``output`` nor ``fetch_config``: the library's own defaults for both.
@@ -23,7 +25,12 @@ with no ``output`` nor ``fetch_config``: the library's own defaults for both.
 
 from __future__ import annotations
 
-from _common import load_spec, measure_loader, spec_objects
+import warnings
+from typing import Any
+
+import torch
+from _common import Verifier, load_spec, measure_loader, spec_objects
+from torch.utils.data import Subset, random_split
 
 from torchbucket.compose import ComposeConfig
 from torchbucket.compose._tuning import TUNING
@@ -35,6 +42,10 @@ from torchbucket.datasets import (
     FetchConfig,
 )
 from torchbucket.storage.gcs import GCSConfig
+
+
+def _names_of(dataset: BucketMapDataset) -> list[str]:
+    return [dataset.uri(k).split("/", 3)[3] for k in range(len(dataset))]
 
 
 def main() -> None:
@@ -65,7 +76,7 @@ def main() -> None:
             reuse_shared_memory=spec.get("reuse_shm", False),
             **spec.get("fetch_config", {}),
         )
-    dataset: BucketMapDataset | BucketIterableDataset
+    dataset: BucketMapDataset | BucketIterableDataset | Subset[Any]
     loader_kwargs: dict[str, object] = {}
     if spec["kind"] == "map":
         dataset = BucketMapDataset.from_prefix(uri, gcs=gcs, compose=compose, fetch=fetch)
@@ -83,7 +94,24 @@ def main() -> None:
             uri, gcs=gcs, compose=compose, fetch=fetch, shuffle=spec.get("shuffle", False)
         )
         concurrency = FetchConfig().reads_in_flight
-    _, verifier = spec_objects(spec)
+    names, verifier = spec_objects(spec)
+    part = spec.get("part")
+    if part is not None:
+        # 90% of the objects, drawn as random_split draws them: ds.split's part
+        # (a dataset of its own) or random_split's Subset (sizes.py's A/B).
+        assert isinstance(dataset, BucketMapDataset)
+        generator = torch.Generator().manual_seed(spec["seed"])
+        if part == "split":
+            dataset = dataset.split([0.9, 0.1], generator=generator)[0]
+            where = {n: i for i, n in enumerate(names)}
+            indices = [where[n] for n in _names_of(dataset)]
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # its advice to use split: the A/B's other arm
+                subset = random_split(dataset, [0.9, 0.1], generator=generator)[0]
+            indices = list(subset.indices)
+            dataset = subset
+        verifier = Verifier([names[i] for i in indices], spec["size"], int(spec.get("seed", 0)))
     measure_loader(
         spec, dataset, verifier, loader_kwargs=loader_kwargs, in_flight_per_worker=concurrency
     )
