@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import torch
 from memory_helper import memory_bucket
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
 
 from torchbucket import runtime
-from torchbucket.compose import COMPOSITE_PREFIX
-from torchbucket.datasets import BucketBatchSampler, BucketMapDataset
+from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig
+from torchbucket.datasets import BucketBatchSampler, BucketMapDataset, FetchConfig
 from torchbucket.datasets._observed import ObservedOrder
 from torchbucket.storage.memory import MemoryStore
 
@@ -42,8 +42,8 @@ def bucket() -> Iterator[str]:
         yield name
 
 
-def _dataset(bucket: str) -> BucketMapDataset:
-    return BucketMapDataset.from_prefix(f"memory://{bucket}/train/")
+def _dataset(bucket: str, **kwargs: Any) -> BucketMapDataset:
+    return BucketMapDataset.from_prefix(f"memory://{bucket}/train/", **kwargs)
 
 
 def _loader(dataset: Any, workers: int, **kwargs: Any) -> DataLoader[Any]:
@@ -146,6 +146,58 @@ def test_a_sampler_it_does_not_know_is_read_batch_at_a_time(bucket: str, sampler
     assert got == [payload(i) for i in ref]
     assert len(ds._observed.rank_order(0)) == 0  # no order taken
     assert ds.last_epoch_stats.by_op.get("compose", 0) == 0
+
+
+class EveryKth(BatchSampler):
+    """One of ``k`` processes' batches, as Accelerate's ``BatchSamplerShard`` (no split) hands them."""
+
+    def __init__(self, batches: BatchSampler, k: int, r: int) -> None:
+        self.batches, self.k, self.r = batches, k, r
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return (b for i, b in enumerate(self.batches) if i % self.k == self.r)
+
+    def __len__(self) -> int:
+        return len(range(self.r, len(self.batches), self.k))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_process_handed_every_kth_batch_reads_ahead_at_that_step(
+    bucket: str, workers: int
+) -> None:
+    # Torch's sampler inside torch's BatchSampler, wrapped by a sampler that
+    # keeps every 3rd batch: the order is observed, and each worker's batches
+    # are 3 x W apart in it. After the first window (read at step W), the step
+    # is learned from the next batch: no further window is restarted, and
+    # nothing beyond that first window is read that is not asked for.
+    k = 3
+    for r in range(k):
+        ds = _dataset(
+            bucket, compose=ComposeConfig(enabled=False), fetch=FetchConfig(reads_in_flight=8)
+        )
+
+        def loader(data: Any, r: int = r) -> DataLoader[Any]:
+            shard = EveryKth(BatchSampler(RandomSampler(data), BATCH, drop_last=False), k, r)
+            return DataLoader(
+                data,
+                batch_sampler=shard,
+                num_workers=workers,
+                multiprocessing_context="fork" if workers else None,
+                collate_fn=_as_list if isinstance(data, BucketMapDataset) else None,
+            )
+
+        torch.manual_seed(20 + r)
+        got = [x for b in loader(ds) for x in b]
+        torch.manual_seed(20 + r)
+        ref = [int(i) for b in loader(range(N)) for i in b]
+        assert got == [payload(i) for i in ref]
+        wasted = ds.last_epoch_stats.by_op["get"] - len(ref)
+        # At most one window's bound per worker: 4 x reads_in_flight ahead,
+        # plus the requests in flight.
+        assert 0 <= wasted <= max(1, workers) * (4 * 8 + 8)
+        if workers == 0:
+            reader = ds._reader
+            assert reader is not None and reader._step == k and not reader._off
 
 
 def test_len_called_by_anything_else_takes_no_order(bucket: str) -> None:

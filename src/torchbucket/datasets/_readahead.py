@@ -14,7 +14,11 @@ collated and handed over.
 Every batch served is checked: it is served from the window only when its
 indices are the ones expected next; otherwise the window follows it (a
 resumed or restarted iteration starts elsewhere), or, for a batch that is not
-in the plan's order, the caller reads it on its own. A process that keeps
+in the plan's order, the caller reads it on its own. A batch further on than
+the one expected, after one served from the window, sets the step between
+the worker's batches: a batch sampler that hands this process every ``P``-th
+batch of torch's (Hugging Face Accelerate's ``BatchSamplerShard`` across ``P``
+processes) gives each worker every ``P x W``-th. A process that keeps
 being asked for batches out of turn (``DataLoader(in_order=False)``) stops
 reading ahead for the rest of the epoch.
 """
@@ -84,6 +88,10 @@ class ReadAhead:
         self._window: PrefetchWindow | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._batches: list[int] = []  # the window's batches, in order
+        # Plan batches from one of this worker's batches to its next: the
+        # DataLoader's workers (W), or as learned (see the module); kept
+        # across epochs (persistent workers: the same DataLoader).
+        self._step = 0
         self._next = 0  # index in _batches of the batch expected next
         self._pos = 0  # window position of that batch's first object
         self._ready: collections.deque[Item] = collections.deque()
@@ -162,13 +170,16 @@ class ReadAhead:
             if self._resyncs > _MAX_RESYNCS:
                 self._stop_for_epoch()
                 return None
+            if self._next > 0 and b > self._batches[self._next - 1]:
+                self._step = b - self._batches[self._next - 1]
         self._start(b)
         logger.debug(
-            "read-ahead: epoch %d from batch %d, %d batches of %d",
+            "read-ahead: epoch %d from batch %d, %d batches of %d, every %d",
             epoch,
             b,
             len(self._batches),
             self._count,
+            self._batches[1] - b if len(self._batches) > 1 else 0,
         )
         return self._take(len(indices))
 
@@ -188,9 +199,9 @@ class ReadAhead:
     def _start(self, first_batch: int) -> None:
         self.close()
         info = get_worker_info()
-        workers = info.num_workers if info is not None else 1
+        step = self._step or (info.num_workers if info is not None else 1)
         size = self.plan.batch_size
-        self._batches = list(range(first_batch, self._count, workers))
+        self._batches = list(range(first_batch, self._count, step))
         order = self._order
         shard = np.concatenate([order[b * size : (b + 1) * size] for b in self._batches])
         window = PrefetchWindow(self.catalog, shard, 0, self._fetch, self._compose)
