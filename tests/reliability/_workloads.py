@@ -17,7 +17,7 @@ from torchbucket import runtime
 from torchbucket.checkpoint import BucketCheckpoint, CheckpointConfig
 from torchbucket.compose import COMPOSITE_PREFIX, ComposeConfig
 from torchbucket.compose.registry import cleanup_registered, in_flight
-from torchbucket.config import RetryConfig
+from torchbucket.config import HedgeConfig, RetryConfig
 from torchbucket.datasets import BucketIterableDataset, FetchConfig
 from torchbucket.emulator import Emulator
 from torchbucket.storage.gcs import GCSConfig, GCSStore
@@ -133,9 +133,19 @@ class Bucket:
     # -- the checkpoint workload -----------------------------------------------
 
     def checkpoint(
-        self, retry: RetryConfig = RECOVER, *, method: str = "multipart", **kw: Any
+        self,
+        retry: RetryConfig = RECOVER,
+        *,
+        method: str = "multipart",
+        hedge: bool = True,
+        **kw: Any,
     ) -> BucketCheckpoint:
-        """A BucketCheckpoint with small parts (or chunks) on this emulator."""
+        """A BucketCheckpoint with small parts (or chunks) on this emulator.
+
+        ``hedge=False`` for a test that counts GETs: on a busy machine a range
+        slower than the hedger's first wait is sent twice, and a fault set for
+        the n-th GET then falls on another read.
+        """
         options: dict[str, Any] = {
             "part_size": PART,
             "min_part_size": 1024,
@@ -144,9 +154,8 @@ class Bucket:
             "upload_method": method,
         }
         options.update(kw)
-        return BucketCheckpoint(
-            config=CheckpointConfig(**options), gcs=self.gcs(retry, upload_chunk_size=CHUNK)
-        )
+        gcs = self.gcs(retry, upload_chunk_size=CHUNK, hedge=HedgeConfig(enabled=hedge))
+        return BucketCheckpoint(config=CheckpointConfig(**options), gcs=gcs)
 
 
 def epoch(ds: BucketIterableDataset) -> list[bytes]:
