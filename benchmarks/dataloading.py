@@ -122,12 +122,15 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
 import _zonal_common as zc
+
+if TYPE_CHECKING:
+    from _zygote import Zygotes
 
 NAME = "dataloading"
 PREFIX = "d/"
@@ -350,7 +353,7 @@ def run_one(
     timeout: float,
     hedge: bool = True,
     hedge_tuning: dict[str, float | None] | None = None,
-    zygotes: h.Zygotes | None = None,
+    zygotes: Zygotes | None = None,
 ) -> dict[str, Any]:
     """Run one contender once on one dataset; return its figures.
 
