@@ -200,6 +200,53 @@ def test_a_process_handed_every_kth_batch_reads_ahead_at_that_step(
             assert reader is not None and reader._step == k and not reader._off
 
 
+def test_accelerates_seedable_sampler_is_read_ahead_and_keeps_its_epochs(bucket: str) -> None:
+    # Hugging Face Trainer's default: Accelerate's RandomSampler subclass seeds
+    # its generator from its epoch, delegates to torch's __iter__ and moves the
+    # epoch on. Its order is taken past its frame, and its epochs are its own.
+    from accelerate.data_loader import SeedableRandomSampler
+
+    ds = _dataset(bucket)
+    sampler = SeedableRandomSampler(ds, data_seed=7)
+    ref_sampler = SeedableRandomSampler(range(N), data_seed=7)
+    for _ in range(2):
+        got = [x for b in _loader(ds, 2, sampler=sampler) for x in b]
+        ref = [int(i) for b in _loader(range(N), 2, sampler=ref_sampler) for i in b]
+        assert got == [payload(i) for i in ref]
+        assert ds.last_epoch_stats.by_op.get("compose", 0) > 0  # read ahead
+    assert sampler.epoch == ref_sampler.epoch == 2
+    assert ds._observed.current_epoch == 2
+
+
+def test_accelerates_batch_sampler_shard_reads_ahead_at_its_step(bucket: str) -> None:
+    # Accelerate across 3 processes: each keeps every 3rd batch of torch's.
+    from accelerate.data_loader import BatchSamplerShard, SeedableRandomSampler
+
+    seen = []
+    for r in range(3):
+        ds = _dataset(
+            bucket, compose=ComposeConfig(enabled=False), fetch=FetchConfig(reads_in_flight=8)
+        )
+
+        def loader(data: Any, r: int = r) -> DataLoader[Any]:
+            batches = BatchSampler(SeedableRandomSampler(data, data_seed=3), BATCH, drop_last=False)
+            return DataLoader(
+                data,
+                batch_sampler=BatchSamplerShard(batches, num_processes=3, process_index=r),
+                num_workers=2,
+                multiprocessing_context="fork",
+                collate_fn=_as_list if isinstance(data, BucketMapDataset) else None,
+            )
+
+        got = [x for b in loader(ds) for x in b]
+        ref = [int(i) for b in loader(range(N)) for i in b]
+        assert got == [payload(i) for i in ref]
+        assert ds._observed.current_epoch == 1  # the order taken past both wrappers
+        assert 0 <= ds.last_epoch_stats.by_op["get"] - len(ref) <= 2 * (4 * 8 + 8)
+        seen += got
+    assert set(seen) == {payload(i) for i in range(N)}
+
+
 def test_len_called_by_anything_else_takes_no_order(bucket: str) -> None:
     ds = _dataset(bucket)
     assert len(ds) == N

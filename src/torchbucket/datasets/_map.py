@@ -72,7 +72,8 @@ class BucketMapDataset(Dataset[Any]):
     dataset knows how the epoch is cut into batches: with torch's own
     samplers in a plain ``DataLoader(ds, batch_size=64, shuffle=True,
     num_workers=4)`` (``RandomSampler``, ``SequentialSampler`` or
-    ``DistributedSampler`` inside torch's ``BatchSampler``: the dataset takes
+    ``DistributedSampler``, or Accelerate's ``SeedableRandomSampler``, inside
+    torch's ``BatchSampler``: the dataset takes
     the order the sampler is about to yield as it starts an epoch, leaving
     torch's random state as it was), or with a
     :class:`~torchbucket.datasets.BucketBatchSampler`, which is also

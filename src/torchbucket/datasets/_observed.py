@@ -22,8 +22,9 @@ workers (forked or spawned after the dataset was sized) can read. A
 worker's :class:`~torchbucket.datasets._readahead.ReadAhead` then serves a
 batch from its window only if its indices are the ones expected; any other
 batch is fetched on its own, as before. A sampler this does not know (a
-subclass with its own ``__iter__``, torchdata's stateful samplers, a custom
-one) gets the batch-at-a-time path, unchanged.
+subclass with its own ``__iter__``, but for Accelerate's ``SeedableRandomSampler``,
+see :data:`_DELEGATING`; torchdata's stateful samplers; a custom one) gets
+the batch-at-a-time path, unchanged.
 
 Memory: the order, 4 bytes per object in shared memory, allocated when
 ``torch.utils.data`` first sizes the dataset (``RandomSampler`` and
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -69,12 +71,30 @@ _SAMPLERS = {
     DistributedSampler.__iter__.__code__: "distributed",
 }
 _BATCHES = BatchSampler.__iter__.__code__
+# What the second run calls: torch's own ``__iter__``, whatever the class.
+_ITERATE: dict[str, Callable[[Any], Iterator[int]]] = {
+    "random": RandomSampler.__iter__,
+    "sequential": SequentialSampler.__iter__,
+    "distributed": DistributedSampler.__iter__,
+}
+#: Subclasses of torch's samplers whose own ``__iter__`` prepares the sampler
+#: and then delegates to torch's (``yield from super().__iter__()``), found
+#: past their frame. Hugging Face Accelerate's (the Trainer's default) seeds
+#: its generator from its epoch first and moves the epoch on after: the second
+#: run is torch's ``__iter__`` alone, from the state the subclass set, so
+#: neither is repeated. (module, qualified name).
+_DELEGATING = {("accelerate.data_loader", "SeedableRandomSampler")}
 
 # Header cells: the version (bumped once per observed iteration), the order's
 # length, the batch size, drop_last, and whether the order is 0..n-1 (not stored).
 _VERSION, _LENGTH, _BATCH, _DROP, _SEQUENTIAL = range(5)
 
 _busy = threading.local()
+
+
+def _delegates(sampler: Any) -> bool:
+    cls = type(sampler)
+    return (cls.__module__, cls.__qualname__) in _DELEGATING
 
 
 class ObservedOrder:
@@ -141,6 +161,8 @@ class ObservedOrder:
             return
         outer = caller.f_back
         sampler = caller.f_locals.get("self")
+        if outer is not None and _delegates(sampler) and outer.f_locals.get("self") is sampler:
+            outer = outer.f_back  # the subclass's own __iter__
         batches = outer.f_locals.get("self") if outer is not None else None
         if (
             outer is None
@@ -169,7 +191,7 @@ class ObservedOrder:
             elif self._order is not None and not (
                 kind == "random" and (sampler.replacement or sampler.num_samples != n)
             ):
-                order = self._run(sampler)
+                order = self._run(kind, sampler)
                 if len(order) <= n:
                     self._order[: len(order)] = torch.from_numpy(order.astype(np.int32))
                     length = len(order)
@@ -184,8 +206,8 @@ class ObservedOrder:
         )
 
     @staticmethod
-    def _run(sampler: Any) -> IndexArray:
-        """A whole iteration of ``sampler``, torch's generators left as they were."""
+    def _run(kind: str, sampler: Any) -> IndexArray:
+        """A whole iteration of torch's ``__iter__`` on ``sampler``, the generators left as they were."""
         state = torch.random.get_rng_state()
         generator = getattr(sampler, "generator", None)
         if not isinstance(generator, torch.Generator):
@@ -193,7 +215,7 @@ class ObservedOrder:
         own = generator.get_state() if generator is not None else None
         _busy.on = True
         try:
-            return np.fromiter(iter(sampler), dtype=np.int64)
+            return np.fromiter(_ITERATE[kind](sampler), dtype=np.int64)
         finally:
             _busy.on = False
             torch.random.set_rng_state(state)
