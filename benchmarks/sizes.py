@@ -42,7 +42,8 @@ Opt-in by ``--only`` (an A/B in one run): ``map_default_pipe`` and
 ``datasets/_handover.py``); ``<map|iter>_shared_over_pipe_<size>`` in the RESULT.
 ``map_split`` and ``map_random_split``: 90% of the objects in a plain
 ``DataLoader(shuffle=True)``, a part of ``ds.split`` against ``random_split``'s
-torch ``Subset`` (``split_over_random_split_<size>``).
+torch ``Subset`` (``split_over_random_split_<size>``). ``map_seedable``: the
+map-style dataset with Accelerate's ``SeedableRandomSampler``.
 
 Latency (``--latency``): ``same-region`` (constant) and ``same-region-tail``;
 under the tail only the two defaults run (the tail goal is theirs), each
@@ -175,6 +176,10 @@ AB_CONTENDERS = [
     dl.Contender("map_random_split", "torchbucket map, random_split's 90% Subset, plain "
                  "DataLoader(shuffle=True)", "tb_loader.py", False, "default",
                  {"kind": "map", "collate": "torch", "loader_shuffle": True, "part": "random_split"}),
+    # Hugging Face Accelerate's SeedableRandomSampler (the Trainer's default) in a plain DataLoader.
+    dl.Contender("map_seedable", "torchbucket map, Accelerate's SeedableRandomSampler",
+                 "tb_loader.py", False, "default", {"kind": "map", "collate": "torch",
+                                                    "sampler": "seedable"}),
 ]  # fmt: skip
 STYLE = {  # figure: colour, line style
     "map_default": ("#d9822b", "-"),
@@ -189,6 +194,7 @@ STYLE = {  # figure: colour, line style
     "iter_default_pipe": ("#a8501b", "-."),
     "map_split": ("#e8b04a", "-."),
     "map_random_split": ("#999999", "-."),
+    "map_seedable": ("#e8b04a", ":"),
 }
 
 

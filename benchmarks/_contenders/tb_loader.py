@@ -17,7 +17,8 @@ handle; measure_loader's identity collate keeps a batch a list of them),
 ``DataLoader(shuffle=...)`` for ``"map"``, the plain sampler a user who passes
 no sampler shuffles with), ``part`` (``"map"``: read 90% of the objects,
 ``"split"`` through ``ds.split``'s part, ``"random_split"`` through torch's
-``Subset``), ``collate`` (``"torch"``:
+``Subset``), ``sampler`` (``"seedable"``, ``"map"``: Accelerate's
+``SeedableRandomSampler``), ``collate`` (``"torch"``:
 the DataLoader's own ``collate_fn``, as a user who passes none has it;
 otherwise measure_loader's identity). ``compose`` null (or left out)
 with no ``output`` nor ``fetch_config``: the library's own defaults for both.
@@ -82,6 +83,11 @@ def main() -> None:
         dataset = BucketMapDataset.from_prefix(uri, gcs=gcs, compose=compose, fetch=fetch)
         if spec.get("loader_shuffle"):
             loader_kwargs["shuffle"] = True
+        if spec.get("sampler") == "seedable":
+            # Hugging Face Accelerate's RandomSampler (the Trainer's default).
+            from accelerate.data_loader import SeedableRandomSampler
+
+            loader_kwargs["sampler"] = SeedableRandomSampler(dataset, data_seed=spec["seed"])
         concurrency = spec["batch_size"]
     elif spec["kind"] == "map_fast":
         # The fast path: a BucketBatchSampler (shuffled) the dataset reads ahead of.
