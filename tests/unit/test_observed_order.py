@@ -47,9 +47,10 @@ def _dataset(bucket: str, **kwargs: Any) -> BucketMapDataset:
 
 
 def _loader(dataset: Any, workers: int, **kwargs: Any) -> DataLoader[Any]:
+    if "batch_sampler" not in kwargs:
+        kwargs["batch_size"] = BATCH
     return DataLoader(
         dataset,
-        batch_size=BATCH,
         num_workers=workers,
         multiprocessing_context="fork" if workers else None,
         collate_fn=_as_list if isinstance(dataset, BucketMapDataset) else None,
@@ -178,13 +179,7 @@ def test_a_process_handed_every_kth_batch_reads_ahead_at_that_step(
 
         def loader(data: Any, r: int = r) -> DataLoader[Any]:
             shard = EveryKth(BatchSampler(RandomSampler(data), BATCH, drop_last=False), k, r)
-            return DataLoader(
-                data,
-                batch_sampler=shard,
-                num_workers=workers,
-                multiprocessing_context="fork" if workers else None,
-                collate_fn=_as_list if isinstance(data, BucketMapDataset) else None,
-            )
+            return _loader(data, workers, batch_sampler=shard)
 
         torch.manual_seed(20 + r)
         got = [x for b in loader(ds) for x in b]
@@ -230,13 +225,8 @@ def test_accelerates_batch_sampler_shard_reads_ahead_at_its_step(bucket: str) ->
 
         def loader(data: Any, r: int = r) -> DataLoader[Any]:
             batches = BatchSampler(SeedableRandomSampler(data, data_seed=3), BATCH, drop_last=False)
-            return DataLoader(
-                data,
-                batch_sampler=BatchSamplerShard(batches, num_processes=3, process_index=r),
-                num_workers=2,
-                multiprocessing_context="fork",
-                collate_fn=_as_list if isinstance(data, BucketMapDataset) else None,
-            )
+            shard = BatchSamplerShard(batches, num_processes=3, process_index=r)
+            return _loader(data, 2, batch_sampler=shard)
 
         got = [x for b in loader(ds) for x in b]
         ref = [int(i) for b in loader(range(N)) for i in b]
